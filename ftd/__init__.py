@@ -1,0 +1,3 @@
+"""ftd: a fault-tolerance supervisor for distributed PyTorch training."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,3 @@
+from ftd.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,227 @@
+"""`ftd` command line: a thin layer over the typed config (torchrun's flags where they overlap)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import uuid
+from collections.abc import Sequence
+from typing import NoReturn
+
+EXIT_USAGE = 2
+
+
+class UsageError(Exception):
+    """Bad input on the command line: one line on stderr and exit code 2, nothing started."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE)
+
+
+def _flag(*names: str) -> list[str]:
+    """torchrun accepts every long flag in kebab and snake case; so does ftd."""
+    out: list[str] = []
+    for name in names:
+        out.append(name)
+        if name.startswith("--") and "-" in name[2:]:
+            out.append("--" + name[2:].replace("-", "_"))
+    return out
+
+
+def _add_serve(subparsers: argparse._SubParsersAction[_Parser]) -> None:
+    serve = subparsers.add_parser(
+        "serve",
+        help="run and supervise this node's ranks (torchrun-compatible)",
+        description="Run this node's ranks like torchrun does, restart them on failure, and "
+        "supervise their health. Any script that runs under torchrun runs unchanged.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    add = serve.add_argument
+    launch = serve.add_argument_group("launch (torchrun's flags)")
+    add = launch.add_argument
+    add(*_flag("--nnodes"), default="1:1", help="number of nodes, or MIN:MAX")
+    add(
+        *_flag("--nproc-per-node"),
+        default="1",
+        help="ranks on this node: an integer, or 'cpu'/'auto' for one per CPU",
+    )
+    add(*_flag("--standalone"), action="store_true", help="single node: host the store locally")
+    add(*_flag("--rdzv-backend"), default="c10d", help="rendezvous backend (c10d)")
+    add(*_flag("--rdzv-endpoint"), default="", help="rendezvous store host:port")
+    add(*_flag("--rdzv-id"), *_flag("--run-id"), dest="rdzv_id", default="none", help="job id")
+    add(*_flag("--rdzv-conf"), default="", help="rendezvous options: key1=v1,key2=v2")
+    add(*_flag("--max-restarts"), type=int, default=0, help="restarts before the job fails")
+    add(
+        *_flag("--monitor-interval"),
+        type=float,
+        default=0.1,
+        help="accepted for torchrun compatibility; ftd sees exits at once (pidfd)",
+    )
+    add(
+        *_flag("--start-method"),
+        default="spawn",
+        choices=["spawn", "fork", "forkserver", "subprocess"],
+        help="how ranks are started; scripts always start as subprocesses, as under torchrun",
+    )
+    add(*_flag("--role"), default="default", help="role name of the workers")
+    add("-m", *_flag("--module"), action="store_true", help="run the script as `python -m`")
+    add(*_flag("--no-python"), action="store_true", help="run the entrypoint as a binary")
+    add(*_flag("--log-dir"), default=None, help="per-attempt logs: <dir>/<run id>/attempt_<n>/")
+    add("-r", *_flag("--redirects"), default="0", help="std streams to files: 0-3 or rank:N,...")
+    add("-t", *_flag("--tee"), default="0", help="tee std streams to files and console: 0-3")
+    add(*_flag("--local-ranks-filter"), default="", help="only show these local ranks' output")
+    add(*_flag("--master-addr"), default=None, help="address the workers' store is hosted on")
+    add(*_flag("--master-port"), type=int, default=None, help="port of the workers' store")
+    add(*_flag("--node-rank"), type=int, default=0, help="accepted for torchrun compatibility")
+    add(*_flag("--local-addr"), default=None, help="this node's address for the other nodes")
+    add(
+        *_flag("--shutdown-timeout"),
+        type=float,
+        default=5.0,
+        help="seconds between the termination signal and SIGKILL when stopping ranks",
+    )
+    ftd = serve.add_argument_group("ftd")
+    add = ftd.add_argument
+    add(*_flag("--node-id"), default=None, help="this node's name (default: the host name)")
+    add(
+        *_flag("--termination-signal"),
+        default="SIGTERM",
+        help="signal that stops ranks before SIGKILL",
+    )
+    add(*_flag("--log-level"), default="INFO", help="the daemon's log level")
+    serve.add_argument("training_script", help="script (or module, or binary) to run")
+    serve.add_argument("training_script_args", nargs=argparse.REMAINDER)
+
+
+def build_parser() -> _Parser:
+    parser = _Parser(prog="ftd", description="ftd: fault-tolerance supervisor for PyTorch jobs")
+    subparsers = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    _add_serve(subparsers)
+    return parser
+
+
+def _nproc(value: str) -> int:
+    if value in ("cpu", "auto"):
+        return os.cpu_count() or 1
+    try:
+        return int(value)
+    except ValueError:
+        raise UsageError(
+            f"--nproc-per-node: expected an integer or cpu/auto, got {value!r}"
+        ) from None
+
+
+def serve_config_from_args(args: argparse.Namespace) -> object:
+    """The ServeConfig for `ftd serve` arguments; UsageError naming the field when invalid."""
+    from pydantic import ValidationError
+
+    from ftd.config import ServeConfig, parse_nnodes, parse_rdzv_conf
+
+    try:
+        nnodes_min, nnodes_max = parse_nnodes(args.nnodes)
+        rdzv_conf = parse_rdzv_conf(args.rdzv_conf)
+        ranks_filter = (
+            frozenset(int(r) for r in args.local_ranks_filter.split(","))
+            if args.local_ranks_filter
+            else None
+        )
+    except ValueError as error:
+        message = str(error).replace("invalid literal for int() with base 10", "bad local rank")
+        raise UsageError(message) from None
+    run_id = args.rdzv_id
+    if args.standalone and run_id == "none":
+        run_id = str(uuid.uuid4())  # as torchrun --standalone does
+    fields: dict[str, object] = {
+        "entrypoint": args.training_script,
+        "script_args": tuple(args.training_script_args),
+        "module": args.module,
+        "no_python": args.no_python,
+        "nnodes_min": nnodes_min,
+        "nnodes_max": nnodes_max,
+        "nproc_per_node": _nproc(args.nproc_per_node),
+        "max_restarts": args.max_restarts,
+        "standalone": args.standalone,
+        "rdzv_backend": args.rdzv_backend,
+        "rdzv_endpoint": args.rdzv_endpoint,
+        "run_id": run_id,
+        "rdzv_conf": rdzv_conf,
+        "master_addr": args.master_addr,
+        "master_port": args.master_port,
+        "role": args.role,
+        "start_method": args.start_method,
+        "log_dir": args.log_dir,
+        "redirects": args.redirects,
+        "tee": args.tee,
+        "local_ranks_filter": ranks_filter,
+        "shutdown_timeout_s": args.shutdown_timeout,
+        "termination_signal": args.termination_signal,
+    }
+    if args.node_id:
+        fields["node_id"] = args.node_id
+    try:
+        return ServeConfig.model_validate(fields)
+    except ValidationError as error:
+        raise UsageError(format_validation_error(error)) from None
+
+
+def format_validation_error(error: object) -> str:
+    """One line per problem, each naming the field: `nproc_per_node: must be >= 1`."""
+    from pydantic import ValidationError
+
+    assert isinstance(error, ValidationError)
+    problems = []
+    for item in error.errors():
+        field = ".".join(str(part) for part in item["loc"])
+        message = str(item["msg"]).removeprefix("Value error, ")
+        problems.append(f"{field}: {message}" if field else message)
+    return "; ".join(problems)
+
+
+def _configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        format="[ftd %(levelname).1s %(asctime)s %(name)s] %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    try:
+        config = serve_config_from_args(args)
+        if args.log_level.upper() not in logging.getLevelNamesMapping():
+            raise UsageError(f"--log-level: unknown level {args.log_level!r}")
+    except UsageError as error:
+        print(f"ftd serve: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    _configure_logging(args.log_level)
+    import uvloop
+
+    from ftd.config import ServeConfig
+    from ftd.daemon import Daemon
+
+    assert isinstance(config, ServeConfig)
+
+    async def serve() -> int:
+        async with Daemon(config) as daemon:
+            return await daemon.run()
+
+    return uvloop.run(serve())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        print(
+            f"ftd {args.command}: error: unrecognized arguments: {' '.join(unknown)}",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    if args.command == "serve":
+        return _run_serve(args)
+    parser.error(f"unknown command {args.command!r}")

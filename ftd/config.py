@@ -1,0 +1,127 @@
+"""The one frozen, typed configuration of `ftd serve`; the CLI is a thin layer over it."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import tempfile
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+StartMethod = Literal["spawn", "fork", "forkserver", "subprocess"]
+
+
+class ServeConfig(BaseModel):
+    """Everything one node daemon needs; durations carry their unit in the name."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    entrypoint: str = Field(
+        min_length=1, description="training script, module (with module=True) or binary"
+    )
+    script_args: tuple[str, ...] = ()
+    module: bool = False
+    no_python: bool = False
+
+    nnodes_min: int = Field(1, ge=1)
+    nnodes_max: int = Field(1, ge=1)
+    nproc_per_node: int = Field(1, ge=1)
+    max_restarts: int = Field(0, ge=0)
+    standalone: bool = False
+    rdzv_backend: str = "c10d"
+    rdzv_endpoint: str = ""
+    run_id: str = "none"
+    rdzv_conf: dict[str, str] = Field(default_factory=dict)
+    master_addr: str | None = None
+    master_port: int | None = Field(None, ge=0, le=65535)
+    role: str = "default"
+    start_method: StartMethod = "spawn"
+    node_id: str = Field(default_factory=socket.gethostname, min_length=1)
+
+    log_dir: Path | None = None
+    redirects: str = "0"
+    tee: str = "0"
+    local_ranks_filter: frozenset[int] | None = None
+
+    shutdown_timeout_s: float = Field(
+        5.0, ge=0, description="grace between the termination signal and SIGKILL"
+    )
+    termination_signal: str = "SIGTERM"
+
+    @field_validator("termination_signal")
+    @classmethod
+    def _known_signal(cls, value: str) -> str:
+        import signal
+
+        name = value if value.startswith("SIG") else f"SIG{value}"
+        if name not in signal.Signals.__members__:
+            raise ValueError(f"unknown signal {value!r}")
+        return name
+
+    @field_validator("redirects", "tee")
+    @classmethod
+    def _std_spec(cls, value: str) -> str:
+        from ftd.spawn.logs import parse_std
+
+        parse_std(value)
+        return value
+
+    @model_validator(mode="after")
+    def _coherent(self) -> ServeConfig:
+        if self.nnodes_min > self.nnodes_max:
+            raise ValueError(f"nnodes: MIN {self.nnodes_min} is above MAX {self.nnodes_max}")
+        if self.module and self.no_python:
+            raise ValueError("module: --module and --no-python cannot be used together")
+        if self.no_python:
+            if shutil.which(self.entrypoint) is None:
+                raise ValueError(
+                    f"entrypoint: {self.entrypoint!r} is not an executable file or on PATH"
+                )
+        elif not self.module and not Path(self.entrypoint).is_file():
+            raise ValueError(f"entrypoint: training script {self.entrypoint!r} does not exist")
+        if self.log_dir is not None:
+            _check_writable_dir(self.log_dir)
+        return self
+
+    @property
+    def local_world_size(self) -> int:
+        return self.nproc_per_node
+
+
+def _check_writable_dir(path: Path) -> None:
+    probe = path
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ValueError(f"log_dir: {str(probe)!r} is not a directory")
+    try:  # os.access says yes to root everywhere, /proc included: try it for real
+        tempfile.TemporaryDirectory(dir=probe, prefix=".ftd-probe-").cleanup()
+    except OSError:
+        raise ValueError(f"log_dir: {str(probe)!r} is not writable") from None
+
+
+def parse_nnodes(value: str) -> tuple[int, int]:
+    """torchrun's `--nnodes`: `N` or `MIN:MAX`."""
+    parts = value.split(":")
+    try:
+        if len(parts) == 1:
+            n = int(parts[0])
+            return n, n
+        if len(parts) == 2:
+            return int(parts[0]), int(parts[1])
+    except ValueError:
+        pass
+    raise ValueError(f"nnodes: expected N or MIN:MAX, got {value!r}")
+
+
+def parse_rdzv_conf(value: str) -> dict[str, str]:
+    """torchrun's `--rdzv-conf key1=v1,key2=v2`."""
+    conf: dict[str, str] = {}
+    for item in filter(None, value.split(",")):
+        key, sep, val = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"rdzv_conf: expected key=value, got {item!r}")
+        conf[key.strip()] = val.strip()
+    return conf

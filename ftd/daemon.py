@@ -1,0 +1,245 @@
+"""The node daemon: one lifecycle owner for the store, the guard and the attempts."""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import json
+import logging
+import os
+import signal
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from types import TracebackType
+
+from ftd.config import ServeConfig
+from ftd.guard import OrphanGuard
+from ftd.launch import Placement, build_command, worker_envs
+from ftd.policy import Action, after_attempt
+from ftd.spawn import LaunchSpec, get_spawner
+from ftd.state import DaemonState, Failure, NodeStatus, RankState, RankStatus
+from ftd.store import AttemptStores
+from ftd.summary import failure_summary
+from ftd.workers import WorkerGroup
+
+log = logging.getLogger("ftd.daemon")
+
+PR_SET_CHILD_SUBREAPER = 36
+HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _become_subreaper() -> None:
+    """Orphaned descendants of ranks are re-parented to the daemon, so it can sweep them."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        log.warning("prctl(PR_SET_CHILD_SUBREAPER) failed: errno %d", ctypes.get_errno())
+
+
+class Daemon:
+    """`async with Daemon(config) as daemon: code = await daemon.run()`."""
+
+    def __init__(self, config: ServeConfig) -> None:
+        self.config = config
+        self.daemon_id = uuid.uuid4().hex[:12]
+        log_dir = str(config.log_dir) if config.log_dir else tempfile.mkdtemp(prefix="ftd_")
+        self.log_dir = log_dir
+        self.run_dir = Path(log_dir) / config.run_id
+        self.status = NodeStatus(
+            node_id=config.node_id, run_id=config.run_id, max_restarts=config.max_restarts
+        )
+        self._spawner = get_spawner(config.start_method)
+        self._cmd = build_command(config)
+        self._stores = AttemptStores(config.master_addr or "127.0.0.1", config.master_port or 0)
+        self._guard: OrphanGuard | None = None
+        self._group: WorkerGroup | None = None
+        self._stop_signal: signal.Signals | None = None
+        self._stop_requested = asyncio.Event()
+        self._force = asyncio.Event()
+
+    async def __aenter__(self) -> Daemon:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        _become_subreaper()
+        self._guard = await asyncio.to_thread(OrphanGuard, self.daemon_id)
+        loop = asyncio.get_running_loop()
+        for sig in HANDLED_SIGNALS:
+            loop.add_signal_handler(sig, self._on_signal, sig)
+        log.info(
+            "ftd serve: node %s, run %s, %d local ranks, max restarts %d, run dir %s",
+            self.config.node_id,
+            self.config.run_id,
+            self.config.nproc_per_node,
+            self.config.max_restarts,
+            self.run_dir,
+        )
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        # Teardown in reverse order of set-up; every step runs, every error is reported.
+        group, guard = self._group, self._guard
+        steps: list[tuple[str, Callable[[], Awaitable[object]]]] = []
+        if group is not None:
+            steps.append(("stopping the workers", lambda: self._stop_group(group)))
+        steps.append(("closing the workers' store", self._stores.close))
+        if guard is not None:
+            steps.append(("closing the orphan guard", lambda: asyncio.to_thread(guard.close)))
+        for what, step in steps:
+            try:
+                await step()
+            except Exception:
+                log.exception("error while %s", what)
+        loop = asyncio.get_running_loop()
+        for sig in HANDLED_SIGNALS:
+            loop.remove_signal_handler(sig)
+
+    def _on_signal(self, sig: signal.Signals) -> None:
+        # Record only; the run loop acts.
+        if self._stop_signal is None:
+            log.warning("received %s: stopping the workers (again to force)", sig.name)
+            self._stop_signal = sig
+            self._stop_requested.set()
+        else:
+            log.warning("received %s again: killing the workers now", sig.name)
+            self._force.set()
+
+    def _set_state(self, state: DaemonState, reason: str = "") -> None:
+        if state is not self.status.state:
+            log.info("state %s -> %s%s", self.status.state, state, f": {reason}" if reason else "")
+            self.status.state = state
+        self._write_status()
+
+    def _write_status(self) -> None:
+        path = self.run_dir / "status.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.status.to_dict()))
+        tmp.replace(path)
+
+    async def run(self) -> int:
+        """Run attempts until success, failure or a stop signal; the process exit code."""
+        restarts_used = 0
+        while True:
+            if self._stop_requested.is_set():
+                return self._stopped()
+            self._set_state(DaemonState.RENDEZVOUS)
+            placement = await self._rendezvous()
+            group = await self._start_attempt(placement, restarts_used)
+            self._set_state(DaemonState.RUNNING)
+            outcome_task = asyncio.ensure_future(group.wait())
+            stop_task = asyncio.ensure_future(self._stop_requested.wait())
+            await asyncio.wait({outcome_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
+            stop_task.cancel()
+            if self._stop_requested.is_set() and not outcome_task.done():
+                outcome_task.cancel()
+                self._set_state(DaemonState.STOPPING)
+                await self._stop_group(group)
+                return self._stopped()
+            outcome = outcome_task.result()
+            decision = after_attempt(outcome, restarts_used, self.config.max_restarts)
+            if outcome is not None:
+                self.status.last_failure = outcome
+            if decision.action is Action.RESTART:
+                self._set_state(DaemonState.RESTARTING, decision.reason)
+                await self._stop_group(group)
+                restarts_used += 1
+                self.status.restart_count = restarts_used
+                continue
+            await self._stop_group(group)
+            if decision.action is Action.SUCCEED:
+                self._set_state(DaemonState.SUCCEEDED, decision.reason)
+                return 0
+            assert outcome is not None
+            self._set_state(DaemonState.FAILED, decision.reason)
+            self._print_summary(outcome, group)
+            return 1
+
+    def _stopped(self) -> int:
+        sig = self._stop_signal or signal.SIGTERM
+        self._set_state(DaemonState.STOPPED, f"received {sig.name}")
+        return 128 + int(sig)
+
+    async def _rendezvous(self) -> Placement:
+        host, port = await self._stores.fresh()
+        nproc = self.config.nproc_per_node
+        return Placement(
+            group_rank=0,
+            group_world_size=1,
+            base_global_rank=0,
+            world_size=nproc,
+            master_addr=host,
+            master_port=port,
+        )
+
+    async def _start_attempt(self, placement: Placement, restart_count: int) -> WorkerGroup:
+        self.status.attempt = restart_count
+        envs = worker_envs(self.config, placement, restart_count, str(self.run_dir), self.daemon_id)
+        self.status.ranks = [
+            RankStatus(local_rank=lr, global_rank=placement.base_global_rank + lr) for lr in envs
+        ]
+        spec = LaunchSpec(
+            name=self.config.role,
+            cmd=self._cmd,
+            envs=envs,
+            log_dir=self.log_dir,
+            redirects=self.config.redirects,
+            tee=self.config.tee,
+            local_ranks_filter=self.config.local_ranks_filter,
+            log_line_prefixes=_log_line_prefixes(self.config.role, placement, len(envs)),
+        )
+        guard = self._guard
+        assert guard is not None
+        group = await WorkerGroup.start(
+            self._spawner,
+            spec,
+            {status.local_rank: status for status in self.status.ranks},
+            on_register=guard.register,
+            on_unregister=guard.unregister,
+            daemon_id=self.daemon_id,
+        )
+        self._group = group
+        log.info(
+            "attempt %d: started local ranks %s (logs in %s)",
+            restart_count,
+            group.pids,
+            group.attempt_log_dir,
+        )
+        return group
+
+    async def _stop_group(self, group: WorkerGroup) -> None:
+        if group is self._group:
+            self._group = None
+        sig = signal.Signals[self.config.termination_signal]
+        await group.stop(sig, self.config.shutdown_timeout_s, force=self._force)
+        self._write_status()
+
+    def _print_summary(self, root: Failure, group: WorkerGroup) -> None:
+        others = [s for s in self.status.ranks if s.state is RankState.FAILED]
+        summary = failure_summary(
+            " ".join(self._cmd[-1 - len(self.config.script_args) :][:1]),
+            root,
+            others,
+            group.error_files,
+        )
+        log.error("restarts exhausted, the job failed:\n%s", summary)
+        root_time = time.strftime("%Y-%m-%d_%H:%M:%S", time.localtime(root.timestamp))
+        log.debug("first failure at %s", root_time)
+
+
+def _log_line_prefixes(role: str, placement: Placement, nprocs: int) -> dict[int, str] | None:
+    template = os.environ.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE")
+    if not template:
+        return None
+    from string import Template
+
+    return {
+        lr: Template(template).safe_substitute(
+            role_name=role, rank=placement.base_global_rank + lr, local_rank=lr
+        )
+        for lr in range(nprocs)
+    }

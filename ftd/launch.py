@@ -1,0 +1,80 @@
+"""What a rank is started with: its command line and its torchrun-compatible environment.
+
+The FTD_* variables are ftd's contract with ranks; docs/environment.md lists them.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+
+from ftd.config import ServeConfig
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where this node's ranks sit in the world for one attempt (from the rendezvous)."""
+
+    group_rank: int
+    group_world_size: int
+    base_global_rank: int
+    world_size: int
+    master_addr: str
+    master_port: int
+
+
+def build_command(config: ServeConfig) -> tuple[str, ...]:
+    """torchrun's argv: `python -u [-m] script`, or the binary itself with --no-python."""
+    if config.no_python:
+        return (config.entrypoint,)
+    python = os.environ.get("PYTHON_EXEC", sys.executable)
+    module = ("-m",) if config.module else ()
+    return (python, "-u", *module, config.entrypoint, *config.script_args)
+
+
+def worker_envs(
+    config: ServeConfig,
+    placement: Placement,
+    restart_count: int,
+    run_dir: str,
+    daemon_id: str,
+) -> dict[int, dict[str, str]]:
+    """Each local rank's environment, as torchrun's LocalElasticAgent sets it, plus FTD_*."""
+    envs: dict[int, dict[str, str]] = {}
+    for local_rank in range(config.nproc_per_node):
+        global_rank = placement.base_global_rank + local_rank
+        env = {
+            "LOCAL_RANK": str(local_rank),
+            "RANK": str(global_rank),
+            "GROUP_RANK": str(placement.group_rank),
+            "ROLE_RANK": str(global_rank),
+            "ROLE_NAME": config.role,
+            "LOCAL_WORLD_SIZE": str(config.nproc_per_node),
+            "WORLD_SIZE": str(placement.world_size),
+            "GROUP_WORLD_SIZE": str(placement.group_world_size),
+            "ROLE_WORLD_SIZE": str(placement.world_size),
+            "MASTER_ADDR": placement.master_addr,
+            "MASTER_PORT": str(placement.master_port),
+            "TORCHELASTIC_RESTART_COUNT": str(restart_count),
+            "TORCHELASTIC_MAX_RESTARTS": str(config.max_restarts),
+            "TORCHELASTIC_RUN_ID": config.run_id,
+            "TORCHELASTIC_USE_AGENT_STORE": str(True),
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING": os.environ.get(
+                "TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"
+            ),
+            # torchrun exports its --signals-to-handle to the ranks; ftd handles the same ones.
+            "TORCHELASTIC_SIGNALS_TO_HANDLE": os.environ.get(
+                "TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
+            ),
+            "FTD_RUN_DIR": run_dir,
+            "FTD_NODE_ID": config.node_id,
+            "FTD_DAEMON_ID": daemon_id,
+        }
+        omp = os.environ.get("OMP_NUM_THREADS")
+        if omp is None and config.nproc_per_node > 1:
+            omp = "1"  # torchrun's default, so ranks do not oversubscribe the cores
+        if omp is not None:
+            env["OMP_NUM_THREADS"] = omp
+        envs[local_rank] = env
+    return envs

@@ -1,0 +1,37 @@
+"""Restart decisions: pure functions of the state, returning an action and a reason."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from ftd.state import Failure
+
+
+class Action(enum.StrEnum):
+    SUCCEED = "succeed"
+    RESTART = "restart"
+    FAIL = "fail"
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    reason: str
+
+
+def after_attempt(outcome: Failure | None, restarts_used: int, max_restarts: int) -> Decision:
+    """What to do once an attempt has ended with `outcome` (None: every rank exited 0)."""
+    if outcome is None:
+        return Decision(Action.SUCCEED, "every rank exited 0")
+    if outcome.kind == "fatal":
+        return Decision(Action.FAIL, outcome.reason)
+    if restarts_used >= max_restarts:
+        return Decision(
+            Action.FAIL,
+            f"{outcome.reason}; no restarts left ({restarts_used}/{max_restarts} used)",
+        )
+    return Decision(
+        Action.RESTART,
+        f"{outcome.reason}; restart {restarts_used + 1}/{max_restarts}",
+    )

@@ -1,0 +1,70 @@
+"""The subprocess start method: torch.distributed.elastic's PContext, as torchrun uses it."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from typing import TYPE_CHECKING
+
+from ftd.spawn.base import LaunchSpec, RankHandle
+from ftd.spawn.logs import make_logs_specs
+
+if TYPE_CHECKING:
+    from torch.distributed.elastic.multiprocessing.api import SubprocessContext
+
+
+class PContextGroup:
+    def __init__(self, context: SubprocessContext, attempt_log_dir: str) -> None:
+        self._context = context
+        self.attempt_log_dir = attempt_log_dir
+        handlers = context.subprocess_handlers
+        self.ranks = {
+            local_rank: RankHandle(
+                local_rank=local_rank,
+                pid=handler.proc.pid,
+                error_file=context.error_files[local_rank],
+                stdout=context.stdouts[local_rank],
+                stderr=context.stderrs[local_rank],
+            )
+            for local_rank, handler in handlers.items()
+        }
+
+    def reap(self, local_rank: int) -> int | None:
+        code: int | None = self._context.subprocess_handlers[local_rank].proc.poll()
+        return code
+
+    def kill(self, local_rank: int, sig: signal.Signals) -> None:
+        # Each rank leads its own session (start_new_session), so its pgid is its pid and the
+        # group reaches the rank's children (DataLoader workers) even after the rank is gone.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.ranks[local_rank].pid, sig)
+
+    def close(self) -> None:
+        self._context.close(timeout=1)
+
+
+class PContextSpawner:
+    name = "subprocess"
+
+    def start(self, spec: LaunchSpec) -> PContextGroup:
+        from torch.distributed.elastic.multiprocessing import start_processes
+
+        logs_specs = make_logs_specs(
+            spec.log_dir,
+            spec.redirects,
+            spec.tee,
+            set(spec.local_ranks_filter) if spec.local_ranks_filter else None,
+        )
+        entrypoint, *fixed_args = spec.cmd
+        context = start_processes(
+            name=spec.name,
+            entrypoint=entrypoint,
+            args={local_rank: tuple(fixed_args) for local_rank in spec.envs},
+            envs=spec.envs,
+            logs_specs=logs_specs,
+            log_line_prefixes=spec.log_line_prefixes,
+        )
+        run_id = spec.envs[0].get("TORCHELASTIC_RUN_ID", "none")
+        attempt = spec.envs[0].get("TORCHELASTIC_RESTART_COUNT", "0")
+        return PContextGroup(context, os.path.join(spec.log_dir, run_id, f"attempt_{attempt}"))

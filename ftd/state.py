@@ -1,0 +1,124 @@
+"""The daemon's observable state: what `/v1/status` and the event log show."""
+
+from __future__ import annotations
+
+import enum
+import signal
+from dataclasses import dataclass, field
+
+
+class DaemonState(enum.StrEnum):
+    """Lifecycle of a node daemon.
+
+    INIT -> RENDEZVOUS -> RUNNING -> (RESTARTING -> RENDEZVOUS -> RUNNING)* -> terminal.
+    Any non-terminal state -> STOPPING on a termination signal.
+    Terminal: SUCCEEDED (every rank exited 0), FAILED (restarts used up, or a fatal reason),
+    STOPPED (ended by a signal or an operator).
+    """
+
+    INIT = "init"
+    RENDEZVOUS = "rendezvous"
+    RUNNING = "running"
+    RESTARTING = "restarting"
+    STOPPING = "stopping"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in (DaemonState.SUCCEEDED, DaemonState.FAILED, DaemonState.STOPPED)
+
+
+class RankState(enum.StrEnum):
+    """STARTING -> RUNNING -> SUCCEEDED | FAILED | STOPPED (killed by the daemon)."""
+
+    STARTING = "starting"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+
+def describe_exit(code: int) -> str:
+    """`exit code 1` or `signal SIGKILL (9)`, from a Popen-style status."""
+    if code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name} ({-code})"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"
+
+
+@dataclass
+class RankStatus:
+    local_rank: int
+    global_rank: int
+    pid: int | None = None
+    state: RankState = RankState.STARTING
+    exit_code: int | None = None
+    started_at: float | None = None
+    """Wall-clock time (time.time()) the process was started."""
+    ended_at: float | None = None
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "local_rank": self.local_rank,
+            "global_rank": self.global_rank,
+            "pid": self.pid,
+            "state": self.state.value,
+            "exit_code": self.exit_code,
+            "started_at": self.started_at,
+            "ended_at": self.ended_at,
+        }
+
+
+@dataclass
+class Failure:
+    """Why an attempt ended badly; `reason` is the same sentence logs and the API show."""
+
+    kind: str
+    """`exit`, `signal`, `hang`, `request` or `fatal`."""
+    reason: str
+    local_rank: int | None = None
+    global_rank: int | None = None
+    pid: int | None = None
+    exit_code: int | None = None
+    error_file: str | None = None
+    timestamp: float = 0.0
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "kind": self.kind,
+            "reason": self.reason,
+            "local_rank": self.local_rank,
+            "global_rank": self.global_rank,
+            "pid": self.pid,
+            "exit_code": self.exit_code,
+            "error_file": self.error_file,
+            "timestamp": self.timestamp,
+        }
+
+
+@dataclass
+class NodeStatus:
+    node_id: str
+    run_id: str
+    state: DaemonState = DaemonState.INIT
+    attempt: int = 0
+    restart_count: int = 0
+    max_restarts: int = 0
+    ranks: list[RankStatus] = field(default_factory=list)
+    last_failure: Failure | None = None
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "node_id": self.node_id,
+            "run_id": self.run_id,
+            "state": self.state.value,
+            "attempt": self.attempt,
+            "restart_count": self.restart_count,
+            "max_restarts": self.max_restarts,
+            "ranks": [rank.to_dict() for rank in self.ranks],
+            "last_failure": self.last_failure.to_dict() if self.last_failure else None,
+        }

@@ -1,0 +1,82 @@
+"""The workers' c10d TCPStore, hosted by the daemon: a fresh one for every attempt.
+
+With TORCHELASTIC_USE_AGENT_STORE=True a rank's `init_process_group` uses the store at
+MASTER_ADDR:MASTER_PORT as it is, with no per-attempt prefix. torchrun 2.13 shares one store
+across attempts, so restarted gloo ranks read the previous attempt's addresses and fail
+(pytorch/pytorch#135712). Here each attempt gets a new, empty server that is already listening
+before its ranks start, so they neither see stale keys nor pay for hosting a store themselves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torch.distributed import TCPStore
+
+log = logging.getLogger("ftd.store")
+
+STORE_OP_TIMEOUT_S = 30.0
+
+
+def host_tcp_store(host: str, port: int, timeout_s: float = STORE_OP_TIMEOUT_S) -> TCPStore:
+    """Blocking: a listening TCPStore server (port 0 picks a free one)."""
+    from torch.distributed import TCPStore
+
+    return TCPStore(
+        host_name=host,
+        port=port,
+        is_master=True,
+        wait_for_workers=False,
+        timeout=timedelta(seconds=timeout_s),
+        use_libuv=True,
+    )
+
+
+class AttemptStores:
+    """One fresh TCPStore server per attempt, the next one already listening before it is
+    needed; the previous one is released after the switch."""
+
+    def __init__(self, host: str, port: int = 0) -> None:
+        self._host = host
+        self._port = port
+        self._current: TCPStore | None = None
+        self._next: asyncio.Task[TCPStore] | None = None
+
+    def _prepare_next(self) -> None:
+        if self._port == 0:  # a fixed --master-port can only be rebound after the switch
+            self._next = asyncio.create_task(self._host_store())
+
+    async def _host_store(self) -> TCPStore:
+        return await asyncio.wait_for(
+            asyncio.to_thread(host_tcp_store, self._host, self._port), STORE_OP_TIMEOUT_S
+        )
+
+    async def fresh(self) -> tuple[str, int]:
+        """A new, empty, listening store for the next attempt: its (host, port)."""
+        if self._next is None:
+            await self.close()
+            store = await self._host_store()
+        else:
+            store, self._next = await self._next, None
+        previous, self._current = [self._current], store
+        # Dropping the last reference joins the server's thread: do it off the event loop.
+        await asyncio.to_thread(previous.clear)
+        self._prepare_next()
+        port: int = store.port
+        log.debug("workers' store for this attempt listens on %s:%d", self._host, port)
+        return self._host, port
+
+    async def close(self) -> None:
+        stores = [self._current]
+        if self._next is not None:
+            self._next.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                stores.append(await self._next)
+            self._next = None
+        self._current = None
+        await asyncio.to_thread(stores.clear)

@@ -1,0 +1,193 @@
+"""Fixtures: real `ftd serve` daemons as subprocesses, awaited through their output and pidfds."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import signal
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(__file__).resolve().parent / "bin"
+WORKER = BIN / "worker.py"
+
+
+@dataclass
+class OutputStream:
+    """Lines of a child's stream as they arrive; `expect` awaits a matching line."""
+
+    lines: list[str] = field(default_factory=list)
+    changed: asyncio.Condition = field(default_factory=asyncio.Condition)
+    closed: bool = False
+
+    async def pump(self, reader: asyncio.StreamReader, echo: bool) -> None:
+        while raw := await reader.readline():
+            line = raw.decode(errors="replace").rstrip("\n")
+            if echo:
+                print(line, file=sys.stderr)
+            async with self.changed:
+                self.lines.append(line)
+                self.changed.notify_all()
+        async with self.changed:
+            self.closed = True
+            self.changed.notify_all()
+
+    async def expect(self, pattern: str, timeout: float = 60.0, start: int = 0) -> re.Match[str]:
+        regex = re.compile(pattern)
+
+        async def find() -> re.Match[str]:
+            seen = start
+            async with self.changed:
+                while True:
+                    for line in self.lines[seen:]:
+                        if match := regex.search(line):
+                            return match
+                    seen = len(self.lines)
+                    if self.closed:
+                        raise AssertionError(f"stream closed without a line matching {pattern!r}")
+                    await self.changed.wait()
+
+        return await asyncio.wait_for(find(), timeout)
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+
+@dataclass
+class Serve:
+    proc: asyncio.subprocess.Process
+    log_dir: Path
+    run_id: str
+    out: Path
+    stdout: OutputStream
+    stderr: OutputStream
+    pumps: list[asyncio.Task[None]]
+
+    @property
+    def run_dir(self) -> Path:
+        return self.log_dir / self.run_id
+
+    def attempt_dir(self, attempt: int) -> Path:
+        return self.run_dir / f"attempt_{attempt}"
+
+    def status(self) -> dict[str, object]:
+        data: dict[str, object] = json.loads((self.run_dir / "status.json").read_text())
+        return data
+
+    async def wait(self, timeout: float = 90.0) -> int:
+        code = await asyncio.wait_for(self.proc.wait(), timeout)
+        await asyncio.wait_for(asyncio.gather(*self.pumps), 10)
+        return code
+
+    def signal(self, sig: signal.Signals) -> None:
+        self.proc.send_signal(sig)
+
+
+ServeFactory = Callable[..., Awaitable[Serve]]
+
+
+@pytest.fixture
+async def serve(tmp_path: Path) -> AsyncIterator[ServeFactory]:
+    """Start `ftd serve` as a subprocess; the daemon (and through it its ranks) is killed at
+    teardown if the test left it running."""
+    started: list[Serve] = []
+
+    async def start(
+        *flags: str,
+        script: str | Path = WORKER,
+        script_args: tuple[str, ...] = (),
+        run_id: str = "test",
+        echo: bool = False,
+        env: dict[str, str] | None = None,
+    ) -> Serve:
+        log_dir = tmp_path / "logs"
+        out = tmp_path / "out"
+        worker_args = ("--out", str(out)) if Path(script) == WORKER else ()
+        cmd = [
+            sys.executable,
+            "-m",
+            "ftd",
+            "serve",
+            "--log-dir",
+            str(log_dir),
+            "--run-id",
+            run_id,
+            *flags,
+            str(script),
+            *worker_args,
+            *script_args,
+        ]
+        proc = await asyncio.create_subprocess_exec(
+            *cmd,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            stdin=asyncio.subprocess.DEVNULL,
+            cwd=str(ROOT),
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+        )
+        stdout, stderr = OutputStream(), OutputStream()
+        assert proc.stdout is not None and proc.stderr is not None
+        pumps = [
+            asyncio.create_task(stdout.pump(proc.stdout, echo)),
+            asyncio.create_task(stderr.pump(proc.stderr, echo)),
+        ]
+        run = Serve(proc, log_dir, run_id, out, stdout, stderr, pumps)
+        started.append(run)
+        return run
+
+    yield start
+    for run in started:
+        if run.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                run.proc.kill()
+            await run.proc.wait()
+        for pump in run.pumps:
+            pump.cancel()
+
+
+async def wait_pids_gone(pids: list[int], timeout: float) -> list[int]:
+    """Await each process's exit through a pidfd; the pids still alive at the timeout."""
+    loop = asyncio.get_running_loop()
+    waiters: dict[int, asyncio.Future[None]] = {}
+    fds: list[int] = []
+    for pid in pids:
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            continue
+        fds.append(fd)
+        future: asyncio.Future[None] = loop.create_future()
+        loop.add_reader(fd, lambda f=future: f.done() or f.set_result(None))
+        waiters[pid] = future
+    try:
+        if waiters:
+            await asyncio.wait(waiters.values(), timeout=timeout)
+        return [pid for pid, fut in waiters.items() if not fut.done()]
+    finally:
+        for fd in fds:
+            loop.remove_reader(fd)
+            os.close(fd)
+
+
+def pids_with_env(key: str, value: str) -> list[int]:
+    """Live processes whose environment has key=value (zombies have an empty environ)."""
+    marker = f"{key}={value}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as environ:
+                    if marker in environ.read().split(b"\0"):
+                        found.append(int(entry))
+            except OSError:
+                pass
+    return found
