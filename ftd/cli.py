@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 EXIT_USAGE = 2
+DEFAULT_API_PORT = 29610  # ftd.config.DEFAULT_API_PORT, without importing pydantic for --help
 
 
 class UsageError(Exception):
@@ -94,6 +95,20 @@ def _add_serve(subparsers: argparse._SubParsersAction[_Parser]) -> None:
         help="signal that stops ranks before SIGKILL",
     )
     add(*_flag("--log-level"), default="INFO", help="the daemon's log level")
+    api = serve.add_argument_group("REST API")
+    add = api.add_argument
+    add(*_flag("--api-host"), default="127.0.0.1", help="address the API binds to")
+    add(
+        *_flag("--api-port"),
+        default=str(DEFAULT_API_PORT),
+        help="API port; 0 picks a free one, 'off' disables the API",
+    )
+    add(
+        *_flag("--api-token-file"),
+        default=None,
+        help="bearer token file (created 0600 when absent; default <run dir>/api.token); "
+        "FTD_API_TOKEN overrides",
+    )
     serve.add_argument("training_script", help="script (or module, or binary) to run")
     serve.add_argument("training_script_args", nargs=argparse.REMAINDER)
 
@@ -159,6 +174,9 @@ def serve_config_from_args(args: argparse.Namespace) -> object:
         "tee": args.tee,
         "local_ranks_filter": ranks_filter,
         "shutdown_timeout_s": args.shutdown_timeout,
+        "api_host": args.api_host,
+        "api_port": None if args.api_port == "off" else args.api_port,
+        "api_token_file": args.api_token_file,
         "termination_signal": args.termination_signal,
     }
     if args.node_id:

@@ -10,6 +10,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+DEFAULT_API_PORT = 29610
+
 StartMethod = Literal["spawn", "fork", "forkserver", "subprocess"]
 
 
@@ -44,6 +46,13 @@ class ServeConfig(BaseModel):
     redirects: str = "0"
     tee: str = "0"
     local_ranks_filter: frozenset[int] | None = None
+
+    api_host: str = "127.0.0.1"
+    api_port: int | None = Field(
+        DEFAULT_API_PORT, ge=0, le=65535, description="0 picks a free port; None disables the API"
+    )
+    api_token_file: Path | None = None
+    """Bearer token file; default `<run dir>/api.token`, created 0600 when absent."""
 
     shutdown_timeout_s: float = Field(
         5.0, ge=0, description="grace between the termination signal and SIGKILL"

@@ -14,8 +14,12 @@ import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
+from ftd.api import ApiServer, start_api_server
 from ftd.config import ServeConfig
+from ftd.errors import Conflict, FeatureUnavailable, NotFound
+from ftd.events import Event, EventLog
 from ftd.guard import OrphanGuard
 from ftd.launch import Placement, build_command, worker_envs
 from ftd.policy import Action, after_attempt
@@ -58,14 +62,26 @@ class Daemon:
         self._stop_signal: signal.Signals | None = None
         self._stop_requested = asyncio.Event()
         self._force = asyncio.Event()
+        self.events = EventLog(None)
+        self._api: ApiServer | None = None
 
     async def __aenter__(self) -> Daemon:
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.events = EventLog(self.run_dir / "events.jsonl")
         _become_subreaper()
         self._guard = await asyncio.to_thread(OrphanGuard, self.daemon_id)
         loop = asyncio.get_running_loop()
         for sig in HANDLED_SIGNALS:
             loop.add_signal_handler(sig, self._on_signal, sig)
+        self.events.emit(
+            "daemon_started",
+            node_id=self.config.node_id,
+            run_id=self.config.run_id,
+            pid=os.getpid(),
+            nproc_per_node=self.config.nproc_per_node,
+        )
+        if self.config.api_port is not None:
+            self._api = await start_api_server(self)
         log.info(
             "ftd serve: node %s, run %s, %d local ranks, max restarts %d, run dir %s",
             self.config.node_id,
@@ -83,11 +99,14 @@ class Daemon:
         tb: TracebackType | None,
     ) -> None:
         # Teardown in reverse order of set-up; every step runs, every error is reported.
-        group, guard = self._group, self._guard
+        group, guard, api = self._group, self._guard, self._api
         steps: list[tuple[str, Callable[[], Awaitable[object]]]] = []
         if group is not None:
             steps.append(("stopping the workers", lambda: self._stop_group(group)))
+        steps.append(("closing the start method", lambda: asyncio.to_thread(self._spawner.close)))
         steps.append(("closing the workers' store", self._stores.close))
+        if api is not None:
+            steps.append(("closing the API server", api.close))
         if guard is not None:
             steps.append(("closing the orphan guard", lambda: asyncio.to_thread(guard.close)))
         for what, step in steps:
@@ -98,6 +117,8 @@ class Daemon:
         loop = asyncio.get_running_loop()
         for sig in HANDLED_SIGNALS:
             loop.remove_signal_handler(sig)
+        self.events.emit("daemon_stopped", state=self.status.state.value)
+        self.events.close()
 
     def _on_signal(self, sig: signal.Signals) -> None:
         # Record only; the run loop acts.
@@ -109,9 +130,54 @@ class Daemon:
             log.warning("received %s again: killing the workers now", sig.name)
             self._force.set()
 
+    # -- requests from the API and other front ends (DaemonControl) --------------------------
+
+    def request_restart(self, scope: str, reason: str, requested_by: str, count: bool) -> Event:
+        group = self._group
+        if self.status.state.is_terminal or self.status.state is DaemonState.STOPPING:
+            raise Conflict(f"the daemon is {self.status.state}: there is nothing to restart")
+        if group is None or self.status.state is not DaemonState.RUNNING:
+            raise Conflict(f"the daemon is {self.status.state}; retry once it is running")
+        event = self.events.emit(
+            "restart_requested", scope=scope, reason=reason, by=requested_by, counted=count
+        )
+        group.fail(
+            Failure(
+                kind="request",
+                reason=f"restart requested by {requested_by}: {reason}",
+                timestamp=event.time,
+                counted=count,
+            )
+        )
+        return event
+
+    def cluster(self) -> dict[str, Any]:
+        return {
+            "nodes": [self.status.to_dict()],
+            "round": {"round": self.status.attempt, "members": [self.config.node_id]},
+            "excluded": [],
+        }
+
+    def get_timeouts(self) -> dict[str, Any]:
+        raise FeatureUnavailable("rank-health timeouts are not available in this build yet")
+
+    def set_timeouts(self, patch: dict[str, Any], requested_by: str) -> dict[str, Any]:
+        raise FeatureUnavailable("rank-health timeouts are not available in this build yet")
+
+    def exclude_node(self, node_id: str, reason: str, requested_by: str) -> Event:
+        if node_id != self.config.node_id:
+            raise NotFound(f"no node {node_id!r} in this job")
+        raise FeatureUnavailable("node exclusion needs the multi-node rendezvous (not built yet)")
+
+    def readmit_node(self, node_id: str, requested_by: str) -> Event:
+        raise NotFound(f"node {node_id!r} is not excluded")
+
     def _set_state(self, state: DaemonState, reason: str = "") -> None:
         if state is not self.status.state:
             log.info("state %s -> %s%s", self.status.state, state, f": {reason}" if reason else "")
+            self.events.emit(
+                "state_changed", previous=self.status.state.value, state=state.value, reason=reason
+            )
             self.status.state = state
         self._write_status()
 
@@ -123,13 +189,14 @@ class Daemon:
 
     async def run(self) -> int:
         """Run attempts until success, failure or a stop signal; the process exit code."""
-        restarts_used = 0
+        restarts_used = 0  # counted against --max-restarts
+        attempt = 0  # every attempt, counted or not: TORCHELASTIC_RESTART_COUNT
         while True:
             if self._stop_requested.is_set():
                 return self._stopped()
             self._set_state(DaemonState.RENDEZVOUS)
             placement = await self._rendezvous()
-            group = await self._start_attempt(placement, restarts_used)
+            group = await self._start_attempt(placement, attempt)
             self._set_state(DaemonState.RUNNING)
             outcome_task = asyncio.ensure_future(group.wait())
             stop_task = asyncio.ensure_future(self._stop_requested.wait())
@@ -147,7 +214,9 @@ class Daemon:
             if decision.action is Action.RESTART:
                 self._set_state(DaemonState.RESTARTING, decision.reason)
                 await self._stop_group(group)
-                restarts_used += 1
+                attempt += 1
+                if outcome is None or outcome.counted:
+                    restarts_used += 1
                 self.status.restart_count = restarts_used
                 continue
             await self._stop_group(group)
@@ -203,6 +272,15 @@ class Daemon:
             daemon_id=self.daemon_id,
         )
         self._group = group
+        group.exit_listeners.append(
+            lambda rank: self.events.emit("rank_exited", attempt=restart_count, **rank.to_dict())
+        )
+        self.events.emit(
+            "attempt_started",
+            attempt=restart_count,
+            pids=group.pids,
+            master_port=placement.master_port,
+        )
         log.info(
             "attempt %d: started local ranks %s (logs in %s)",
             restart_count,
@@ -216,6 +294,7 @@ class Daemon:
             self._group = None
         sig = signal.Signals[self.config.termination_signal]
         await group.stop(sig, self.config.shutdown_timeout_s, force=self._force)
+        self.events.emit("workers_stopped", attempt=self.status.attempt)
         self._write_status()
 
     def _print_summary(self, root: Failure, group: WorkerGroup) -> None:

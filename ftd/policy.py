@@ -26,6 +26,8 @@ def after_attempt(outcome: Failure | None, restarts_used: int, max_restarts: int
         return Decision(Action.SUCCEED, "every rank exited 0")
     if outcome.kind == "fatal":
         return Decision(Action.FAIL, outcome.reason)
+    if not outcome.counted:
+        return Decision(Action.RESTART, f"{outcome.reason}; restart not counted")
     if restarts_used >= max_restarts:
         return Decision(
             Action.FAIL,

@@ -86,6 +86,8 @@ class Failure:
     exit_code: int | None = None
     error_file: str | None = None
     timestamp: float = 0.0
+    counted: bool = True
+    """Whether the restart it causes counts against --max-restarts."""
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -97,6 +99,7 @@ class Failure:
             "exit_code": self.exit_code,
             "error_file": self.error_file,
             "timestamp": self.timestamp,
+            "counted": self.counted,
         }
 
 

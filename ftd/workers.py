@@ -25,7 +25,7 @@ SPAWN_TIMEOUT_S = 60.0
 CLOSE_TIMEOUT_S = 10.0
 SIGKILL_WAIT_S = 5.0
 
-ExitListener = Callable[[RankStatus], None]
+ExitListener = Callable[[RankStatus], object]
 
 
 class WorkerGroup:

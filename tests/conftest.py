@@ -121,6 +121,8 @@ async def serve(tmp_path: Path) -> AsyncIterator[ServeFactory]:
             str(log_dir),
             "--run-id",
             run_id,
+            "--api-port",
+            "0",
             *flags,
             str(script),
             *worker_args,

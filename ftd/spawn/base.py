@@ -61,6 +61,10 @@ class Spawner(Protocol):
         """Blocking: start every rank of the attempt (run it in a thread)."""
         ...
 
+    def close(self) -> None:
+        """Blocking: release what the start method keeps across attempts (once, at shutdown)."""
+        ...
+
 
 def get_spawner(name: str) -> Spawner:
     from ftd.spawn.pcontext import PContextSpawner

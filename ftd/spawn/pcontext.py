@@ -47,6 +47,9 @@ class PContextGroup:
 class PContextSpawner:
     name = "subprocess"
 
+    def close(self) -> None:
+        pass
+
     def start(self, spec: LaunchSpec) -> PContextGroup:
         from torch.distributed.elastic.multiprocessing import start_processes
 

@@ -1,0 +1,43 @@
+"""What the REST API (and other front ends) may ask of a daemon: reads and requests, never
+direct mutation of state the daemon's loop owns."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol
+
+from ftd.config import ServeConfig
+from ftd.events import Event, EventLog
+from ftd.state import NodeStatus
+
+
+class DaemonControl(Protocol):
+    config: ServeConfig
+    status: NodeStatus
+    events: EventLog
+    run_dir: Path
+
+    def request_restart(self, scope: str, reason: str, requested_by: str, count: bool) -> Event:
+        """Ask for a restart of the workers; the `restart_requested` event. Conflict when the
+        daemon is stopping or done."""
+        ...
+
+    def cluster(self) -> dict[str, Any]:
+        """Every node's summary, the current round's membership, the excluded nodes."""
+        ...
+
+    def get_timeouts(self) -> dict[str, Any]:
+        """The rank-health timeouts in force. FeatureUnavailable until they exist."""
+        ...
+
+    def set_timeouts(self, patch: dict[str, Any], requested_by: str) -> dict[str, Any]:
+        """Apply a partial update (validated; InvalidRequest naming the field); the new values."""
+        ...
+
+    def exclude_node(self, node_id: str, reason: str, requested_by: str) -> Event:
+        """Exclude a node from the job. NotFound, Conflict (below MIN) or FeatureUnavailable."""
+        ...
+
+    def readmit_node(self, node_id: str, requested_by: str) -> Event:
+        """Re-admit an excluded node. NotFound when it is not excluded."""
+        ...

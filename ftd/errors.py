@@ -1,0 +1,48 @@
+"""Domain errors: each carries what happened and maps 1:1 to an HTTP problem response."""
+
+from __future__ import annotations
+
+
+class FtdError(Exception):
+    """Base: `status` is the HTTP status, `title` a short fixed summary, `detail` the specifics
+    (what to do about it, where there is something to do)."""
+
+    status = 400
+    title = "Bad request"
+    type = "about:blank"
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+    def to_problem(self) -> dict[str, object]:
+        return {
+            "type": self.type,
+            "title": self.title,
+            "status": self.status,
+            "detail": self.detail,
+        }
+
+
+class InvalidRequest(FtdError):
+    status = 400
+    title = "Invalid request"
+    type = "https://ftd.dev/problems/invalid-request"
+
+
+class NotFound(FtdError):
+    status = 404
+    title = "Not found"
+    type = "https://ftd.dev/problems/not-found"
+
+
+class Conflict(FtdError):
+    status = 409
+    title = "Conflict with the daemon's state"
+    type = "https://ftd.dev/problems/conflict"
+
+
+class FeatureUnavailable(FtdError):
+    status = 501
+    title = "Not implemented"
+    type = "https://ftd.dev/problems/not-implemented"
