@@ -306,16 +306,20 @@ class Daemon:
         )
         guard = self._guard
         assert guard is not None
-        group = await WorkerGroup.start(
-            self._spawner,
-            spec,
-            {status.local_rank: status for status in self.status.ranks},
-            on_register=guard.register,
-            on_unregister=guard.unregister,
-            daemon_id=self.daemon_id,
-        )
-        self._group = group
-        health.attach(group, self.status.ranks)
+        health.server.pause()  # the ranks' first messages wait until their pids are attached
+        try:
+            group = await WorkerGroup.start(
+                self._spawner,
+                spec,
+                {status.local_rank: status for status in self.status.ranks},
+                on_register=guard.register,
+                on_unregister=guard.unregister,
+                daemon_id=self.daemon_id,
+            )
+            self._group = group
+            health.attach(group, self.status.ranks)
+        finally:
+            health.server.resume()
         group.exit_listeners.append(
             lambda rank: self.events.emit("rank_exited", attempt=restart_count, **rank.to_dict())
         )

@@ -1,9 +1,12 @@
 """The wire format between ranks and their node daemon; both sides import it.
 
-Transport: one AF_UNIX SOCK_DGRAM socket per daemon, path in FTD_SOCKET (mode 0600). One message
-is one datagram holding one JSON object, at most MAX_MESSAGE_BYTES. The daemon learns the
-sender's pid from SCM_CREDENTIALS (the kernel's word, not the message's) and timestamps every
-message on receipt, so a message carries no rank, pid or time of its own.
+Transport: an AF_UNIX SOCK_SEQPACKET socket per daemon, path in FTD_SOCKET (mode 0600); each
+rank connects once. One message is one packet holding one JSON object, at most
+MAX_MESSAGE_BYTES. The daemon learns the peer's pid from SO_PEERCRED (the kernel's word, not the
+message's) and timestamps every message on receipt, so a message carries no rank, pid or time
+of its own. A connected packet socket, unlike one datagram socket shared by every rank, is not
+held to net.unix.max_dgram_qlen (10 on many hosts), so a burst of heartbeats while the daemon
+is descheduled for a moment is queued, not dropped.
 
 Every message has `"v"` (PROTOCOL_VERSION) and `"t"` (its type):
 
@@ -18,9 +21,8 @@ Every message has `"v"` (PROTOCOL_VERSION) and `"t"` (its type):
 | `set` | `timeouts` (object) | yes | apply timeouts (load_state_dict) |
 | `bye` |  | no | the rank stops monitoring |
 
-Messages that are answered carry `"id"` (int); the daemon replies to the sender's address
+Messages that are answered carry `"id"` (int); the daemon replies on the same connection
 with `{"v": 1, "t": "reply", "id": <id>, "ok": bool, "error": str?, "timeouts": {...}?}`.
-A sender that wants replies binds its socket (ftd_client uses an abstract address).
 """
 
 from __future__ import annotations

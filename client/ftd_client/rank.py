@@ -8,7 +8,6 @@ bounded by `request_timeout_s`. Outside `ftd serve` every call is a no-op (one w
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import faulthandler
 import itertools
@@ -29,6 +28,7 @@ from ftd_client.protocol import WorkloadAction
 log = logging.getLogger("ftd_client")
 
 RECONNECT_INTERVAL_S = 1.0
+_NO_SIGNAL = socket.MSG_NOSIGNAL  # a daemon that went away must not SIGPIPE the rank
 _warned_unsupervised = False
 
 
@@ -66,22 +66,13 @@ class RankClient:
         self._open_sections: list[str] = []
         self._next_reconnect = 0.0
         self._stack_file: IO[str] | None = None
+        self._stack_signal: int | None = None
         self._hello_id: int | None = None
         if not self._path:
             _warn_unsupervised()
             return
-        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self._sock.setblocking(False)
-        # An abstract address: replies can reach us, and nothing is left on disk.
-        self._sock.bind(f"\0ftd-rank-{os.getpid()}-{os.urandom(4).hex()}")
+        self._stack_signal = self._register_stack_dump()
         self._connect()
-        stack_signal = self._register_stack_dump()
-        self._hello_id = next(self._ids)
-        self._send(
-            protocol.encode(
-                {"t": protocol.HELLO, "id": self._hello_id, "stack_signal": stack_signal}
-            )
-        )
 
     @property
     def is_supervised(self) -> bool:
@@ -95,7 +86,7 @@ class RankClient:
         if sock is None:
             return
         try:
-            sock.send(protocol.HEARTBEAT_BYTES)
+            sock.send(protocol.HEARTBEAT_BYTES, _NO_SIGNAL)
         except OSError as error:
             self._on_send_error(error)
 
@@ -150,6 +141,7 @@ class RankClient:
             self._send(protocol.encode({"t": protocol.GOODBYE}))
             self._sock.close()
             self._sock = None
+        self._path = None
         if self._stack_file is not None:
             faulthandler.unregister(_stack_signal())
             self._stack_file.close()
@@ -175,22 +167,34 @@ class RankClient:
         if sock is None:
             return
         try:
-            sock.send(data)
+            sock.send(data, _NO_SIGNAL)
         except OSError as error:
             self._on_send_error(error)
 
     def _on_send_error(self, error: OSError) -> None:
         self.dropped += 1
-        if error.errno in (errno.ECONNREFUSED, errno.ENOENT, errno.ENOTCONN):
+        if error.errno != errno.EAGAIN:  # the daemon is gone; it may come back on its path
             now = time.monotonic()
-            if now >= self._next_reconnect:  # the daemon may be back on the same path
+            if now >= self._next_reconnect:
                 self._next_reconnect = now + RECONNECT_INTERVAL_S
                 self._connect()
 
     def _connect(self) -> None:
-        assert self._sock is not None and self._path
-        with contextlib.suppress(OSError):  # retried on the next failed send
+        """(Re)connect and send the handshake; a daemon that is away costs one failed try."""
+        if not self._path:
+            return
+        if self._sock is not None:
+            self._sock.close()
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._sock.setblocking(False)
+        try:
             self._sock.connect(self._path)
+        except OSError:
+            self.dropped += 1
+            return
+        self._hello_id = next(self._ids)
+        hello = {"t": protocol.HELLO, "id": self._hello_id, "stack_signal": self._stack_signal}
+        self._send(protocol.encode(hello))
 
     def _request(self, message: dict[str, Any]) -> dict[str, Any] | None:
         if self._sock is None:
@@ -217,6 +221,8 @@ class RankClient:
             except (BlockingIOError, InterruptedError):
                 return replies
             except OSError:
+                return replies
+            if not data:  # the daemon closed the connection
                 return replies
             try:
                 reply = json.loads(data)

@@ -13,10 +13,14 @@ import sys
 
 listen = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
 listen.bind(sys.argv[1])
-forward = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+forward = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
 forward.connect(os.environ["FTD_SOCKET"])
+forward.setblocking(False)
 print("relay ready", flush=True)
 while True:
     data = listen.recv(1 << 20)
     with contextlib.suppress(OSError):  # the daemon's queue is full: the fuzz goes on
         forward.send(data)
+    with contextlib.suppress(OSError):  # drop the daemon's replies
+        while forward.recv(1 << 17):
+            pass
