@@ -7,6 +7,7 @@ import ctypes
 import json
 import logging
 import os
+import random
 import signal
 import tempfile
 import time
@@ -20,6 +21,7 @@ from ftd.api import ApiServer, start_api_server
 from ftd.config import ServeConfig
 from ftd.errors import Conflict, FeatureUnavailable, NotFound
 from ftd.events import Event, EventLog
+from ftd.ft_config import parse_simulated_fault
 from ftd.guard import OrphanGuard
 from ftd.health import HealthService
 from ftd.ipc import socket_path
@@ -291,6 +293,7 @@ class Daemon:
             socket_path=str(health.server.path),
             attempt_log_dir=str(self.run_dir / f"attempt_{restart_count}"),
         )
+        self._arm_simulated_fault(envs, restart_count)
         self.status.ranks = [
             RankStatus(local_rank=lr, global_rank=placement.base_global_rank + lr) for lr in envs
         ]
@@ -336,6 +339,23 @@ class Daemon:
             group.attempt_log_dir,
         )
         return group
+
+    def _arm_simulated_fault(self, envs: dict[int, dict[str, str]], attempt: int) -> None:
+        """`--ft-param-simulated_fault`: one rank of the first attempt carries the fault out."""
+        spec = self.config.ft.simulated_fault
+        if spec is None or attempt != 0:
+            return
+        kind, target, low_s, high_s = parse_simulated_fault(spec)
+        by_global = {int(env["RANK"]): local for local, env in envs.items()}
+        world = int(envs[0]["WORLD_SIZE"])
+        chooser = random.Random()
+        global_rank = target if target is not None else chooser.randrange(world)
+        if global_rank not in by_global:
+            return  # the target rank lives on another node
+        delay_s = round(chooser.uniform(low_s, high_s), 3)
+        envs[by_global[global_rank]]["FTD_SIMULATED_FAULT"] = f"{kind}:{delay_s}"
+        self.events.emit("fault_armed", kind=kind, global_rank=global_rank, delay_s=delay_s)
+        log.warning("simulated %s fault armed on rank %d in %.3fs", kind, global_rank, delay_s)
 
     async def _stop_group(self, group: WorkerGroup) -> None:
         if group is self._group:
