@@ -18,7 +18,7 @@ import os
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Generator
 from pathlib import Path
 from typing import Any
 
@@ -141,7 +141,7 @@ class AdminClient:
         query = {"since": str(since)} | ({"limit": str(limit)} if limit else {})
         return self._json("GET", "/v1/events?" + urllib.parse.urlencode(query))
 
-    def follow_events(self, since: int | None = None) -> Iterator[dict[str, Any]]:
+    def follow_events(self, since: int | None = None) -> Generator[dict[str, Any], None, None]:
         """Events as they happen (server-sent events), from `since` (default: from now on);
         ends when the daemon stops."""
         if since is None:

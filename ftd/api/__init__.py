@@ -16,6 +16,7 @@ import stat
 from pathlib import Path
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from ftd.api.app import CLOSING, build_app
 from ftd.config import DEFAULT_API_PORT
@@ -27,6 +28,24 @@ TOKEN_ENV = "FTD_API_TOKEN"
 API_FILE = "api.json"
 TOKEN_FILE = "api.token"
 SHUTDOWN_TIMEOUT_S = 2.0
+
+
+class _MalformedRequests(logging.Filter):
+    """aiohttp logs a request its HTTP parser rejects (answered 400) with a traceback; a
+    client's malformed bytes are worth one warning line, not a stack."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, HttpProcessingError):
+            record.msg = f"{record.msg}: malformed HTTP request ({error.message})"
+            record.exc_info = None
+            record.exc_text = None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
+http_log = logging.getLogger("ftd.api.http")
+http_log.addFilter(_MalformedRequests())
 
 
 class ApiStartupError(Exception):
@@ -113,7 +132,11 @@ async def start_api_server(control: DaemonControl) -> ApiServer:
     from_env = bool(os.environ.get(TOKEN_ENV, "").strip())
     app = build_app(control, token, reads_need_token=not is_loopback(config.api_host))
     runner = web.AppRunner(
-        app, access_log=None, handle_signals=False, shutdown_timeout=SHUTDOWN_TIMEOUT_S
+        app,
+        access_log=None,
+        handle_signals=False,
+        shutdown_timeout=SHUTDOWN_TIMEOUT_S,
+        logger=http_log,
     )
     await runner.setup()
     try:

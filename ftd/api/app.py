@@ -49,7 +49,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class RestartRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     scope: Literal["cluster", "node"] = "cluster"
     reason: str = Field("operator request", max_length=1000)
@@ -58,7 +58,7 @@ class RestartRequest(BaseModel):
 
 
 class ExcludeRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     reason: str = Field("operator request", max_length=1000)
 
