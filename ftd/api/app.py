@@ -219,8 +219,17 @@ def status_document(control: DaemonControl, started: float) -> dict[str, Any]:
     return doc
 
 
+def _dumps(value: object) -> str:
+    # Event data may carry paths and the like (the JSONL file writes them the same way).
+    return json.dumps(value, default=str)
+
+
+def _json_response(value: object, status: int = 200) -> web.Response:
+    return web.json_response(value, status=status, dumps=_dumps)
+
+
 def _event_accepted(event_id: int, event: dict[str, Any], status: int) -> web.Response:
-    return web.json_response({"event_id": event_id, "event": event}, status=status)
+    return _json_response({"event_id": event_id, "event": event}, status=status)
 
 
 # -- handlers ---------------------------------------------------------------------------------
@@ -228,7 +237,7 @@ def _event_accepted(event_id: int, event: dict[str, Any], status: int) -> web.Re
 
 async def healthz(request: web.Request) -> web.Response:
     control = request.app[CONTROL]
-    return web.json_response({"status": "ok", "state": control.status.state.value})
+    return _json_response({"status": "ok", "state": control.status.state.value})
 
 
 async def readyz(request: web.Request) -> web.Response:
@@ -237,7 +246,7 @@ async def readyz(request: web.Request) -> web.Response:
         rank.state is RankState.RUNNING for rank in status.ranks
     )
     ranks_running = sum(rank.state is RankState.RUNNING for rank in status.ranks)
-    return web.json_response(
+    return _json_response(
         {
             "ready": running,
             "state": status.state.value,
@@ -249,11 +258,11 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 async def get_status(request: web.Request) -> web.Response:
-    return web.json_response(status_document(request.app[CONTROL], request.app[STARTED]))
+    return _json_response(status_document(request.app[CONTROL], request.app[STARTED]))
 
 
 async def get_cluster(request: web.Request) -> web.Response:
-    return web.json_response(request.app[CONTROL].cluster())
+    return _json_response(request.app[CONTROL].cluster())
 
 
 async def post_restart(request: web.Request) -> web.Response:
@@ -278,14 +287,14 @@ async def readmit_node(request: web.Request) -> web.Response:
 
 
 async def get_timeouts(request: web.Request) -> web.Response:
-    return web.json_response(request.app[CONTROL].get_timeouts())
+    return _json_response(request.app[CONTROL].get_timeouts())
 
 
 async def patch_timeouts(request: web.Request) -> web.Response:
     patch = await _body(request)
     if not patch:
         raise InvalidRequest("body: expected at least one timeout to change")
-    return web.json_response(request.app[CONTROL].set_timeouts(patch, _requested_by(request)))
+    return _json_response(request.app[CONTROL].set_timeouts(patch, _requested_by(request)))
 
 
 async def get_events(request: web.Request) -> web.StreamResponse:
@@ -298,7 +307,7 @@ async def get_events(request: web.Request) -> web.StreamResponse:
         return await stream_events(request, control.events, since, request.app[CLOSING])
     limit = _int_query(request, "limit", 1000, 1, MAX_EVENTS_PER_PAGE)
     events = control.events.since(since, limit)
-    return web.json_response(
+    return _json_response(
         {"events": [event.to_dict() for event in events], "last_id": control.events.last_id}
     )
 
