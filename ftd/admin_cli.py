@@ -11,7 +11,7 @@ import json
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from ftd_client.admin import AdminClient, AdminError
 
@@ -74,6 +74,22 @@ def add_admin_commands(subparsers: argparse._SubParsersAction[Any]) -> None:
     events.add_argument("--since", type=int, default=None, help="events after this id")
     events.add_argument("--follow", "-f", action="store_true", help="stream new events")
     events.add_argument("--json", action="store_true", help="one JSON object per line")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE)
+
+
+def admin_main(argv: list[str]) -> int:
+    """`ftd <command> ...` for the commands here, with a parser that has only them (the
+    serve parser pulls in pydantic)."""
+    parser = _Parser(prog="ftd", description="ftd: operate a running job over its REST API")
+    subparsers = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    add_admin_commands(subparsers)
+    args = parser.parse_args(argv)
+    return run_admin(args)
 
 
 def run_admin(args: argparse.Namespace) -> int:
@@ -139,23 +155,38 @@ def _timeouts(client: AdminClient, args: argparse.Namespace) -> int:
         print(json.dumps(values, indent=2))
     else:
         for name, value in values.items():
-            print(f"{name} = {_value(value)}")
+            print(f"{name} = {_seconds(value)}")
     return 0
 
 
 def parse_changes(items: list[str]) -> dict[str, Any]:
-    """`heartbeat_timeout_s=30 step_timeout_s=null` -> {"heartbeat_timeout_s": 30, ...}:
-    values are JSON where they parse as JSON (numbers, null, true), else strings."""
+    """`rank_heartbeat_timeout=30 rank_out_of_section_timeout=none
+    rank_section_timeouts=setup:600,step:180` -> the JSON patch: seconds as numbers, `none`
+    as null, `name:seconds,...` as a map; anything else as JSON (or a string, which the
+    daemon rejects naming the field)."""
     changes: dict[str, Any] = {}
     for item in items:
         name, sep, raw = item.partition("=")
         if not sep or not name.strip():
             raise _Usage(f"expected NAME=VALUE, got {item!r}")
-        try:
-            changes[name.strip()] = json.loads(raw)
-        except ValueError:
-            changes[name.strip()] = raw
+        changes[name.strip()] = _parse_value(raw.strip())
     return changes
+
+
+def _parse_value(raw: str) -> Any:
+    if raw.lower() in ("none", "null", "off"):
+        return None
+    try:
+        return json.loads(raw)
+    except ValueError:
+        pass
+    if ":" in raw:
+        sections: dict[str, Any] = {}
+        for item in filter(None, (part.strip() for part in raw.split(","))):
+            section, _, seconds = item.partition(":")
+            sections[section.strip()] = _parse_value(seconds.strip())
+        return sections
+    return raw
 
 
 def _events(client: AdminClient, args: argparse.Namespace) -> int:
@@ -194,6 +225,13 @@ def _value(value: object) -> str:
     return str(value)
 
 
+def _seconds(value: object) -> str:
+    """Timeouts for people: `30`, `none`, `setup:600,step:none`."""
+    if isinstance(value, dict):
+        return ",".join(f"{k}:{_seconds(v)}" for k, v in value.items()) or "-"
+    return "none" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+
+
 def _age(value: object) -> str:
     return f"{value:.1f}s" if isinstance(value, int | float) else "-"
 
@@ -221,7 +259,7 @@ def format_status(status: dict[str, Any], cluster: dict[str, Any]) -> str:
         lines.append(f"last failure: {failure['reason']} ({failure['kind']}{counted})")
     timeouts = status.get("timeouts")
     if timeouts:
-        lines.append("timeouts: " + "  ".join(f"{k}={_value(v)}" for k, v in timeouts.items()))
+        lines.append("timeouts: " + "  ".join(f"{k}={_seconds(v)}" for k, v in timeouts.items()))
     lines.append("")
     rows = [
         [

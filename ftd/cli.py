@@ -358,6 +358,11 @@ def _unknown_ft_parameter(unknown: list[str]) -> str | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from ftd.admin_cli import COMMANDS, admin_main
+
+    words = list(sys.argv[1:] if argv is None else argv)
+    if words and words[0] in COMMANDS:  # operators' commands: no torch, no pydantic
+        return admin_main(words)
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
     if unknown and (message := _unknown_ft_parameter(unknown)):
@@ -371,8 +376,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     if args.command == "serve":
         return _run_serve(args)
-    from ftd.admin_cli import COMMANDS, run_admin
-
-    if args.command in COMMANDS:
-        return run_admin(args)
     parser.error(f"unknown command {args.command!r}")

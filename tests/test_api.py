@@ -225,6 +225,16 @@ def test_request_models_match_the_spec(name: str) -> None:
     assert set(spec.get("required", [])) == set(model.get("required", []))
 
 
+def test_timeouts_match_the_daemons_model() -> None:
+    from ftd.ft_config import RankTimeouts
+
+    schemas = CONTRACT.spec["components"]["schemas"]
+    fields = set(RankTimeouts.model_fields)
+    assert set(schemas["Timeouts"]["properties"]) == fields == set(schemas["Timeouts"]["required"])
+    assert set(schemas["TimeoutsPatch"]["properties"]) == fields
+    CONTRACT._validate("/components/schemas/Timeouts", RankTimeouts().model_dump())
+
+
 # -- a running daemon -------------------------------------------------------------------------
 
 
@@ -249,7 +259,8 @@ async def test_read_endpoints_auth_and_error_shapes(serve: ServeFactory) -> None
         assert status == 200
         assert doc["state"] == "running" and doc["node_id"] and doc["run_id"] == "test"
         assert (doc["attempt"], doc["round"], doc["restart_count"]) == (0, 0, 0)
-        assert doc["policy"]["max_restarts"] == 0 and doc["timeouts"] is None
+        assert doc["policy"]["max_restarts"] == 0
+        assert doc["policy"]["restart_policy"] == "any-failed"
         pids = {json.loads((run.out / f"ready_a0_r{r}").read_text()) for r in (0, 1)}
         assert {rank["pid"] for rank in doc["ranks"]} == pids
         assert [rank["state"] for rank in doc["ranks"]] == ["running", "running"]
@@ -323,12 +334,37 @@ async def test_read_endpoints_auth_and_error_shapes(serve: ServeFactory) -> None
         status, problem, _ = await api.call("DELETE", "/v1/restart", None, token=None)
         assert status == 405  # before auth: a wrong method reveals nothing
 
+        # timeouts: read, tuned live (validated, announced, persisted)
+        status, timeouts, _ = await api.call("GET", "/v1/timeouts", token=None)
+        assert status == 200 and timeouts == doc["timeouts"]
+        patch = {"rank_heartbeat_timeout": 45, "rank_section_timeouts": {"step": 120.5}}
+        status, changed, _ = await api.call("PATCH", "/v1/timeouts", body=patch)
+        assert status == 200 and changed == {**timeouts, **patch}
+        _, doc2, _ = await api.call("GET", "/v1/status")
+        assert doc2["timeouts"] == changed
+        _, page, _ = await api.call("GET", f"/v1/events?since={page['last_id']}")
+        [announced] = [e for e in page["events"] if e["kind"] == "timeouts_changed"]
+        assert announced["data"]["timeouts"] == changed
+        assert announced["data"]["by"].startswith("api ")
+        for body, field in (
+            ({"rank_heartbeat_timeout": -1}, "rank_heartbeat_timeout"),
+            ({"rank_heartbeat_timeout": "none"}, "rank_heartbeat_timeout"),
+            ({"rank_heartbeat_timeout": True}, "rank_heartbeat_timeout"),
+            ({"rank_section_timeouts": {"step": 0}}, "rank_section_timeouts"),
+            ({"rank_section_timeouts": {"step": "x"}}, "rank_section_timeouts.step"),
+            ({"heartbeat_s": 3}, "heartbeat_s"),
+        ):
+            status, problem, _ = await api.call("PATCH", "/v1/timeouts", body=body)
+            assert status == 400 and problem["detail"].startswith(f"{field}"), problem
+        status, problem, _ = await api.call(
+            "PATCH", "/v1/timeouts", data=b'{"rank_heartbeat_timeout": Infinity}'
+        )
+        assert status == 400 and "Infinity" in problem["detail"]
+        _, still, _ = await api.call("GET", "/v1/timeouts")
+        assert still == changed
+
         # mechanisms not built yet: 501 problems; unknown nodes 404
         template = "/v1/nodes/{node_id}/exclude"
-        status, problem, _ = await api.call("GET", "/v1/timeouts")
-        assert status == 501 and problem["type"].endswith("/not-implemented")
-        status, problem, _ = await api.call("PATCH", "/v1/timeouts", body={"heartbeat_s": 3})
-        assert status == 501
         node = doc["node_id"]
         status, problem, _ = await api.call(
             "POST", f"/v1/nodes/{node}/exclude", template, body={"reason": "bad gpu"}
@@ -482,14 +518,28 @@ async def test_admin_cli_and_client(serve: ServeFactory) -> None:
         done = cli("events", "--json", "--since", str(event_id - 1), *where)
         assert json.loads(done.stdout.splitlines()[0])["id"] == event_id
 
+        done = cli(
+            "timeouts", "set", "rank_heartbeat_timeout=30", "rank_out_of_section_timeout=none",
+            "rank_section_timeouts=setup:600,step:none", *where,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        shown = dict(line.split(" = ") for line in done.stdout.splitlines())
+        assert shown["rank_heartbeat_timeout"] == "30"
+        assert shown["rank_out_of_section_timeout"] == "none"
+        assert shown["rank_section_timeouts"] == "setup:600,step:none"
+        done = cli("timeouts", "--json", *where)
+        assert json.loads(done.stdout)["rank_section_timeouts"] == {"setup": 600, "step": None}
+        done = cli("status", *where)
+        assert "timeouts: " in done.stdout and "rank_heartbeat_timeout=30" in done.stdout
+
         # errors: one line on stderr, non-zero exit
         node = api.info["node_id"]
         for args, code, message in (
             (("exclude", node), 1, "501 Not implemented: node exclusion"),
             (("exclude", "ghost"), 1, "404 Not found: no node 'ghost'"),
             (("readmit", node), 1, f"404 Not found: node '{node}' is not excluded"),
-            (("timeouts",), 1, "501 Not implemented"),
-            (("timeouts", "set", "heartbeat_s=5"), 1, "501 Not implemented"),
+            (("timeouts", "set", "heartbeat_s=5"), 1, "400 Invalid request: heartbeat_s"),
+            (("timeouts", "set", "rank_heartbeat_timeout=-2"), 1, "rank_heartbeat_timeout"),
             (("timeouts", "set", "heartbeat_s"), 2, "expected NAME=VALUE"),
             (("timeouts", "get", "a=1"), 2, "timeouts set"),
         ):
@@ -520,12 +570,11 @@ async def test_admin_cli_and_client(serve: ServeFactory) -> None:
             page = client.events(since=0, limit=3)
             assert [e["id"] for e in page["events"]] == [1, 2, 3]
             assert "ftd_state" in client.metrics()
-            with pytest.raises(ApiError) as info:
-                client.timeouts()
-            assert info.value.status == 501 and "timeouts" in info.value.detail
+            assert client.set_timeouts(rank_heartbeat_timeout=50)["rank_heartbeat_timeout"] == 50
+            assert client.timeouts()["rank_heartbeat_timeout"] == 50
             with pytest.raises(ApiError) as info:
                 client.set_timeouts(heartbeat_s=1)
-            assert info.value.status == 501
+            assert info.value.status == 400 and info.value.detail.startswith("heartbeat_s")
             with pytest.raises(ApiError) as info:
                 client.exclude("ghost")
             assert info.value.status == 404
@@ -588,17 +637,17 @@ async def test_curl_flow_of_the_readme(serve: ServeFactory) -> None:
             curl, f'curl -s "$URL/v1/events?since={accepted["event_id"] - 1}"'
         )
         assert code == 200 and page["events"][0]["data"]["reason"] == "curl"
-        code, problem = await asyncio.to_thread(
+        code, timeouts = await asyncio.to_thread(
             curl, 'curl -s "$URL/v1/timeouts" -H "Authorization: Bearer $TOKEN"'
         )
-        assert code == 501 and problem["status"] == 501
-        code, problem = await asyncio.to_thread(
+        assert code == 200 and "rank_heartbeat_timeout" in timeouts
+        code, timeouts = await asyncio.to_thread(
             curl,
             'curl -s -X PATCH "$URL/v1/timeouts" -H "Authorization: Bearer $TOKEN" '
-            "-d '{\"heartbeat_timeout_s\": 30}'",
+            "-d '{\"rank_heartbeat_timeout\": 30}'",
         )
-        assert code == 501
-        code, problem = await asyncio.to_thread(
+        assert code == 200 and timeouts["rank_heartbeat_timeout"] == 30
+        code, _problem = await asyncio.to_thread(
             curl,
             'curl -s -X POST "$URL/v1/nodes/$(hostname)/exclude" '
             '-H "Authorization: Bearer $TOKEN" -d \'{"reason": "flaky NIC"}\'',

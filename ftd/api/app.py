@@ -11,6 +11,7 @@ import asyncio
 import hmac
 import json
 import logging
+import math
 import os
 import time
 from collections.abc import Awaitable, Callable
@@ -157,6 +158,10 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
 # -- helpers ----------------------------------------------------------------------------------
 
 
+def _no_constants(name: str) -> object:
+    raise ValueError(f"{name} is not JSON")
+
+
 async def _body(request: web.Request) -> dict[str, Any]:
     """The request's JSON object ({} for an empty body); 400 naming the problem, 413 above
     the size limit (raised by aiohttp while reading)."""
@@ -164,7 +169,7 @@ async def _body(request: web.Request) -> dict[str, Any]:
     if not raw.strip():
         return {}
     try:
-        body = json.loads(raw)
+        body = json.loads(raw, parse_constant=_no_constants)
     except (ValueError, UnicodeDecodeError) as error:
         raise InvalidRequest(f"body: not valid JSON ({error})") from None
     if not isinstance(body, dict):
@@ -181,6 +186,25 @@ def _validate(model: type[M], body: dict[str, Any]) -> M:
             field = ".".join(str(part) for part in item["loc"]) or "body"
             problems.append(f"{field}: {str(item['msg']).removeprefix('Value error, ')}")
         raise InvalidRequest("; ".join(problems)) from None
+
+
+def _is_seconds(value: object) -> bool:
+    if value is None:
+        return True
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_seconds(patch: dict[str, Any]) -> None:
+    """JSON types of a timeouts patch: seconds (number) or null, or a map of those for the
+    sections. The daemon's model checks names and ranges; this keeps the command line's
+    string forms ("none", "setup:600") off the API, where openapi.yaml promises numbers."""
+    for name, value in patch.items():
+        if isinstance(value, dict):
+            for section, seconds in value.items():
+                if not _is_seconds(seconds):
+                    raise InvalidRequest(f"{name}.{section}: expected seconds or null")
+        elif not _is_seconds(value):
+            raise InvalidRequest(f"{name}: expected seconds (a number) or null")
 
 
 def _requested_by(request: web.Request) -> str:
@@ -207,6 +231,7 @@ def status_document(control: DaemonControl, started: float) -> dict[str, Any]:
     doc["pid"] = os.getpid()
     doc["uptime_s"] = round(time.monotonic() - started, 3)
     doc["policy"] = {
+        "restart_policy": control.config.restart_policy,
         "max_restarts": control.config.max_restarts,
         "restarts_left": max(0, control.config.max_restarts - control.status.restart_count),
         "nnodes_min": control.config.nnodes_min,
@@ -294,6 +319,7 @@ async def patch_timeouts(request: web.Request) -> web.Response:
     patch = await _body(request)
     if not patch:
         raise InvalidRequest("body: expected at least one timeout to change")
+    _check_seconds(patch)
     return _json_response(request.app[CONTROL].set_timeouts(patch, _requested_by(request)))
 
 
