@@ -13,10 +13,9 @@ def main() -> None:
     if args.hz <= 0:
         while True:
             time.sleep(3600)
-    # The rank side of heartbeats (ftd_client.rank.RankClient, see docs/ARCHITECTURE.md).
-    from ftd_client.rank import RankClient  # type: ignore[import-not-found]
+    from ftd_client import RankClient
 
-    client = RankClient.from_env() if hasattr(RankClient, "from_env") else RankClient()
+    client = RankClient()  # the daemon's socket from the environment ftd serve sets
     period = 1.0 / args.hz
     deadline = time.monotonic()
     while True:

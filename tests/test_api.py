@@ -383,8 +383,13 @@ async def test_read_endpoints_auth_and_error_shapes(serve: ServeFactory) -> None
     assert "Traceback" not in run.stderr.text
 
 
-async def test_restart_through_the_api(serve: ServeFactory) -> None:
+async def test_restart_through_the_api(serve: ServeFactory, tmp_path: Path) -> None:
+    token_file = tmp_path / "custom.token"
+    token_file.write_text("custom-token-0123456789\n")
+    token_file.chmod(0o600)
     run = await serve(
+        "--api-token-file",
+        str(token_file),
         "--nproc-per-node",
         "2",
         "--max-restarts",
@@ -394,8 +399,14 @@ async def test_restart_through_the_api(serve: ServeFactory) -> None:
         script_args=("--hang", "--ignore-sigterm"),
     )
     async with api_of(run) as api:
+        assert api.token == "custom-token-0123456789"  # an existing token file is used as is
         await api.ready(0, 2)
         _, before, _ = await api.call("GET", "/v1/status")
+        # SSE resume: a reconnecting client gets what follows its Last-Event-ID
+        headers = {"Accept": "text/event-stream", "Last-Event-ID": "1"}
+        async with api.session.get(f"{api.url}/v1/events?since=0", headers=headers) as response:
+            second = await EventStream(response).next("state_changed")
+            assert second["id"] == 2
         async with event_stream(api) as stream:
             status, accepted, _ = await api.call(
                 "POST", "/v1/restart", body={"scope": "cluster", "reason": "bad shard"}
@@ -734,3 +745,33 @@ async def test_ports_tokens_and_remote_reads(serve: ServeFactory) -> None:
                 status, _, _ = await api.call("GET", path)
                 assert status == 200, path
             assert await stop(run) == 128 + signal.SIGTERM
+
+
+async def test_unexpected_errors_are_500_problems_without_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The one path a healthy daemon never takes, so it runs in process: a control surface
+    that raises something unexpected."""
+    from aiohttp.test_utils import TestServer
+
+    from ftd.api.app import build_app
+    from ftd.config import ServeConfig
+    from ftd.events import EventLog
+    from ftd.state import NodeStatus
+
+    class Broken:
+        config = ServeConfig(entrypoint=__file__)
+        status = NodeStatus(node_id="n", run_id="r")
+        events = EventLog(None)
+
+        def cluster(self) -> dict[str, Any]:
+            raise RuntimeError("secret internals")
+
+    server = TestServer(build_app(Broken(), "t", reads_need_token=False))  # type: ignore[arg-type]
+    async with server, aiohttp.ClientSession() as session:
+        async with session.get(server.make_url("/v1/cluster")) as response:
+            raw = await response.read()
+            assert response.status == 500 and response.content_type == PROBLEM
+        CONTRACT.check("GET", None, 500, response.content_type, raw)
+        assert b"secret" not in raw and b"Traceback" not in raw
+    assert "secret internals" in caplog.text  # the traceback went to the daemon's log
