@@ -45,6 +45,8 @@ STORE_OPERATION_SECONDS = Histogram(
 KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 FAILURE_EVENT = "attempt_failed"
 """The event the daemon emits when an attempt ends badly: `failure` holds Failure.to_dict()."""
+HANG_EVENT = "rank_hung"
+"""The rank-health monitor's verdict on one rank."""
 
 
 @contextlib.contextmanager
@@ -63,11 +65,14 @@ class _FailureTally:
 
     cursor: int
     by_reason: Tally[str] = field(default_factory=Tally)
+    hangs: int = 0
 
     def update(self, control: DaemonControl) -> None:
         for event in control.events.since(self.cursor):
             self.cursor = event.id
-            if event.kind == FAILURE_EVENT:
+            if event.kind == HANG_EVENT:
+                self.hangs += 1
+            elif event.kind == FAILURE_EVENT:
                 failure = event.data.get("failure")
                 kind = failure.get("kind") if isinstance(failure, dict) else None
                 if isinstance(kind, str) and kind != "request":
@@ -126,9 +131,7 @@ class DaemonCollector(Collector):
         for reason in sorted({"exit", "signal", "hang", "fatal", *self._failures.by_reason}):
             failures.add_metric([reason], self._failures.by_reason[reason])
         yield failures
-        yield CounterMetricFamily(
-            "ftd_hangs", "Ranks found hung", value=self._failures.by_reason["hang"]
-        )
+        yield CounterMetricFamily("ftd_hangs", "Ranks found hung", value=self._failures.hangs)
         if status.last_failure is not None:
             yield GaugeMetricFamily(
                 "ftd_last_failure_timestamp_seconds",

@@ -775,3 +775,46 @@ async def test_unexpected_errors_are_500_problems_without_traceback(
         CONTRACT.check("GET", None, 500, response.content_type, raw)
         assert b"secret" not in raw and b"Traceback" not in raw
     assert "secret internals" in caplog.text  # the traceback went to the daemon's log
+
+
+async def test_hang_shows_in_status_and_metrics(serve: ServeFactory) -> None:
+    from tests.conftest import BIN
+
+    run = await serve(
+        "--nproc-per-node", "2", "--max-restarts", "1", "--ft-param-rank_heartbeat_timeout=0.5",
+        script=BIN / "health_worker.py",
+        script_args=("--mode", "stop-heartbeats", "--beats", "100000", "--interval", "0.05"),
+    )  # fmt: skip
+    async with api_of(run) as api, event_stream(api, since=0) as stream:
+        hung = await stream.next("rank_hung")
+        assert hung["data"]["local_rank"] == 1
+        failed = await stream.next("attempt_failed")
+        assert failed["data"]["failure"]["kind"] == "hang"
+        await stream.next("attempt_started", lambda e: e["data"]["attempt"] == 1)
+        for rank in (0, 1):
+            await run.stdout.expect(rf"rank {rank} attempt 1 up pid")
+        # Heartbeats are datagrams with no event of their own: ask until both ranks' arrived.
+        for _ in range(100):
+            _, doc, _ = await api.call("GET", "/v1/status")
+            if all(rank["last_heartbeat_age_s"] is not None for rank in doc["ranks"]):
+                break
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError(f"no heartbeats in /v1/status: {doc['ranks']}")
+        assert doc["last_failure"]["kind"] == "hang" and doc["restart_count"] == 1
+        assert all(0 <= rank["last_heartbeat_age_s"] < 30 for rank in doc["ranks"])
+        _, text, _ = await api.call("GET", "/metrics")
+        lines = text.splitlines()
+        assert "ftd_hangs_total 1.0" in lines
+        assert 'ftd_rank_failures_total{reason="hang"} 1.0' in lines
+        assert 'ftd_restarts_total{counted="true"} 1.0' in lines
+        stamps = [line for line in lines if line.startswith("ftd_rank_last_heartbeat_timestamp")]
+        assert [line.split("{")[1].split("}")[0] for line in stamps] == [
+            'local_rank="0"',
+            'local_rank="1"',
+        ]
+        done = cli("status", "--run-dir", str(run.run_dir))
+        assert "last failure: rank 1" in done.stdout or "last failure:" in done.stdout
+        rows = done.stdout.split("HEARTBEAT")[1].splitlines()[1:3]
+        assert all(row.split()[5].endswith("s") for row in rows), done.stdout
+        assert await stop(run) == 128 + signal.SIGTERM
