@@ -39,6 +39,12 @@ async def start_daemon(
     return await asyncio.create_subprocess_exec(*cmd, cwd=ROOT, stdin=asyncio.subprocess.DEVNULL)
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (contention does not inflate it)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def read_token(path: str) -> str:
     return Path(path).read_text().strip()
 
@@ -137,9 +143,11 @@ async def main() -> None:
         daemon = await start_daemon(Path(tmp), args.nproc, args.heartbeat_hz)
         try:
             url, token = await wait_ready(Path(tmp) / "bench", daemon)
+            cpu_before = cpu_seconds(daemon.pid)
             began = time.perf_counter()
             latencies, errors = await load(url, token, args.rate, args.duration)
             elapsed = time.perf_counter() - began
+            daemon_cpu = cpu_seconds(daemon.pid) - cpu_before
             server = await server_side(url, token)
         finally:
             if daemon.returncode is None:
@@ -159,6 +167,8 @@ async def main() -> None:
         "max_ms": round(max(ms), 3),
         "mean_ms": round(statistics.fmean(ms), 3),
         "server_share_within": server,
+        "daemon_cpu_share": round(daemon_cpu / elapsed, 3),
+        "load_average": os.getloadavg()[0],
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.python_version()}",
     }
     if args.json:
@@ -172,6 +182,10 @@ async def main() -> None:
         )
         within = ", ".join(f"{share:.2%} {le}" for le, share in server.items() if share < 1)
         print(f"server-side handling time (ftd_api_request_duration_seconds): {within}")
+        print(
+            f"daemon CPU: {result['daemon_cpu_share']:.0%} of one core "
+            f"(load average {result['load_average']:.1f} on {os.cpu_count()} CPUs)"
+        )
 
 
 if __name__ == "__main__":
