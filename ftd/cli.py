@@ -184,6 +184,9 @@ def build_parser() -> _Parser:
     parser = _Parser(prog="ftd", description="ftd: fault-tolerance supervisor for PyTorch jobs")
     subparsers = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _add_serve(subparsers)
+    from ftd.admin_cli import add_admin_commands  # stdlib only: no torch for `ftd status`
+
+    add_admin_commands(subparsers)
     return parser
 
 
@@ -331,7 +334,13 @@ def _run_serve(args: argparse.Namespace) -> int:
         async with Daemon(config) as daemon:
             return await daemon.run()
 
-    return uvloop.run(serve())
+    from ftd.api import ApiStartupError
+
+    try:
+        return uvloop.run(serve())
+    except ApiStartupError as error:  # raised before any rank started
+        print(f"ftd serve: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
 
 
 def _unknown_ft_parameter(unknown: list[str]) -> str | None:
@@ -349,6 +358,11 @@ def _unknown_ft_parameter(unknown: list[str]) -> str | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from ftd.admin_cli import COMMANDS, admin_main
+
+    words = list(sys.argv[1:] if argv is None else argv)
+    if words and words[0] in COMMANDS:  # operators' commands: no torch, no pydantic
+        return admin_main(words)
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
     if unknown and (message := _unknown_ft_parameter(unknown)):

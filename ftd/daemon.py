@@ -246,6 +246,7 @@ class Daemon:
             )
             if outcome is not None:
                 self.status.last_failure = outcome
+                self.events.emit("attempt_failed", attempt=attempt, failure=outcome.to_dict())
             if decision.action is Action.RESTART:
                 self._set_state(DaemonState.RESTARTING, decision.reason)
                 await self._stop_group(group)
