@@ -71,6 +71,14 @@ class Daemon:
         self.health: HealthService | None = None
 
     async def __aenter__(self) -> Daemon:
+        try:
+            return await self._set_up()
+        except BaseException as error:
+            # A part that failed to start (a busy API port, say) must not leave the others.
+            await self.__aexit__(type(error), error, error.__traceback__)
+            raise
+
+    async def _set_up(self) -> Daemon:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.events = EventLog(self.run_dir / "events.jsonl")
         _become_subreaper()
