@@ -96,6 +96,11 @@ def _add_serve(subparsers: argparse._SubParsersAction[_Parser]) -> None:
     )
     add(*_flag("--log-level"), default="INFO", help="the daemon's log level")
     _add_fault_tolerance(serve)
+    serve.add_argument(
+        *_flag("--enable-fault-injection"),
+        action="store_true",
+        help="allow POST /v1/faults to kill or hang a rank on purpose (for resilience tests)",
+    )
     api = serve.add_argument_group("REST API")
     add = api.add_argument
     add(*_flag("--api-host"), default="127.0.0.1", help="address the API binds to")
@@ -244,6 +249,7 @@ def serve_config_from_args(args: argparse.Namespace) -> object:
         "tee": args.tee,
         "local_ranks_filter": ranks_filter,
         "shutdown_timeout_s": args.shutdown_timeout,
+        "enable_fault_injection": args.enable_fault_injection,
         "api_host": args.api_host,
         "api_port": None if args.api_port == "off" else args.api_port,
         "api_token_file": args.api_token_file,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import json
 import logging
@@ -17,9 +18,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from ftd_client import faults
+
 from ftd.api import ApiServer, start_api_server
 from ftd.config import ServeConfig
-from ftd.errors import Conflict, FeatureUnavailable, NotFound
+from ftd.errors import Conflict, FeatureUnavailable, Forbidden, NotFound
 from ftd.events import Event, EventLog
 from ftd.ft_config import parse_simulated_fault
 from ftd.guard import OrphanGuard
@@ -171,6 +174,28 @@ class Daemon:
                 timestamp=event.time,
                 counted=count,
             )
+        )
+        return event
+
+    def inject_fault(self, kind: str, rank: int | None, delay_s: float, requested_by: str) -> Event:
+        if not self.config.enable_fault_injection:
+            raise Forbidden("fault injection is off: start ftd serve with --enable-fault-injection")
+        group = self._group
+        if group is None or self.status.state is not DaemonState.RUNNING:
+            raise Conflict(f"the daemon is {self.status.state}; faults go to running ranks")
+        by_global = {status.global_rank: status for status in self.status.ranks}
+        if rank is None:
+            rank = random.choice(sorted(by_global))
+        target = by_global.get(rank)
+        if target is None or target.pid is None:
+            raise NotFound(f"rank {rank} does not run on node {self.config.node_id}")
+        event = self.events.emit(
+            "fault_requested", kind=kind, global_rank=rank, delay_s=delay_s, by=requested_by
+        )
+        signal_number = faults.KILL_SIGNAL if kind == "kill" else faults.HANG_SIGNAL
+        assert signal_number is not None
+        asyncio.get_running_loop().call_later(
+            delay_s, _deliver_fault, group, target.local_rank, target.pid, signal_number
         )
         return event
 
@@ -404,3 +429,11 @@ def _log_line_prefixes(role: str, placement: Placement, nprocs: int) -> dict[int
 async def _run_sync(step: Callable[[], object]) -> None:
     """A teardown step that must run on the loop's thread (it unregisters readers)."""
     step()
+
+
+def _deliver_fault(group: WorkerGroup, local_rank: int, pid: int, signal_number: int) -> None:
+    """The rank's ftd_client carries the fault out on this signal; a rank that was replaced
+    since the request is left alone."""
+    if group.pids.get(local_rank) == pid and group.statuses[local_rank].exit_code is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal_number)

@@ -26,7 +26,7 @@ from jsonschema import Draft202012Validator
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
-from tests.conftest import ROOT, Serve, ServeFactory
+from tests.conftest import BIN, ROOT, Serve, ServeFactory
 
 SPEC_PATH = ROOT / "openapi.yaml"
 SPEC_URI = "urn:ftd:openapi"
@@ -818,3 +818,38 @@ async def test_hang_shows_in_status_and_metrics(serve: ServeFactory) -> None:
         rows = done.stdout.split("HEARTBEAT")[1].splitlines()[1:3]
         assert all(row.split()[5].endswith("s") for row in rows), done.stdout
         assert await stop(run) == 128 + signal.SIGTERM
+
+
+async def test_fault_injection_through_the_api(serve: ServeFactory) -> None:
+    """Off unless enabled (403); enabled, a hang goes into the rank and is caught and replaced."""
+    plain = await serve("--nproc-per-node", "1", script_args=("--hang",))
+    async with api_of(plain) as api:
+        status, body, _ = await api.call("POST", "/v1/faults", body={"kind": "hang"})
+        assert status == 403 and "--enable-fault-injection" in body["detail"]
+    await stop(plain)
+
+    run = await serve(
+        "--nproc-per-node", "2", "--max-restarts", "1", "--enable-fault-injection",
+        "--ft-param-rank_heartbeat_timeout=1",
+        script=BIN / "health_worker.py", script_args=("--mode", "relay", "--bad-rank", "-1"),
+    )  # fmt: skip
+    async with api_of(run) as api:
+        await run.stdout.expect("relay ready")
+        status, body, _ = await api.call("POST", "/v1/faults", body={"kind": "nope"})
+        assert status == 400 and "kind" in body["detail"]
+        status, body, _ = await api.call("POST", "/v1/faults", body={"kind": "kill", "rank": 9})
+        assert status == 404
+        status, body, _ = await api.call(
+            "POST", "/v1/faults", body={"kind": "hang", "rank": 1, "delay_s": 0.1}
+        )
+        assert status == 202 and body["event"]["kind"] == "fault_requested"
+        await run.stderr.expect(r"rank 1 \(local 1, pid \d+\) hung: sent no heartbeat")
+        await run.stderr.expect(r"attempt 1: started")
+        lines = (run.run_dir / "events.jsonl").read_text().splitlines()
+        kinds = [json.loads(line)["kind"] for line in lines]
+        assert (
+            kinds.index("fault_requested")
+            < kinds.index("fault_injected")
+            < kinds.index("rank_hung")
+        )
+    await stop(run)

@@ -58,6 +58,15 @@ class RestartRequest(BaseModel):
     """Whether the restart counts against --max-restarts."""
 
 
+class FaultRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    kind: Literal["kill", "hang"]
+    rank: int | Literal["random"] = Field("random")
+    """Global rank on this node, or "random"."""
+    delay_s: float = Field(0.0, ge=0, le=3600)
+
+
 class ExcludeRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -298,6 +307,15 @@ async def post_restart(request: web.Request) -> web.Response:
     return _event_accepted(event.id, event.to_dict(), 202)
 
 
+async def post_fault(request: web.Request) -> web.Response:
+    body = _validate(FaultRequest, await _body(request))
+    if isinstance(body.rank, int) and body.rank < 0:
+        raise InvalidRequest("rank: must be >= 0 or 'random'")
+    rank = None if body.rank == "random" else body.rank
+    event = request.app[CONTROL].inject_fault(body.kind, rank, body.delay_s, _requested_by(request))
+    return _event_accepted(event.id, event.to_dict(), 202)
+
+
 async def exclude_node(request: web.Request) -> web.Response:
     body = _validate(ExcludeRequest, await _body(request))
     event = request.app[CONTROL].exclude_node(
@@ -362,6 +380,7 @@ def build_app(control: DaemonControl, token: str, reads_need_token: bool) -> web
     app.router.add_get("/v1/status", get_status, allow_head=False)
     app.router.add_get("/v1/cluster", get_cluster, allow_head=False)
     app.router.add_post("/v1/restart", post_restart)
+    app.router.add_post("/v1/faults", post_fault)
     app.router.add_post("/v1/nodes/{node_id}/exclude", exclude_node)
     app.router.add_delete("/v1/nodes/{node_id}/exclude", readmit_node)
     app.router.add_get("/v1/timeouts", get_timeouts, allow_head=False)
