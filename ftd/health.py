@@ -64,7 +64,7 @@ class HealthService:
         self._learned: frozenset[str] = frozenset()
         timeouts = self._load_state(ft.timeouts())
         self.monitor = Monitor(timeouts, self._on_hang)
-        self.server = RankSocketServer(socket_path, self._dispatch)
+        self.server = RankSocketServer(socket_path, self._dispatch, self._authorize)
         self._group: WorkerGroup | None = None
         self._hang_tasks: set[asyncio.Task[None]] = set()
 
@@ -179,6 +179,9 @@ class HealthService:
                 self.monitor.adopt(pid, rank)
                 return rank
         raise ProtocolError("not_a_rank", f"pid {pid} is no rank of this daemon")
+
+    def _authorize(self, pid: int) -> None:
+        self._rank_for(pid)
 
     def _dispatch(self, pid: int, message: dict[str, Any], now: float) -> dict[str, Any] | None:
         rank = self._rank_for(pid)

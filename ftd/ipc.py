@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -32,17 +33,27 @@ LISTEN_BACKLOG = 1024
 
 Dispatch = Callable[[int, dict[str, Any], float], dict[str, Any] | None]
 """(sender pid, message, receipt time) -> reply for answered messages; raises ProtocolError."""
+Authorize = Callable[[int], None]
+"""(sender pid) -> None when the pid is a rank or a rank's descendant; raises ProtocolError."""
+
+
+@dataclasses.dataclass(slots=True)
+class _Connection:
+    sock: socket.socket
+    pid: int
+    authorized: bool = False
 
 
 class RankSocketServer:
-    def __init__(self, path: Path, dispatch: Dispatch) -> None:
+    def __init__(self, path: Path, dispatch: Dispatch, authorize: Authorize) -> None:
         self.path = path
         self._dispatch = dispatch
+        self._authorize = authorize
         self.dropped: collections.Counter[str] = collections.Counter()
         self.received = 0
         self._logged: set[tuple[str, int]] = set()
         self._listener: socket.socket | None = None
-        self._connections: dict[int, tuple[socket.socket, int]] = {}
+        self._connections: dict[int, _Connection] = {}
         self._paused = False
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -79,8 +90,8 @@ class RankSocketServer:
         self._paused = False
         if self._listener is not None:
             self._loop.add_reader(self._listener.fileno(), self._on_connect)
-        for fd, (conn, pid) in self._connections.items():
-            self._loop.add_reader(fd, self._on_readable, conn, pid)
+        for fd, connection in self._connections.items():
+            self._loop.add_reader(fd, self._on_readable, connection)
 
     def close(self) -> None:
         loop = self._loop
@@ -112,16 +123,18 @@ class RankSocketServer:
             conn.setblocking(False)
             creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, UCRED.size)
             pid = int(UCRED.unpack(creds)[0])
-            self._connections[conn.fileno()] = (conn, pid)
-            self._loop.add_reader(conn.fileno(), self._on_readable, conn, pid)
+            connection = _Connection(conn, pid)
+            self._connections[conn.fileno()] = connection
+            self._loop.add_reader(conn.fileno(), self._on_readable, connection)
 
     def _hang_up(self, fd: int) -> None:
         entry = self._connections.pop(fd, None)
         if entry is not None and self._loop is not None:
             self._loop.remove_reader(fd)
-            entry[0].close()
+            entry.sock.close()
 
-    def _on_readable(self, conn: socket.socket, pid: int) -> None:
+    def _on_readable(self, connection: _Connection) -> None:
+        conn, pid = connection.sock, connection.pid
         while True:
             try:
                 data, _, flags, _ = conn.recvmsg(protocol.MAX_MESSAGE_BYTES + 1)
@@ -135,6 +148,15 @@ class RankSocketServer:
                 return
             now = time.monotonic()
             self.received += 1
+            if not connection.authorized:
+                # Identity before parsing: a stranger gets nothing read and its connection closed.
+                try:
+                    self._authorize(pid)
+                except ProtocolError as error:
+                    self._drop(error.cause, pid, str(error))
+                    self._hang_up(conn.fileno())
+                    return
+                connection.authorized = True
             try:
                 if flags & socket.MSG_TRUNC or len(data) > protocol.MAX_MESSAGE_BYTES:
                     raise ProtocolError("oversized", f"more than {protocol.MAX_MESSAGE_BYTES} B")

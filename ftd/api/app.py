@@ -15,10 +15,10 @@ import math
 import os
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from ftd.api.sse import stream_events
 from ftd.control import DaemonControl
@@ -58,11 +58,21 @@ class RestartRequest(BaseModel):
     """Whether the restart counts against --max-restarts."""
 
 
+def _integral_float_to_int(value: object) -> object:
+    # JSON Schema's integer includes 3.0; strict pydantic would refuse it.
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+JsonInt = Annotated[int, BeforeValidator(_integral_float_to_int)]
+
+
 class FaultRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     kind: Literal["kill", "hang"]
-    rank: int | Literal["random"] = Field("random")
+    rank: JsonInt | Literal["random"] = Field("random")
     """Global rank on this node, or "random"."""
     delay_s: float = Field(0.0, ge=0, le=3600)
 
