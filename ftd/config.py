@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 DEFAULT_API_PORT = 29610
 
-StartMethod = Literal["spawn", "fork", "forkserver", "subprocess"]
+StartMethod = Literal["spawn", "fork", "forkserver", "subprocess", "zygote"]
 
 
 class ServeConfig(BaseModel):
@@ -40,6 +40,9 @@ class ServeConfig(BaseModel):
     master_port: int | None = Field(None, ge=0, le=65535)
     role: str = "default"
     start_method: StartMethod = "spawn"
+    preload: tuple[str, ...] = Field(
+        (), description="modules the zygote imports besides torch (start_method zygote)"
+    )
     node_id: str = Field(default_factory=socket.gethostname, min_length=1)
 
     log_dir: Path | None = None
@@ -68,6 +71,14 @@ class ServeConfig(BaseModel):
         if name not in signal.Signals.__members__:
             raise ValueError(f"unknown signal {value!r}")
         return name
+
+    @field_validator("preload")
+    @classmethod
+    def _module_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for name in value:
+            if not all(part.isidentifier() for part in name.split(".")):
+                raise ValueError(f"{name!r} is not a module name")
+        return value
 
     @field_validator("redirects", "tee")
     @classmethod
