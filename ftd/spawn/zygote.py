@@ -30,7 +30,7 @@ from typing import IO, Any
 from ftd.spawn.base import LaunchSpec, RankHandle, StartedGroup
 from ftd.spawn.logs import make_logs_specs
 from ftd.spawn.pcontext import PContextSpawner
-from ftd.spawn.zygote_server import MAX_MESSAGE
+from ftd.spawn.zygote_server import MAX_MESSAGE, MAX_RANKS_PER_REQUEST
 
 log = logging.getLogger("ftd.spawn.zygote")
 
@@ -50,6 +50,7 @@ class ZygoteUnavailable(Exception):
         super().__init__(reason)
         self.reason = reason
         self.permanent = permanent
+        self.pids: list[int] = []
 
 
 class ZygoteGroup:
@@ -152,20 +153,24 @@ class Zygote:
             reply.get("seconds", 0.0),
         )
 
-    def spawn(self, request: dict[str, Any], fds: list[int]) -> int:
-        """Blocking (milliseconds): fork a rank; its pid, already the daemon's child."""
+    def spawn(self, requests: list[dict[str, Any]], fds: list[int]) -> list[int]:
+        """Blocking (milliseconds): fork the ranks; their pids, already the daemon's children.
+        On ZygoteUnavailable, `error.pids` are ranks forked anyway (to be killed)."""
         try:
             self._sock.settimeout(REPLY_TIMEOUT_S)
-            socket.send_fds(self._sock, [json.dumps(request).encode()], fds)
+            socket.send_fds(self._sock, [json.dumps({"ranks": requests}).encode()], fds)
         except OSError as error:
             raise ZygoteUnavailable(f"the zygote (pid {self.pid}) is gone: {error}") from None
-        reply = self._receive(REPLY_TIMEOUT_S, "forking a rank")
-        if "pid" not in reply:
-            raise ZygoteUnavailable(
+        reply = self._receive(REPLY_TIMEOUT_S, "forking ranks")
+        pids = [int(pid) for pid in reply.get("pids", [])]
+        if "error" in reply or len(pids) != len(requests):
+            refused = ZygoteUnavailable(
                 f"the zygote refused: {reply.get('error', reply)}",
                 permanent=bool(reply.get("unsafe")),
             )
-        return int(reply["pid"])
+            refused.pids = pids
+            raise refused
+        return pids
 
     def _receive(self, timeout_s: float, doing: str) -> dict[str, Any]:
         self._sock.settimeout(timeout_s)
@@ -306,35 +311,50 @@ class ZygoteSpawner:
             spec.tee,
             set(spec.local_ranks_filter) if spec.local_ranks_filter else None,
         ).reify(spec.envs)
+        started = time.monotonic()
         cwd = os.getcwd()
         argv = ["-m", *args] if module else [target, *args]
-        ranks: dict[int, RankHandle] = {}
+        local_ranks = sorted(spec.envs)
+        requests = [
+            {
+                "argv": argv,
+                "orig_argv": list(spec.cmd),
+                "module": module,
+                "target": target,
+                "env": {**os.environ, **spec.envs[local_rank]},
+                "cwd": cwd,
+            }
+            for local_rank in local_ranks
+        ]
+        streams = [(logs.stdouts[lr], logs.stderrs[lr]) for lr in local_ranks]
+        pids: list[int] = []
         try:
-            for local_rank in sorted(spec.envs):
-                request = {
-                    "argv": argv,
-                    "orig_argv": list(spec.cmd),
-                    "module": module,
-                    "target": target,
-                    "env": {**os.environ, **spec.envs[local_rank]},
-                    "cwd": cwd,
-                }
-                with _stdio(logs.stdouts[local_rank], logs.stderrs[local_rank]) as fds:
-                    pid = zygote.spawn(request, fds)
-                ranks[local_rank] = RankHandle(
-                    local_rank=local_rank,
-                    pid=pid,
-                    error_file=logs.error_files[local_rank],
-                    stdout=logs.stdouts[local_rank],
-                    stderr=logs.stderrs[local_rank],
-                )
-        except ZygoteUnavailable:
-            for handle in ranks.values():  # a partial group goes; the fallback starts them all
+            for first in range(0, len(requests), MAX_RANKS_PER_REQUEST):
+                chunk = slice(first, first + MAX_RANKS_PER_REQUEST)
+                with _stdio(streams[chunk]) as fds:
+                    pids += zygote.spawn(requests[chunk], fds)
+        except ZygoteUnavailable as error:
+            for pid in pids + error.pids:  # a partial group goes; the fallback starts them all
                 with contextlib.suppress(ProcessLookupError):
-                    os.killpg(handle.pid, signal.SIGKILL)
-                _wait_child(handle.pid, CLOSE_TIMEOUT_S)
+                    os.killpg(pid, signal.SIGKILL)
+                _wait_child(pid, CLOSE_TIMEOUT_S)
             raise
+        ranks = {
+            local_rank: RankHandle(
+                local_rank=local_rank,
+                pid=pid,
+                error_file=logs.error_files[local_rank],
+                stdout=logs.stdouts[local_rank],
+                stderr=logs.stderrs[local_rank],
+            )
+            for local_rank, pid in zip(local_ranks, pids, strict=True)
+        }
         self._last_reason = None
+        log.debug(
+            "forked %d ranks from the zygote in %.1f ms",
+            len(ranks),
+            (time.monotonic() - started) * 1000,
+        )
         tails = [
             TailLog(spec.name, logs.tee_stdouts, sys.stdout, spec.log_line_prefixes).start(),
             TailLog(spec.name, logs.tee_stderrs, sys.stderr, spec.log_line_prefixes).start(),
@@ -345,8 +365,8 @@ class ZygoteSpawner:
 
 
 @contextlib.contextmanager
-def _stdio(stdout: str, stderr: str) -> Iterator[list[int]]:
-    """The rank's fds 0, 1 and 2 as Popen would give them: the daemon's own stdin, and the
+def _stdio(streams: list[tuple[str, str]]) -> Iterator[list[int]]:
+    """Each rank's fds 0, 1 and 2 as Popen would give them: the daemon's own stdin, and the
     daemon's stdout/stderr unless a log file (or /dev/null) is named."""
     opened: list[IO[bytes]] = []
 
@@ -359,7 +379,10 @@ def _stdio(stdout: str, stderr: str) -> Iterator[list[int]]:
 
     try:
         stdin = 0 if _valid_fd(0) else target(os.devnull, 0)
-        yield [stdin, target(stdout, 1), target(stderr, 2)]
+        fds = []
+        for stdout, stderr in streams:
+            fds += [stdin, target(stdout, 1), target(stderr, 2)]
+        yield fds
     finally:
         for file in opened:
             file.close()

@@ -6,15 +6,16 @@ answers requests on an AF_UNIX SOCK_SEQPACKET socket, one JSON message per packe
 
     zygote -> daemon, once:  {"ready": true, "pid": P, "seconds": S, "problem": null | "..."}
                              {"ready": false, "error": "<traceback of the failed preload>"}
-    daemon -> zygote:        {"argv": [...], "env": {...}, ...} + SCM_RIGHTS [stdin, stdout, stderr]
-    zygote -> daemon:        {"pid": R} | {"error": "..."}
+    daemon -> zygote:        {"ranks": [{"argv": [...], "env": {...}, ...}, ...]}
+                             + SCM_RIGHTS [stdin, stdout, stderr] of each rank in turn
+    zygote -> daemon:        {"pids": [R, ...]} | {"error": "...", "pids": [forked anyway]}
 
-A rank is forked through a short-lived intermediate: zygote -> intermediate -> rank, and the
-intermediate exits at once. The rank is then re-parented to its nearest subreaper ancestor,
-the daemon (the zygote is not one), so the daemon waits for it like for any child of its own.
-The zygote answers only once the intermediate is gone, so the pid it sends is already the
-daemon's child, and it already leads its own session. EOF on the socket (the daemon exited,
-however it exited) ends the zygote.
+An attempt's ranks are forked through one short-lived intermediate: zygote -> intermediate ->
+ranks, and the intermediate exits once they are forked. Each rank is then re-parented to its
+nearest subreaper ancestor, the daemon (the zygote is not one), so the daemon waits for it like
+for any child of its own. The zygote answers only once the intermediate is gone, so the pids it
+sends are already the daemon's children, each leading its own session. EOF on the socket (the
+daemon exited, however it exited) ends the zygote.
 
 This module and `rank_main` use the standard library only: whatever they import, every rank
 carries in `sys.modules`.
@@ -34,7 +35,9 @@ import time
 import traceback
 from typing import Any
 
-MAX_MESSAGE = 1 << 20
+MAX_MESSAGE = 1 << 22
+MAX_RANKS_PER_REQUEST = 64
+MAX_FDS = 3 * MAX_RANKS_PER_REQUEST  # three stdio fds per rank, under the kernel's SCM_MAX_FD
 PR_SET_CHILD_SUBREAPER = 36
 PID_FORMAT = "=q"
 ZYGOTE_PID = os.getpid()
@@ -70,45 +73,54 @@ def _preload(modules: list[str]) -> None:
         importlib.import_module(name)
 
 
-def _fork_rank(request: dict[str, Any], sock: socket.socket) -> int | None:
-    """The rank's pid in the zygote; None in the rank itself (which then returns to run)."""
-    expected_parent = os.getppid()  # the daemon: the rank's subreaper once re-parented
+def _fork_ranks(
+    ranks: list[dict[str, Any]], sock: socket.socket
+) -> tuple[list[int], str | None] | dict[str, Any]:
+    """In the zygote: (the ranks' pids, an error or None). In a new rank: its request."""
+    expected_parent = os.getppid()  # the daemon: the ranks' subreaper once re-parented
     pid_r, pid_w = os.pipe()
     intermediate = os.fork()
     if intermediate == 0:
         os.close(pid_r)
         sock.close()
-        request["_intermediate"] = _intermediate(pid_w)
-        request["_parent"] = expected_parent
-        return None
+        index, me = _intermediate(pid_w, len(ranks))
+        for other in ranks:  # the other ranks' stdio is not this rank's business
+            if other is not ranks[index]:
+                for fd in other["_fds"]:
+                    os.close(fd)
+        request = ranks[index]
+        request["_intermediate"], request["_parent"] = me, expected_parent
+        return request
     os.close(pid_w)
-    data = b""
     with os.fdopen(pid_r, "rb") as reader:
         data = reader.read()  # until EOF: the intermediate exited
     _, status = os.waitpid(intermediate, 0)
-    if len(data) != struct.calcsize(PID_FORMAT) or status != 0:
-        raise RuntimeError(f"the intermediate process failed (wait status {status})")
-    rank_pid: int = struct.unpack(PID_FORMAT, data)[0]
-    return rank_pid
+    size = struct.calcsize(PID_FORMAT)
+    pids = [struct.unpack_from(PID_FORMAT, data, i)[0] for i in range(0, len(data), size)]
+    if len(pids) != len(ranks) or status != 0:
+        return pids, f"the intermediate process failed (wait status {status})"
+    return pids, None
 
 
-def _intermediate(pid_w: int) -> int:
-    """In the intermediate: fork the rank and exit once it leads its own session. Returns only
-    in the rank: the intermediate's pid."""
+def _intermediate(pid_w: int, count: int) -> tuple[int, int]:
+    """In the intermediate: fork the ranks one by one and exit once each leads its own
+    session. Returns only in a rank: (its index, the intermediate's pid)."""
     me = os.getpid()
+    code = 0
     try:
-        ready_r, ready_w = os.pipe()
-        rank = os.fork()
-        if rank == 0:
-            os.close(ready_r)
-            os.close(pid_w)
-            os.setsid()  # before the daemon learns the pid: killpg(pid) must reach it at once
+        for index in range(count):
+            ready_r, ready_w = os.pipe()
+            rank = os.fork()
+            if rank == 0:
+                os.close(ready_r)
+                os.close(pid_w)
+                os.setsid()  # before the daemon learns the pid: killpg(pid) reaches it at once
+                os.close(ready_w)
+                return index, me
             os.close(ready_w)
-            return me
-        os.close(ready_w)
-        os.read(ready_r, 1)  # EOF once the rank called setsid (or died)
-        os.write(pid_w, struct.pack(PID_FORMAT, rank))
-        code = 0
+            os.read(ready_r, 1)  # EOF once the rank called setsid (or died)
+            os.close(ready_r)
+            os.write(pid_w, struct.pack(PID_FORMAT, rank))
     except BaseException:
         code = 1
     os._exit(code)
@@ -118,7 +130,7 @@ def serve(sock: socket.socket) -> dict[str, Any] | None:
     """Answer spawn requests until EOF; returns a request only in a freshly forked rank."""
     while True:
         try:
-            message, fds, _, _ = socket.recv_fds(sock, MAX_MESSAGE, 3)
+            message, fds, _, _ = socket.recv_fds(sock, MAX_MESSAGE, MAX_FDS)
         except InterruptedError:
             continue
         if not message:
@@ -126,18 +138,20 @@ def serve(sock: socket.socket) -> dict[str, Any] | None:
                 os.close(fd)
             return None
         try:
-            request: dict[str, Any] = json.loads(message)
-            if len(fds) != 3:
-                raise ValueError(f"expected 3 file descriptors, got {len(fds)}")
+            ranks: list[dict[str, Any]] = json.loads(message)["ranks"]
+            if len(fds) != 3 * len(ranks):
+                raise ValueError(f"expected {3 * len(ranks)} file descriptors, got {len(fds)}")
             problem = unsafe_state()
             if problem is not None:
                 _send(sock, {"error": problem, "unsafe": True})
                 continue
-            request["_fds"] = fds
-            pid = _fork_rank(request, sock)
-            if pid is None:
-                return request  # the rank: fds are its stdio
-            _send(sock, {"pid": pid})
+            for index, rank in enumerate(ranks):
+                rank["_fds"] = fds[3 * index : 3 * index + 3]
+            forked = _fork_ranks(ranks, sock)
+            if isinstance(forked, dict):
+                return forked  # a rank: its stdio fds are in the request
+            pids, error = forked
+            _send(sock, {"pids": pids} if error is None else {"pids": pids, "error": error})
         except Exception as error:
             _send(sock, {"error": f"{type(error).__name__}: {error}"})
         finally:

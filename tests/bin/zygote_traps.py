@@ -124,7 +124,9 @@ def allreduce() -> float:
 def cuda_check() -> dict[str, object]:
     import torch
 
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+    device = torch.device(
+        "cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
+    )
     value = (torch.ones(4, device=device) * 2).sum().item()
     return {"cuda_sum": value, "device": str(device)}
 
@@ -172,7 +174,7 @@ def main() -> None:
         threading.Thread(target=late_writer, args=(args.out / f"thread_r{RANK}",)).start()
         sys.stdout.write(f"no newline r{RANK}")
     if args.hang:
-        print(f"hanging r{RANK} pid {os.getpid()}", flush=True)
+        print(f"hanging a{ATTEMPT} r{RANK} pid {os.getpid()}", flush=True)
         while True:
             time.sleep(3600)
     if args.exit is not None:
