@@ -92,6 +92,8 @@ class ServeConfig(BaseModel):
     def _coherent(self) -> ServeConfig:
         if self.nnodes_min > self.nnodes_max:
             raise ValueError(f"nnodes: MIN {self.nnodes_min} is above MAX {self.nnodes_max}")
+        if self.preload and self.start_method != "zygote":
+            raise ValueError("preload: only --start-method zygote preloads modules")
         if self.module and self.no_python:
             raise ValueError("module: --module and --no-python cannot be used together")
         if self.no_python:

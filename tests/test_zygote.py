@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import BIN, ROOT, ServeFactory, wait_pids_gone
+from tests.conftest import BIN, ROOT, WORKER, ServeFactory, pids_with_env, wait_pids_gone
 
 ZYGOTE = ("--start-method", "zygote")
 TRAPS = BIN / "zygote_traps.py"
@@ -301,9 +301,15 @@ async def test_sigkill_of_daemon_leaves_no_zygote_or_rank(serve: ServeFactory) -
         children += [int(match[1]), int(match[2])]
         await run.stdout.expect(f"ready a0 r{rank}")
     ranks = [rank["pid"] for rank in run.status()["ranks"]]  # type: ignore[union-attr]
+    # Forked ranks show their own command and environment in /proc, as exec'd ones do: the
+    # orphan guard's sweep by FTD_DAEMON_ID finds them and their forked descendants.
+    assert set(ranks) <= set(pids_with_env("FTD_RUN_DIR", str(run.run_dir)))
+    cmdline = Path(f"/proc/{ranks[0]}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+    assert cmdline[1:3] == [b"-u", str(WORKER).encode()]
     run.signal(signal.SIGKILL)
     assert await run.wait() == -signal.SIGKILL
     assert await wait_pids_gone([zygote, *ranks, *children], timeout=10) == []
+    assert pids_with_env("FTD_RUN_DIR", str(run.run_dir)) == []
 
 
 @pytest.mark.skipif(
@@ -320,6 +326,7 @@ async def test_cuda_in_a_forked_rank(serve: ServeFactory, tmp_path: Path) -> Non
     [
         (["--preload", "not a module", "x.py"], "preload: 'not a module' is not a module name"),
         (["--start-method", "zygot", "x.py"], "invalid choice: 'zygot'"),
+        (["--preload", "numpy", "x.py"], "preload: only --start-method zygote preloads"),
     ],
 )
 async def test_bad_zygote_flags(argv: list[str], message: str, tmp_path: Path) -> None:

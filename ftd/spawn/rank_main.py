@@ -113,6 +113,34 @@ def _reset_process_state(request: dict[str, Any]) -> None:
     _reset_faulthandler(env)
     _reseed()
     _apply_thread_counts(env)
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        _show_in_proc(request["orig_argv"], env, first=request["own_env"])
+
+
+def _show_in_proc(argv: list[str], env: dict[str, str], first: list[str]) -> None:
+    """/proc/<pid>/cmdline and /proc/<pid>/environ show what exec gave the zygote: rewrite
+    those areas in place, in the room the zygote was launched with (see zygote.ARGV_ROOM), so
+    ps and pgrep see the rank's command, and the orphan guard's sweep by FTD_DAEMON_ID finds
+    the rank's forked descendants. The rank's own variables go first, in case room runs out.
+    os.environ no longer points there (clear() and update() re-created every variable)."""
+    with open("/proc/self/stat", "rb") as stat_file:
+        stat = stat_file.read()
+    fields = stat[stat.rindex(b")") + 2 :].split()  # field 3 onwards
+    arg_start, arg_end, env_start, env_end = (int(fields[n - 3]) for n in (48, 49, 50, 51))
+    ordered = [*first, *(key for key in env if key not in first)]
+    with open("/proc/self/mem", "r+b", buffering=0) as mem:
+        _fill(mem, arg_start, arg_end, [arg.encode() for arg in argv])
+        _fill(mem, env_start, env_end, [f"{key}={env[key]}".encode() for key in ordered])
+
+
+def _fill(mem: Any, start: int, end: int, items: list[bytes]) -> None:
+    area = bytearray()
+    for item in items:
+        if len(area) + len(item) + 1 > end - start:
+            break
+        area += item + b"\0"
+    mem.seek(start)
+    mem.write(bytes(area.ljust(end - start, b"\0")))
 
 
 def _set_path0(request: dict[str, Any]) -> None:

@@ -39,6 +39,9 @@ READY_TIMEOUT_S = 30.0
 REPLY_TIMEOUT_S = 10.0
 CLOSE_TIMEOUT_S = 5.0
 PR_GET_CHILD_SUBREAPER = 37
+ARGV_ROOM, ENV_ROOM = 2048, 16384
+"""Bytes of room the zygote is launched with (an argument, a variable of blanks), in which each
+rank writes its own command line and environment for /proc to show (see rank_main)."""
 DEFAULT_PRELOAD = ("torch", "torch.distributed")
 PRELOADING = "preloading"
 
@@ -103,7 +106,11 @@ class Zygote:
     def __init__(self, preload: Sequence[str]) -> None:
         self.preload = tuple(preload)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}  # no BLAS thread pool in the zygote
+        env = {
+            **os.environ,
+            "OPENBLAS_NUM_THREADS": "1",  # no BLAS thread pool in the zygote
+            "FTD_ZYGOTE_ROOM": " " * ENV_ROOM,
+        }
         try:
             self.proc = subprocess.Popen(
                 [
@@ -113,6 +120,7 @@ class Zygote:
                     "ftd.spawn.zygote_server",
                     str(theirs.fileno()),
                     ",".join(self.preload),
+                    " " * ARGV_ROOM,
                 ],
                 pass_fds=(theirs.fileno(),),
                 env=env,
@@ -322,6 +330,7 @@ class ZygoteSpawner:
                 "module": module,
                 "target": target,
                 "env": {**os.environ, **spec.envs[local_rank]},
+                "own_env": sorted(spec.envs[local_rank]),
                 "cwd": cwd,
             }
             for local_rank in local_ranks
