@@ -161,17 +161,20 @@ class Zygote:
             reply.get("seconds", 0.0),
         )
 
-    def spawn(self, requests: list[dict[str, Any]], fds: list[int]) -> list[int]:
+    def spawn(
+        self, common: dict[str, Any], envs: list[dict[str, str]], fds: list[int]
+    ) -> list[int]:
         """Blocking (milliseconds): fork the ranks; their pids, already the daemon's children.
         On ZygoteUnavailable, `error.pids` are ranks forked anyway (to be killed)."""
         try:
             self._sock.settimeout(REPLY_TIMEOUT_S)
-            socket.send_fds(self._sock, [json.dumps({"ranks": requests}).encode()], fds)
+            message = json.dumps({"common": common, "envs": envs}).encode()
+            socket.send_fds(self._sock, [message], fds)
         except OSError as error:
             raise ZygoteUnavailable(f"the zygote (pid {self.pid}) is gone: {error}") from None
         reply = self._receive(REPLY_TIMEOUT_S, "forking ranks")
         pids = [int(pid) for pid in reply.get("pids", [])]
-        if "error" in reply or len(pids) != len(requests):
+        if "error" in reply or len(pids) != len(envs):
             refused = ZygoteUnavailable(
                 f"the zygote refused: {reply.get('error', reply)}",
                 permanent=bool(reply.get("unsafe")),
@@ -323,25 +326,22 @@ class ZygoteSpawner:
         cwd = os.getcwd()
         argv = ["-m", *args] if module else [target, *args]
         local_ranks = sorted(spec.envs)
-        requests = [
-            {
-                "argv": argv,
-                "orig_argv": list(spec.cmd),
-                "module": module,
-                "target": target,
-                "env": {**os.environ, **spec.envs[local_rank]},
-                "own_env": sorted(spec.envs[local_rank]),
-                "cwd": cwd,
-            }
-            for local_rank in local_ranks
-        ]
+        common = {
+            "argv": argv,
+            "orig_argv": list(spec.cmd),
+            "module": module,
+            "target": target,
+            "env": dict(os.environ),  # each rank: this updated with its own, as Popen does
+            "cwd": cwd,
+        }
         streams = [(logs.stdouts[lr], logs.stderrs[lr]) for lr in local_ranks]
         pids: list[int] = []
         try:
-            for first in range(0, len(requests), MAX_RANKS_PER_REQUEST):
+            for first in range(0, len(local_ranks), MAX_RANKS_PER_REQUEST):
                 chunk = slice(first, first + MAX_RANKS_PER_REQUEST)
+                envs = [spec.envs[local_rank] for local_rank in local_ranks[chunk]]
                 with _stdio(streams[chunk]) as fds:
-                    pids += zygote.spawn(requests[chunk], fds)
+                    pids += zygote.spawn(common, envs, fds)
         except ZygoteUnavailable as error:
             for pid in pids + error.pids:  # a partial group goes; the fallback starts them all
                 with contextlib.suppress(ProcessLookupError):

@@ -6,7 +6,8 @@ answers requests on an AF_UNIX SOCK_SEQPACKET socket, one JSON message per packe
 
     zygote -> daemon, once:  {"ready": true, "pid": P, "seconds": S, "problem": null | "..."}
                              {"ready": false, "error": "<traceback of the failed preload>"}
-    daemon -> zygote:        {"ranks": [{"argv": [...], "env": {...}, ...}, ...]}
+    daemon -> zygote:        {"common": {"argv": [...], "env": {...}, "cwd": "...", ...},
+                              "envs": [{each rank's own variables}, ...]}
                              + SCM_RIGHTS [stdin, stdout, stderr] of each rank in turn
     zygote -> daemon:        {"pids": [R, ...]} | {"error": "...", "pids": [forked anyway]}
 
@@ -138,7 +139,12 @@ def serve(sock: socket.socket) -> dict[str, Any] | None:
                 os.close(fd)
             return None
         try:
-            ranks: list[dict[str, Any]] = json.loads(message)["ranks"]
+            batch = json.loads(message)
+            common: dict[str, Any] = batch["common"]
+            ranks: list[dict[str, Any]] = [
+                {**common, "env": {**common["env"], **own}, "own_env": sorted(own)}
+                for own in batch["envs"]
+            ]
             if len(fds) != 3 * len(ranks):
                 raise ValueError(f"expected {3 * len(ranks)} file descriptors, got {len(fds)}")
             problem = unsafe_state()
