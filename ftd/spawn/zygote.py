@@ -18,6 +18,7 @@ import ctypes
 import json
 import logging
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -226,13 +227,36 @@ class ZygoteSpawner:
         self._lock = threading.Lock()
         self._disabled: str | None = None
         self._last_reason: str | None = None
-        self._zygote: Zygote | None = Zygote(self._preload)
-        log.info(
-            "zygote (pid %d) started: preloading %s", self._zygote.pid, ", ".join(self._preload)
-        )
+        self._closed = False
+        self._eager_restarts = 1
+        self._zygote: Zygote | None = self._launch()
+
+    def _launch(self) -> Zygote:
+        zygote = Zygote(self._preload)
+        log.info("zygote (pid %d) started: preloading %s", zygote.pid, ", ".join(self._preload))
+        threading.Thread(
+            target=self._watch, args=(zygote,), name=f"ftd-zygote-{zygote.pid}", daemon=True
+        ).start()
+        return zygote
+
+    def _watch(self, zygote: Zygote) -> None:
+        """Start a new zygote as soon as this one dies, so that the next restart is warm;
+        once per attempt at most (a zygote that keeps dying is started again by `start`)."""
+        with contextlib.suppress(ProcessLookupError):
+            fd = os.pidfd_open(zygote.pid)
+            try:
+                select.select([fd], [], [])
+            finally:
+                os.close(fd)
+        with self._lock:
+            if self._closed or zygote is not self._zygote or not self._eager_restarts:
+                return
+            self._eager_restarts -= 1
+            self._zygote = self._replace_dead(zygote)
 
     def start(self, spec: LaunchSpec) -> StartedGroup:
         with self._lock:
+            self._eager_restarts = 1
             try:
                 return self._start_forked(spec)
             except ZygoteUnavailable as error:
@@ -243,6 +267,7 @@ class ZygoteSpawner:
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             if self._zygote is not None:
                 self._zygote.close()
                 self._zygote = None
@@ -293,16 +318,9 @@ class ZygoteSpawner:
             )
         zygote = self._zygote
         if zygote is not None and not zygote.alive():
-            log.warning(
-                "zygote (pid %d) died (%s); starting a new one",
-                zygote.pid,
-                _describe(zygote.proc.returncode),
-            )
-            zygote.kill()
-            zygote = None
+            zygote = self._zygote = self._replace_dead(zygote)
         if zygote is None:
-            zygote = self._zygote = Zygote(self._preload)
-            log.info("zygote (pid %d) started: preloading %s", zygote.pid, ", ".join(self._preload))
+            zygote = self._zygote = self._launch()
         try:
             zygote.wait_ready()
         except ZygoteUnavailable:
@@ -310,6 +328,15 @@ class ZygoteSpawner:
                 self._zygote = None
             raise
         return zygote
+
+    def _replace_dead(self, zygote: Zygote) -> Zygote:
+        zygote.kill()  # reaps it, closes our end
+        log.warning(
+            "zygote (pid %d) died (%s); starting a new one",
+            zygote.pid,
+            _describe(zygote.proc.returncode),
+        )
+        return self._launch()
 
     def _start_forked(self, spec: LaunchSpec) -> ZygoteGroup:
         module, target, args = self._command(spec.cmd)
