@@ -11,8 +11,23 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[test]'
 	touch $(STAMP)
 
+# The main job: examples/train_ddp.py under `ftd serve` on 2 ranks. Rank 1 crashes at step 25 of
+# the first attempt; ftd restarts the group and training resumes from the step-20 checkpoint.
+# Then rank 1 hangs at step 25: the hang detector dumps its stacks, kills it and restarts again.
+DEMO_DIR := runs/demo
 demo: $(STAMP)
-	$(PY) examples/demo.py
+	rm -rf $(DEMO_DIR)
+	@echo "=== 1/2: a crash at step 25, restart, resume from the newest checkpoint ==="
+	$(VENV)/bin/ftd serve --standalone --nproc-per-node 2 --max-restarts 3 --api-port 0 \
+		--log-dir $(DEMO_DIR)/logs --run-id crash \
+		--ft-param-rank_heartbeat_timeout=30 --ft-param-rank_section_timeouts=setup:120,step:10 \
+		examples/train_ddp.py --steps 60 --crash-at-step 25 --ckpt-dir $(DEMO_DIR)/ckpt-crash
+	@echo "=== 2/2: a hang at step 25, detected by its heartbeat timeout, restart, resume ==="
+	$(VENV)/bin/ftd serve --standalone --nproc-per-node 2 --max-restarts 3 --api-port 0 \
+		--log-dir $(DEMO_DIR)/logs --run-id hang \
+		--ft-param-rank_heartbeat_timeout=3 --ft-param-rank_section_timeouts=setup:120,step:10 \
+		examples/train_ddp.py --steps 60 --hang-at-step 25 --ckpt-dir $(DEMO_DIR)/ckpt-hang
+	@echo "=== logs, events and stacks: $(DEMO_DIR)/logs/{crash,hang}/ ==="
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

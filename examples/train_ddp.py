@@ -1,8 +1,9 @@
 """A small real training job: DDP over gloo on CPU, periodic checkpoints, resume from the newest.
 
-Runs unchanged under `torchrun` and `ftd serve`. `--crash-at-step N` makes `--crash-rank`
-raise at step N on the first attempt only, so a supervisor's restart and the resume from the
-newest checkpoint can be seen.
+Runs unchanged under `torchrun` and `ftd serve` (where ftd_client's heartbeats and sections
+are live; elsewhere they are no-ops). `--crash-at-step N` makes `--crash-rank` raise at step N
+on the first attempt only, so a supervisor's restart and the resume from the newest checkpoint
+can be seen; `--hang-at-step N` makes it hang there instead, for the hang detector to catch.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from ftd_client import RankClient
 from torch import nn
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel
@@ -26,6 +28,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--ckpt-every", type=int, default=10)
     parser.add_argument("--crash-at-step", type=int, default=-1)
     parser.add_argument("--crash-rank", type=int, default=1)
+    parser.add_argument("--hang-at-step", type=int, default=-1)
     parser.add_argument("--step-time", type=float, default=0.0, help="extra seconds per step")
     parser.add_argument("--lr", type=float, default=0.05)
     return parser.parse_args()
@@ -46,6 +49,8 @@ def newest_checkpoint(ckpt_dir: Path) -> Path | None:
 @record
 def main() -> None:
     args = parse_args()
+    ft = RankClient()
+    ft.start_section("setup")
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
@@ -67,19 +72,27 @@ def main() -> None:
     elif rank == 0:
         print(f"[attempt {attempt}] starting from scratch, world size {world}")
 
+    ft.end_section("setup")
     loss = torch.tensor(0.0)
     for step in range(start_step, args.steps):
-        if attempt == 0 and step == args.crash_at_step and rank == args.crash_rank:
-            raise RuntimeError(f"injected fault: rank {rank} crashed at step {step}")
-        x, y = make_batch(step, rank)
-        optimizer.zero_grad()
-        loss = nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        optimizer.step()
-        if args.step_time:
-            time.sleep(args.step_time)
+        ft.heartbeat()
+        if attempt == 0 and rank == args.crash_rank:
+            if step == args.crash_at_step:
+                raise RuntimeError(f"injected fault: rank {rank} crashed at step {step}")
+            if step == args.hang_at_step:
+                print(f"[attempt {attempt}] injected hang: rank {rank} at step {step}", flush=True)
+                time.sleep(3600)
+        with ft.section("step"):
+            x, y = make_batch(step, rank)
+            optimizer.zero_grad()
+            loss = nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            optimizer.step()
+            if args.step_time:
+                time.sleep(args.step_time)
         done = step + 1
         if done % args.ckpt_every == 0 or done == args.steps:
+            ft.start_section("checkpointing")
             if rank == 0:
                 tmp = ckpt_dir / f".step_{done:08d}.pt.tmp"
                 state = {
@@ -91,9 +104,11 @@ def main() -> None:
                 tmp.replace(ckpt_dir / f"step_{done:08d}.pt")
                 print(f"[attempt {attempt}] step {done} loss {loss.item():.4f} (checkpoint saved)")
             dist.barrier()
+            ft.end_section("checkpointing")
     if rank == 0:
         print(f"[attempt {attempt}] finished {args.steps} steps, final loss {loss.item():.4f}")
     dist.destroy_process_group()
+    ft.close()
 
 
 if __name__ == "__main__":

@@ -101,6 +101,7 @@ def _add_serve(subparsers: argparse._SubParsersAction[_Parser]) -> None:
         help="signal that stops ranks before SIGKILL",
     )
     add(*_flag("--log-level"), default="INFO", help="the daemon's log level")
+    _add_fault_tolerance(serve)
     api = serve.add_argument_group("REST API")
     add = api.add_argument
     add(*_flag("--api-host"), default="127.0.0.1", help="address the API binds to")
@@ -117,6 +118,72 @@ def _add_serve(subparsers: argparse._SubParsersAction[_Parser]) -> None:
     )
     serve.add_argument("training_script", help="script (or module, or binary) to run")
     serve.add_argument("training_script_args", nargs=argparse.REMAINDER)
+
+
+FT_HELP = {
+    "initial_rank_heartbeat_timeout": "seconds from a rank's handshake to its first heartbeat",
+    "rank_heartbeat_timeout": "seconds allowed between heartbeats",
+    "rank_section_timeouts": "per-section seconds, e.g. setup:600,step:180,checkpointing:420",
+    "rank_out_of_section_timeout": "seconds allowed outside any section",
+    "safety_factor": "learned timeout = longest observed interval x this",
+    "rank_termination_signal": "signal for a hung rank (after its stacks are dumped)",
+    "log_level": "log level of the rank-health components",
+    "calc_timeouts": "learn timeouts automatically at the end of every attempt",
+    "workload_check_interval": "accepted for compatibility (ftd checks deadlines as they fall due)",
+}
+
+
+def _add_fault_tolerance(serve: argparse.ArgumentParser) -> None:
+    from ftd.ft_config import DELEGATED_PARAMETERS, KNOWN_PARAMETERS
+
+    group = serve.add_argument_group(
+        "fault tolerance (ft_launcher's parameters)",
+        "Each parameter NAME is accepted as --ft-param-NAME=VALUE (ft_launcher's seed form) "
+        "and as --ft-NAME VALUE (current ft_launcher; kebab or snake case). 'None' disables "
+        "a timeout. CLI values override the YAML file. ft_launcher parameters that mean nothing "
+        "to ftd (GPU, NIC and storage checks) are accepted and ignored.",
+    )
+    add = group.add_argument
+    add(
+        "--ft-cfg-path",
+        "--ft_cfg_path",
+        "--fault-tol-cfg-path",
+        "--fault_tol_cfg_path",
+        dest="ft_cfg_path",
+        default=None,
+        help="YAML file with a fault_tolerance section",
+    )
+    add(
+        "--restart-policy",
+        "--restart_policy",
+        "--ft-restart-policy",
+        "--ft_restart_policy",
+        "--ft-param-restart_policy",
+        dest="restart_policy",
+        choices=["any-failed", "min-healthy"],
+        default=None,
+        help="any-failed: restart every node's workers; min-healthy: only below MIN nodes "
+        "[default: any-failed]",
+    )
+    add(
+        "--ft-state-file",
+        "--ft_state_file",
+        "--ft-param-state_file",
+        dest="ft_state_file",
+        default=None,
+        help="learned timeouts persist here [default: <run dir>/ft_state.json]",
+    )
+    for name in sorted(KNOWN_PARAMETERS - set(DELEGATED_PARAMETERS)):
+        kebab = name.replace("_", "-")
+        spellings = {f"--ft-param-{name}", f"--ft-param-{kebab}", f"--ft-{kebab}", f"--ft-{name}"}
+        add(
+            f"--ft-param-{name}",
+            *sorted(spellings - {f"--ft-param-{name}"}),
+            dest=f"ft__{name}",
+            default=None,
+            metavar="VALUE",
+            help=FT_HELP.get(name, argparse.SUPPRESS),
+        )
 
 
 def build_parser() -> _Parser:
@@ -188,10 +255,46 @@ def serve_config_from_args(args: argparse.Namespace) -> object:
     }
     if args.node_id:
         fields["node_id"] = args.node_id
+    fields.update(_fault_tolerance_fields(args))
     try:
         return ServeConfig.model_validate(fields)
     except ValidationError as error:
         raise UsageError(format_validation_error(error)) from None
+
+
+def _fault_tolerance_fields(args: argparse.Namespace) -> dict[str, object]:
+    """ServeConfig fields from --ft-cfg-path and the --ft-* flags (CLI over file)."""
+    from pathlib import Path
+
+    from ftd.ft_config import load_yaml, merge_parameters
+
+    from_file: dict[str, object] = {}
+    if args.ft_cfg_path:
+        try:
+            from_file = load_yaml(Path(args.ft_cfg_path))
+        except (OSError, ValueError) as error:
+            raise UsageError(f"--ft-cfg-path: {error}") from None
+    from_cli = {
+        key.removeprefix("ft__"): value
+        for key, value in vars(args).items()
+        if key.startswith("ft__") and value is not None
+    }
+    try:
+        ft, delegated, ignored = merge_parameters(from_file, from_cli)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    if ignored:
+        logging.getLogger("ftd.config").info(
+            "fault-tolerance parameters with no effect in ftd: %s", ", ".join(sorted(ignored))
+        )
+    fields: dict[str, object] = {"ft": ft}
+    policy = args.restart_policy or delegated.get("restart_policy")
+    if policy:
+        fields["restart_policy"] = policy
+    state_file = args.ft_state_file or delegated.get("ft_state_file")
+    if state_file:
+        fields["ft_state_file"] = state_file
+    return fields
 
 
 def format_validation_error(error: object) -> str:
@@ -238,9 +341,26 @@ def _run_serve(args: argparse.Namespace) -> int:
     return uvloop.run(serve())
 
 
+def _unknown_ft_parameter(unknown: list[str]) -> str | None:
+    """A one-line error naming the closest valid name for a mistyped --ft-* flag."""
+    from ftd.ft_config import UnknownParameter, check_parameter_name
+
+    for token in unknown:
+        if token.startswith("--ft-"):
+            name = token.split("=", 1)[0].removeprefix("--ft-").removeprefix("param-")
+            try:
+                check_parameter_name(name)
+            except UnknownParameter as error:
+                return str(error)
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
+    if unknown and (message := _unknown_ft_parameter(unknown)):
+        print(f"ftd {args.command}: error: {message}", file=sys.stderr)
+        return EXIT_USAGE
     if unknown:
         print(
             f"ftd {args.command}: error: unrecognized arguments: {' '.join(unknown)}",

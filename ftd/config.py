@@ -10,6 +10,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from ftd.ft_config import FaultToleranceConfig
+
 DEFAULT_API_PORT = 29610
 
 StartMethod = Literal["spawn", "fork", "forkserver", "subprocess", "zygote"]
@@ -49,6 +51,11 @@ class ServeConfig(BaseModel):
     redirects: str = "0"
     tee: str = "0"
     local_ranks_filter: frozenset[int] | None = None
+
+    ft: FaultToleranceConfig = Field(default_factory=lambda: FaultToleranceConfig())
+    ft_state_file: Path | None = None
+    """Learned timeouts survive restarts here; default `<run dir>/ft_state.json`."""
+    restart_policy: Literal["any-failed", "min-healthy"] = "any-failed"
 
     api_host: str = "127.0.0.1"
     api_port: int | None = Field(

@@ -21,6 +21,8 @@ from ftd.config import ServeConfig
 from ftd.errors import Conflict, FeatureUnavailable, NotFound
 from ftd.events import Event, EventLog
 from ftd.guard import OrphanGuard
+from ftd.health import HealthService
+from ftd.ipc import socket_path
 from ftd.launch import Placement, build_command, worker_envs
 from ftd.policy import Action, after_attempt
 from ftd.spawn import LaunchSpec, get_spawner
@@ -64,12 +66,21 @@ class Daemon:
         self._force = asyncio.Event()
         self.events = EventLog(None)
         self._api: ApiServer | None = None
+        self.health: HealthService | None = None
 
     async def __aenter__(self) -> Daemon:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.events = EventLog(self.run_dir / "events.jsonl")
         _become_subreaper()
         self._guard = await asyncio.to_thread(OrphanGuard, self.daemon_id)
+        self.health = HealthService(
+            self.config.ft,
+            socket_path(self.run_dir, self.daemon_id),
+            self.config.ft_state_file or self.run_dir / "ft_state.json",
+            self.events,
+        )
+        self.health.start()
+        self.status.timeouts = self.health.timeouts.model_dump()
         loop = asyncio.get_running_loop()
         for sig in HANDLED_SIGNALS:
             loop.add_signal_handler(sig, self._on_signal, sig)
@@ -99,10 +110,12 @@ class Daemon:
         tb: TracebackType | None,
     ) -> None:
         # Teardown in reverse order of set-up; every step runs, every error is reported.
-        group, guard, api = self._group, self._guard, self._api
+        group, guard, api, health = self._group, self._guard, self._api, self.health
         steps: list[tuple[str, Callable[[], Awaitable[object]]]] = []
         if group is not None:
             steps.append(("stopping the workers", lambda: self._stop_group(group)))
+        if health is not None:
+            steps.append(("closing the rank socket", lambda: _run_sync(health.close)))
         steps.append(("closing the start method", lambda: asyncio.to_thread(self._spawner.close)))
         steps.append(("closing the workers' store", self._stores.close))
         if api is not None:
@@ -159,10 +172,15 @@ class Daemon:
         }
 
     def get_timeouts(self) -> dict[str, Any]:
-        raise FeatureUnavailable("rank-health timeouts are not available in this build yet")
+        assert self.health is not None
+        return self.health.timeouts.model_dump()
 
     def set_timeouts(self, patch: dict[str, Any], requested_by: str) -> dict[str, Any]:
-        raise FeatureUnavailable("rank-health timeouts are not available in this build yet")
+        assert self.health is not None
+        timeouts = self.health.update(patch, by=requested_by).model_dump()
+        self.status.timeouts = timeouts
+        self._write_status()
+        return timeouts
 
     def exclude_node(self, node_id: str, reason: str, requested_by: str) -> Event:
         if node_id != self.config.node_id:
@@ -182,6 +200,10 @@ class Daemon:
         self._write_status()
 
     def _write_status(self) -> None:
+        if self.health is not None:
+            self.status.timeouts = self.health.timeouts.model_dump()
+            server = self.health.server
+            self.status.ipc = {"received": server.received, "dropped": dict(server.dropped)}
         path = self.run_dir / "status.json"
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(self.status.to_dict()))
@@ -208,7 +230,18 @@ class Daemon:
                 await self._stop_group(group)
                 return self._stopped()
             outcome = outcome_task.result()
-            decision = after_attempt(outcome, restarts_used, self.config.max_restarts)
+            health = self.health
+            assert health is not None
+            health.detach()
+            if self.config.ft.calc_timeouts:
+                health.learn(by="ftd (calc_timeouts)")
+            request = health.workload_request
+            decision = after_attempt(
+                outcome,
+                restarts_used,
+                self.config.max_restarts,
+                request.reason() if request else None,
+            )
             if outcome is not None:
                 self.status.last_failure = outcome
             if decision.action is Action.RESTART:
@@ -247,7 +280,17 @@ class Daemon:
 
     async def _start_attempt(self, placement: Placement, restart_count: int) -> WorkerGroup:
         self.status.attempt = restart_count
-        envs = worker_envs(self.config, placement, restart_count, str(self.run_dir), self.daemon_id)
+        health = self.health
+        assert health is not None
+        envs = worker_envs(
+            self.config,
+            placement,
+            restart_count,
+            str(self.run_dir),
+            self.daemon_id,
+            socket_path=str(health.server.path),
+            attempt_log_dir=str(self.run_dir / f"attempt_{restart_count}"),
+        )
         self.status.ranks = [
             RankStatus(local_rank=lr, global_rank=placement.base_global_rank + lr) for lr in envs
         ]
@@ -263,15 +306,20 @@ class Daemon:
         )
         guard = self._guard
         assert guard is not None
-        group = await WorkerGroup.start(
-            self._spawner,
-            spec,
-            {status.local_rank: status for status in self.status.ranks},
-            on_register=guard.register,
-            on_unregister=guard.unregister,
-            daemon_id=self.daemon_id,
-        )
-        self._group = group
+        health.server.pause()  # the ranks' first messages wait until their pids are attached
+        try:
+            group = await WorkerGroup.start(
+                self._spawner,
+                spec,
+                {status.local_rank: status for status in self.status.ranks},
+                on_register=guard.register,
+                on_unregister=guard.unregister,
+                daemon_id=self.daemon_id,
+            )
+            self._group = group
+            health.attach(group, self.status.ranks)
+        finally:
+            health.server.resume()
         group.exit_listeners.append(
             lambda rank: self.events.emit("rank_exited", attempt=restart_count, **rank.to_dict())
         )
@@ -322,3 +370,8 @@ def _log_line_prefixes(role: str, placement: Placement, nprocs: int) -> dict[int
         )
         for lr in range(nprocs)
     }
+
+
+async def _run_sync(step: Callable[[], object]) -> None:
+    """A teardown step that must run on the loop's thread (it unregisters readers)."""
+    step()

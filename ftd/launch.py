@@ -6,10 +6,14 @@ The FTD_* variables are ftd's contract with ranks; docs/environment.md lists the
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from dataclasses import dataclass
 
 from ftd.config import ServeConfig
+
+STACK_SIGNAL = signal.SIGUSR2
+"""Ranks' ftd_client dumps its Python stacks (faulthandler) on this signal."""
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,8 @@ def worker_envs(
     restart_count: int,
     run_dir: str,
     daemon_id: str,
+    socket_path: str = "",
+    attempt_log_dir: str = "",
 ) -> dict[int, dict[str, str]]:
     """Each local rank's environment, as torchrun's LocalElasticAgent sets it, plus FTD_*."""
     envs: dict[int, dict[str, str]] = {}
@@ -71,6 +77,11 @@ def worker_envs(
             "FTD_NODE_ID": config.node_id,
             "FTD_DAEMON_ID": daemon_id,
         }
+        if socket_path:
+            env["FTD_SOCKET"] = socket_path
+            env["FTD_STACK_SIGNAL"] = str(int(STACK_SIGNAL))
+        if attempt_log_dir:
+            env["FTD_STACKS_FILE"] = os.path.join(attempt_log_dir, str(local_rank), "stacks.txt")
         omp = os.environ.get("OMP_NUM_THREADS")
         if omp is None and config.nproc_per_node > 1:
             omp = "1"  # torchrun's default, so ranks do not oversubscribe the cores

@@ -20,12 +20,23 @@ class Decision:
     reason: str
 
 
-def after_attempt(outcome: Failure | None, restarts_used: int, max_restarts: int) -> Decision:
-    """What to do once an attempt has ended with `outcome` (None: every rank exited 0)."""
+def after_attempt(
+    outcome: Failure | None,
+    restarts_used: int,
+    max_restarts: int,
+    workload_stop: str | None = None,
+) -> Decision:
+    """What to do once an attempt has ended with `outcome` (None: every rank exited 0).
+
+    `workload_stop` is the reason of a rank's request to stop restarting (SHUTDOWN_WORKLOAD,
+    or EXCLUDE_THIS_NODE on a single node), if one was made.
+    """
     if outcome is None:
         return Decision(Action.SUCCEED, "every rank exited 0")
     if outcome.kind == "fatal":
         return Decision(Action.FAIL, outcome.reason)
+    if workload_stop is not None:
+        return Decision(Action.FAIL, f"{outcome.reason}; not restarted: {workload_stop}")
     if not outcome.counted:
         return Decision(Action.RESTART, f"{outcome.reason}; restart not counted")
     if restarts_used >= max_restarts:

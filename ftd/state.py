@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import enum
 import signal
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 
 class DaemonState(enum.StrEnum):
@@ -60,8 +63,11 @@ class RankStatus:
     started_at: float | None = None
     """Wall-clock time (time.time()) the process was started."""
     ended_at: float | None = None
+    health: Callable[[float], dict[str, Any]] | None = field(default=None, repr=False)
+    """The monitor's live view (heartbeat age, open section), read at snapshot time."""
 
     def to_dict(self) -> dict[str, object]:
+        health = self.health(time.monotonic()) if self.health else {}
         return {
             "local_rank": self.local_rank,
             "global_rank": self.global_rank,
@@ -70,6 +76,9 @@ class RankStatus:
             "exit_code": self.exit_code,
             "started_at": self.started_at,
             "ended_at": self.ended_at,
+            "last_heartbeat_age_s": health.get("last_heartbeat_age_s"),
+            "section": health.get("section"),
+            "section_age_s": health.get("section_age_s"),
         }
 
 
@@ -111,8 +120,12 @@ class NodeStatus:
     attempt: int = 0
     restart_count: int = 0
     max_restarts: int = 0
+    restart_policy: str = "any-failed"
     ranks: list[RankStatus] = field(default_factory=list)
     last_failure: Failure | None = None
+    timeouts: dict[str, Any] = field(default_factory=dict)
+    ipc: dict[str, Any] = field(default_factory=dict)
+    """The rank socket's counters: messages received, dropped by cause."""
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -122,6 +135,9 @@ class NodeStatus:
             "attempt": self.attempt,
             "restart_count": self.restart_count,
             "max_restarts": self.max_restarts,
+            "restart_policy": self.restart_policy,
+            "timeouts": self.timeouts,
+            "ipc": self.ipc,
             "ranks": [rank.to_dict() for rank in self.ranks],
             "last_failure": self.last_failure.to_dict() if self.last_failure else None,
         }

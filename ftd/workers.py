@@ -129,6 +129,9 @@ class WorkerGroup:
         """The attempt's outcome: None when every rank exited 0, else the first failure."""
         return await asyncio.shield(self._outcome)
 
+    def signal_rank(self, local_rank: int, sig: signal.Signals) -> None:
+        self._started.kill(local_rank, sig)
+
     def fail(self, failure: Failure) -> None:
         """Another part of the daemon (monitor, API) ends the attempt with this failure."""
         if not self._outcome.done():

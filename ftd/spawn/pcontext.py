@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 from typing import TYPE_CHECKING
@@ -12,6 +13,19 @@ from ftd.spawn.logs import make_logs_specs
 
 if TYPE_CHECKING:
     from torch.distributed.elastic.multiprocessing.api import SubprocessContext
+
+
+class _DropSignalHandlerWarning(logging.Filter):
+    """PContext warns that it cannot install signal handlers off the main thread; the daemon
+    handles signals itself, so the warning would only mislead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Failed to register signal handlers" not in record.getMessage()
+
+
+logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(
+    _DropSignalHandlerWarning()
+)
 
 
 class PContextGroup:

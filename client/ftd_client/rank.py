@@ -1,0 +1,275 @@
+"""RankClient: heartbeats, sections and requests from a rank to its node daemon.
+
+Every call is cheap and never blocks training: a heartbeat or a section event is one
+non-blocking datagram send; if the daemon is away (stopped, slow, gone) the message is dropped
+and counted. Only explicit requests (workload control, timeout calculation) wait for an answer,
+bounded by `request_timeout_s`. Outside `ftd serve` every call is a no-op (one warning).
+"""
+
+from __future__ import annotations
+
+import errno
+import faulthandler
+import itertools
+import json
+import logging
+import os
+import select
+import signal
+import socket
+import time
+import warnings
+from types import TracebackType
+from typing import IO, Any
+
+from ftd_client import protocol
+from ftd_client.protocol import WorkloadAction
+
+log = logging.getLogger("ftd_client")
+
+RECONNECT_INTERVAL_S = 1.0
+_NO_SIGNAL = socket.MSG_NOSIGNAL  # a daemon that went away must not SIGPIPE the rank
+_warned_unsupervised = False
+
+
+class _Section:
+    __slots__ = ("_client", "_name")
+
+    def __init__(self, client: RankClient, name: str) -> None:
+        self._client, self._name = client, name
+
+    def __enter__(self) -> None:
+        self._client.start_section(self._name)
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._client.end_section(self._name)
+
+
+class RankClient:
+    """A rank's connection to its `ftd serve` daemon, configured from the FTD_* environment."""
+
+    def __init__(self, socket_path: str | None = None, request_timeout_s: float = 5.0) -> None:
+        self.request_timeout_s = request_timeout_s
+        self.dropped = 0
+        """Messages that could not be handed to the daemon (it was away or overloaded)."""
+        self.timeouts: dict[str, Any] = {}
+        """The timeouts in force, as the daemon last announced them."""
+        self._path = socket_path if socket_path is not None else os.environ.get("FTD_SOCKET")
+        self._sock: socket.socket | None = None
+        self._ids = itertools.count(1)
+        self._section_bytes: dict[tuple[str, str], bytes] = {}
+        self._open_sections: list[str] = []
+        self._next_reconnect = 0.0
+        self._stack_file: IO[str] | None = None
+        self._stack_signal: int | None = None
+        self._hello_id: int | None = None
+        if not self._path:
+            _warn_unsupervised()
+            return
+        self._stack_signal = self._register_stack_dump()
+        self._connect()
+
+    @property
+    def is_supervised(self) -> bool:
+        return self._sock is not None
+
+    # -- the hot path ------------------------------------------------------------------------
+
+    def heartbeat(self) -> None:
+        """Tell the daemon this rank is alive."""
+        sock = self._sock
+        if sock is None:
+            return
+        try:
+            sock.send(protocol.HEARTBEAT_BYTES, _NO_SIGNAL)
+        except OSError as error:
+            self._on_send_error(error)
+
+    def start_section(self, name: str) -> None:
+        """Open section `name` (timed against its `rank_section_timeouts` entry)."""
+        self._open_sections.append(name)
+        self._send(self._section_message(protocol.SECTION_START, name))
+
+    def end_section(self, name: str) -> None:
+        if name in self._open_sections:
+            self._open_sections.remove(name)
+        self._send(self._section_message(protocol.SECTION_END, name))
+
+    def end_all_sections(self) -> None:
+        for name in reversed(self._open_sections):
+            self.end_section(name)
+
+    def section(self, name: str) -> _Section:
+        """`with client.section("step"): ...`"""
+        return _Section(self, name)
+
+    # -- requests ----------------------------------------------------------------------------
+
+    def send_workload_control(self, action: WorkloadAction, description: str = "") -> bool:
+        """Ask the supervisor to act (exclude this node, shut the workload down, continue);
+        whether it acknowledged."""
+        reply = self._request({"t": protocol.WORKLOAD_CONTROL, "a": action.name, "d": description})
+        return bool(reply and reply.get("ok"))
+
+    def calculate_and_set_timeouts(
+        self, sections: list[str] | None = None, out_of_section: bool = True
+    ) -> dict[str, Any] | None:
+        """Ask the daemon to learn timeouts from what it observed; the new timeouts, or None."""
+        reply = self._request(
+            {"t": protocol.CALCULATE_TIMEOUTS, "sections": sections, "oos": out_of_section}
+        )
+        return self._apply_timeouts(reply)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The timeouts in force, for a checkpoint."""
+        self._drain_replies()
+        return {"timeouts": dict(self.timeouts)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Apply timeouts saved by `state_dict` (e.g. from a checkpoint)."""
+        timeouts = state.get("timeouts")
+        if isinstance(timeouts, dict) and timeouts:
+            self._apply_timeouts(self._request({"t": protocol.SET_TIMEOUTS, "timeouts": timeouts}))
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._send(protocol.encode({"t": protocol.GOODBYE}))
+            self._sock.close()
+            self._sock = None
+        self._path = None
+        if self._stack_file is not None:
+            faulthandler.unregister(_stack_signal())
+            self._stack_file.close()
+            self._stack_file = None
+
+    def __enter__(self) -> RankClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _section_message(self, kind: str, name: str) -> bytes:
+        key = (kind, name)
+        data = self._section_bytes.get(key)
+        if data is None:
+            data = self._section_bytes[key] = protocol.section_bytes(kind, name)
+        return data
+
+    def _send(self, data: bytes) -> None:
+        sock = self._sock
+        if sock is None:
+            return
+        try:
+            sock.send(data, _NO_SIGNAL)
+        except OSError as error:
+            self._on_send_error(error)
+
+    def _on_send_error(self, error: OSError) -> None:
+        self.dropped += 1
+        if error.errno != errno.EAGAIN:  # the daemon is gone; it may come back on its path
+            now = time.monotonic()
+            if now >= self._next_reconnect:
+                self._next_reconnect = now + RECONNECT_INTERVAL_S
+                self._connect()
+
+    def _connect(self) -> None:
+        """(Re)connect and send the handshake; a daemon that is away costs one failed try."""
+        if not self._path:
+            return
+        if self._sock is not None:
+            self._sock.close()
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._sock.setblocking(False)
+        try:
+            self._sock.connect(self._path)
+        except OSError:
+            self.dropped += 1
+            return
+        self._hello_id = next(self._ids)
+        hello = {"t": protocol.HELLO, "id": self._hello_id, "stack_signal": self._stack_signal}
+        self._send(protocol.encode(hello))
+
+    def _request(self, message: dict[str, Any]) -> dict[str, Any] | None:
+        if self._sock is None:
+            return None
+        request_id = next(self._ids)
+        self._send(protocol.encode({**message, "id": request_id}))
+        deadline = time.monotonic() + self.request_timeout_s
+        while (remaining := deadline - time.monotonic()) > 0:
+            readable, _, _ = select.select([self._sock], [], [], remaining)
+            if not readable:
+                break
+            for reply in self._receive():
+                if reply.get("id") == request_id:
+                    return reply
+        log.warning("ftd: no answer to %s within %.1fs", message["t"], self.request_timeout_s)
+        return None
+
+    def _receive(self) -> list[dict[str, Any]]:
+        assert self._sock is not None
+        replies: list[dict[str, Any]] = []
+        while True:
+            try:
+                data = self._sock.recv(protocol.MAX_MESSAGE_BYTES)
+            except (BlockingIOError, InterruptedError):
+                return replies
+            except OSError:
+                return replies
+            if not data:  # the daemon closed the connection
+                return replies
+            try:
+                reply = json.loads(data)
+            except ValueError:
+                continue
+            if isinstance(reply, dict) and reply.get("t") == protocol.REPLY:
+                if reply.get("id") == self._hello_id:
+                    self._apply_timeouts(reply)
+                replies.append(reply)
+
+    def _drain_replies(self) -> None:
+        if self._sock is not None:
+            self._receive()
+
+    def _apply_timeouts(self, reply: dict[str, Any] | None) -> dict[str, Any] | None:
+        if not reply or not reply.get("ok") or not isinstance(reply.get("timeouts"), dict):
+            return None
+        self.timeouts = reply["timeouts"]
+        return self.timeouts
+
+    def _register_stack_dump(self) -> int | None:
+        """On the daemon's signal, dump every thread's Python stack into the attempt's log
+        directory; the dump runs in the signal handler, so it works while the main thread is
+        stuck (in a collective, say)."""
+        path = os.environ.get("FTD_STACKS_FILE")
+        if not path:
+            return None
+        try:
+            self._stack_file = open(path, "a", encoding="utf-8")  # noqa: SIM115 (kept open)
+            faulthandler.register(_stack_signal(), file=self._stack_file, all_threads=True)
+        except (OSError, ValueError, RuntimeError) as error:
+            log.warning("ftd: cannot register the stack dump: %s", error)
+            return None
+        return int(_stack_signal())
+
+
+def _stack_signal() -> signal.Signals:
+    return signal.Signals(int(os.environ.get("FTD_STACK_SIGNAL", int(signal.SIGUSR2))))
+
+
+def _warn_unsupervised() -> None:
+    global _warned_unsupervised
+    if not _warned_unsupervised:
+        _warned_unsupervised = True
+        warnings.warn(
+            "ftd_client: not running under `ftd serve` (FTD_SOCKET is unset); "
+            "heartbeats and sections are no-ops",
+            RuntimeWarning,
+            stacklevel=3,
+        )

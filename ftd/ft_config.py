@@ -1,0 +1,190 @@
+"""Fault-tolerance parameters with ft_launcher's names, from YAML and `--ft-param-*`/`--ft-*`.
+
+`RankTimeouts` is the live-tunable part (CLI, YAML, API PATCH, ranks' load_state_dict all
+validate through it); `FaultToleranceConfig` adds what is fixed for the daemon's life.
+A timeout of None disables that check.
+"""
+
+from __future__ import annotations
+
+import difflib
+import signal
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+PositiveSeconds = float
+
+
+class RankTimeouts(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    initial_rank_heartbeat_timeout: float | None = Field(None, gt=0)
+    rank_heartbeat_timeout: float | None = Field(None, gt=0)
+    rank_section_timeouts: dict[str, float | None] = Field(default_factory=dict)
+    rank_out_of_section_timeout: float | None = Field(None, gt=0)
+
+    @field_validator("rank_section_timeouts", mode="before")
+    @classmethod
+    def _parse_sections(cls, value: object) -> object:
+        if isinstance(value, str):
+            return parse_section_timeouts(value)
+        return value
+
+    @field_validator("rank_section_timeouts")
+    @classmethod
+    def _positive_sections(cls, value: dict[str, float | None]) -> dict[str, float | None]:
+        for name, timeout in value.items():
+            if not name:
+                raise ValueError("a section name is empty")
+            if timeout is not None and timeout <= 0:
+                raise ValueError(f"section {name!r}: timeout must be > 0, got {timeout}")
+        return value
+
+    @field_validator(
+        "initial_rank_heartbeat_timeout",
+        "rank_heartbeat_timeout",
+        "rank_out_of_section_timeout",
+        mode="before",
+    )
+    @classmethod
+    def _none_words(cls, value: object) -> object:
+        return parse_optional_seconds(value) if isinstance(value, str) else value
+
+
+class FaultToleranceConfig(RankTimeouts):
+    safety_factor: float = Field(5.0, gt=0)
+    rank_termination_signal: str = "SIGKILL"
+    log_level: str = "INFO"
+    calc_timeouts: bool = False
+    """Learn timeouts automatically at the end of each attempt (else when a rank asks)."""
+    workload_check_interval: float = Field(5.0, gt=0)
+    """Accepted for ft_launcher compatibility; ftd checks deadlines as they fall due."""
+
+    @field_validator("rank_termination_signal")
+    @classmethod
+    def _signal(cls, value: str) -> str:
+        name = value.strip().upper()
+        name = name if name.startswith("SIG") else f"SIG{name}"
+        if name not in signal.Signals.__members__:
+            raise ValueError(f"unknown signal {value!r}")
+        return name
+
+    def timeouts(self) -> RankTimeouts:
+        return RankTimeouts.model_validate(
+            {name: getattr(self, name) for name in RankTimeouts.model_fields}
+        )
+
+
+# ft_launcher parameters that have no meaning for ftd (GPU/NIC/storage checks, attribution,
+# its own restart protocol): accepted so existing configs work, and ignored with a log line.
+IGNORED_PARAMETERS = frozenset(
+    {
+        "node_health_check_interval",
+        "restart_check_interval",
+        "enable_nic_monitor",
+        "enable_nic_healthcheck",
+        "enable_dist_storage_healthcheck",
+        "storage_healthcheck_path",
+        "pci_topo_file",
+        "link_down_path_template",
+        "link_state_path_template",
+        "skip_section_response",
+        "segment",
+        "numa_bind_strict",
+        "gpu_memory_reclaim_timeout",
+        "gpu_memory_tolerance_mb",
+        "gpu_memory_poll_interval",
+        "check_remaining_processes",
+        "max_no_progress_cycles",
+        "min_progress_iterations",
+        "checkpoint_iteration_file",
+        "install_exception_hook",
+        "num_warmup_iterations",
+        "attribution_endpoint",
+        "attribution_stop_action",
+        "attribution_export_url",
+        "cycle_info_dir",
+        "segment_health_check_dir",
+    }
+)
+# Handled by other flags of `ftd serve`.
+DELEGATED_PARAMETERS = {"restart_policy": "restart_policy", "state_file": "ft_state_file"}
+
+KNOWN_PARAMETERS = (
+    frozenset(FaultToleranceConfig.model_fields) | IGNORED_PARAMETERS | set(DELEGATED_PARAMETERS)
+)
+
+
+class UnknownParameter(ValueError):
+    pass
+
+
+def check_parameter_name(name: str) -> str:
+    """The parameter's canonical name (kebab-case accepted); UnknownParameter naming the
+    closest valid one otherwise."""
+    canonical = name.replace("-", "_")
+    if canonical in KNOWN_PARAMETERS:
+        return canonical
+    close = difflib.get_close_matches(canonical, sorted(KNOWN_PARAMETERS), n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    raise UnknownParameter(f"unknown fault-tolerance parameter {name!r}{hint}")
+
+
+def parse_optional_seconds(value: str) -> float | None:
+    value = value.strip()
+    if value.lower() in ("none", "null", ""):
+        return None
+    return float(value)
+
+
+def parse_section_timeouts(value: str) -> dict[str, float | None]:
+    """`setup:600,step:180,checkpointing:None`."""
+    sections: dict[str, float | None] = {}
+    for item in filter(None, (part.strip() for part in value.split(","))):
+        name, sep, timeout = item.partition(":")
+        if not sep:
+            raise ValueError(f"expected name:seconds, got {item!r}")
+        sections[name.strip()] = parse_optional_seconds(timeout)
+    return sections
+
+
+def load_yaml(path: Path) -> dict[str, Any]:
+    """The `fault_tolerance` section of a YAML file (top level or nested anywhere), or the
+    whole mapping when it has no such section."""
+    data = yaml.safe_load(path.read_text())
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping")
+    section = _find_section(data)
+    return section if section is not None else data
+
+
+def _find_section(data: dict[str, Any]) -> dict[str, Any] | None:
+    found = data.get("fault_tolerance")
+    if isinstance(found, dict):
+        return found
+    for value in data.values():
+        if isinstance(value, dict) and (nested := _find_section(value)) is not None:
+            return nested
+    return None
+
+
+def merge_parameters(
+    from_file: dict[str, Any], from_cli: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+    """(FaultToleranceConfig fields, delegated values, ignored names); CLI overrides the file."""
+    fields: dict[str, Any] = {}
+    delegated: dict[str, Any] = {}
+    ignored: list[str] = []
+    for source in (from_file, from_cli):
+        for raw_name, value in source.items():
+            name = check_parameter_name(raw_name)
+            if name in IGNORED_PARAMETERS:
+                ignored.append(name)
+            elif name in DELEGATED_PARAMETERS:
+                delegated[DELEGATED_PARAMETERS[name]] = value
+            else:
+                fields[name] = value
+    return fields, delegated, ignored

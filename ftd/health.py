@@ -1,0 +1,344 @@
+"""Rank health service: the socket, the monitor, learned timeouts and workload requests.
+
+The daemon owns one; it routes the ranks' messages to the monitor, answers requests, turns
+hang verdicts into explained failures (stacks first, then the kill) and keeps learned timeouts
+in a state file so they survive restarts of ranks and of the daemon.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import shutil
+import signal
+from pathlib import Path
+from typing import Any
+
+from ftd_client import protocol
+from ftd_client.protocol import ProtocolError, WorkloadAction
+from pydantic import ValidationError
+
+from ftd.errors import InvalidRequest
+from ftd.events import EventLog
+from ftd.ft_config import FaultToleranceConfig, RankTimeouts
+from ftd.ipc import RankSocketServer, parent_pid
+from ftd.monitor import Monitor, RankHealth, learn_timeouts
+from ftd.state import Failure, RankStatus
+from ftd.workers import WorkerGroup
+
+log = logging.getLogger("ftd.health")
+
+STACK_DUMP_WAIT_S = 1.0
+NATIVE_DUMP_TIMEOUT_S = 10.0
+MAX_ANCESTRY = 16
+
+
+class WorkloadRequest:
+    def __init__(self, action: WorkloadAction, global_rank: int, description: str) -> None:
+        self.action, self.global_rank, self.description = action, global_rank, description
+
+    def reason(self) -> str:
+        what = {
+            WorkloadAction.SHUTDOWN_WORKLOAD: "asked to shut the workload down",
+            WorkloadAction.EXCLUDE_THIS_NODE: "asked to exclude its node",
+            WorkloadAction.CONTINUE: "asked to continue",
+        }[self.action]
+        detail = f": {self.description}" if self.description else ""
+        return f"rank {self.global_rank} {what}{detail}"
+
+
+class HealthService:
+    def __init__(
+        self,
+        ft: FaultToleranceConfig,
+        socket_path: Path,
+        state_file: Path,
+        events: EventLog,
+    ) -> None:
+        self.ft = ft
+        self.state_file = state_file
+        self.events = events
+        self.workload_request: WorkloadRequest | None = None
+        self._learned: frozenset[str] = frozenset()
+        timeouts = self._load_state(ft.timeouts())
+        self.monitor = Monitor(timeouts, self._on_hang)
+        self.server = RankSocketServer(socket_path, self._dispatch)
+        self._group: WorkerGroup | None = None
+        self._hang_tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def timeouts(self) -> RankTimeouts:
+        return self.monitor.timeouts
+
+    def start(self) -> None:
+        self.server.start()
+
+    def close(self) -> None:
+        self.monitor.detach()
+        self.server.close()
+        for task in self._hang_tasks:
+            task.cancel()
+
+    # -- attempts ----------------------------------------------------------------------------
+
+    def attach(self, group: WorkerGroup, statuses: list[RankStatus]) -> None:
+        self._group = group
+        self.monitor.attach(
+            [(s.local_rank, s.global_rank, s.pid) for s in statuses if s.pid is not None]
+        )
+        for status in statuses:
+            health = self.monitor.rank_of(status.pid) if status.pid is not None else None
+            status.health = health.snapshot if health is not None else None
+
+    def detach(self) -> None:
+        self._group = None
+        self.monitor.detach()
+
+    # -- timeouts ----------------------------------------------------------------------------
+
+    def learn(
+        self, by: str, sections: list[str] | None = None, out_of_section: bool = True
+    ) -> RankTimeouts:
+        timeouts, self._learned = learn_timeouts(
+            self.timeouts,
+            self._learned,
+            self.monitor.observed,
+            self.ft.safety_factor,
+            sections,
+            out_of_section,
+        )
+        self._apply(timeouts, by, learned=True)
+        return timeouts
+
+    def update(self, patch: dict[str, Any], by: str) -> RankTimeouts:
+        """Apply a partial update, validated by the same model as the CLI."""
+        merged = {**self.timeouts.model_dump(), **patch}
+        try:
+            timeouts = RankTimeouts.model_validate(merged)
+        except ValidationError as error:
+            from ftd.cli import format_validation_error
+
+            raise InvalidRequest(format_validation_error(error)) from None
+        # Values set by hand are no longer learned ones.
+        self._learned = self._learned - set(patch) - {f"section:{s}" for s in _sections(patch)}
+        self._apply(timeouts, by, learned=False)
+        return timeouts
+
+    def _apply(self, timeouts: RankTimeouts, by: str, learned: bool) -> None:
+        if timeouts == self.timeouts:
+            return
+        self.monitor.set_timeouts(timeouts)
+        self._save_state()
+        self.events.emit("timeouts_changed", timeouts=timeouts.model_dump(), by=by, learned=learned)
+        log.info("timeouts changed by %s: %s", by, timeouts.model_dump())
+
+    def _load_state(self, configured: RankTimeouts) -> RankTimeouts:
+        """Learned values from an earlier run override the configured ones they replaced."""
+        try:
+            state = json.loads(self.state_file.read_text())
+            learned = frozenset(state.get("learned", []))
+            saved = RankTimeouts.model_validate(state["timeouts"])
+        except FileNotFoundError:
+            return configured
+        except (ValueError, KeyError, TypeError, ValidationError) as error:
+            log.warning("ignoring the unreadable state file %s: %s", self.state_file, error)
+            return configured
+        values = configured.model_dump()
+        for name in learned:
+            if name.startswith("section:"):
+                section = name.removeprefix("section:")
+                if section in saved.rank_section_timeouts:
+                    values["rank_section_timeouts"][section] = saved.rank_section_timeouts[section]
+            elif name in values:
+                values[name] = getattr(saved, name)
+        self._learned = learned
+        log.info("loaded learned timeouts from %s", self.state_file)
+        return RankTimeouts.model_validate(values)
+
+    def _save_state(self) -> None:
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(
+            json.dumps({"timeouts": self.timeouts.model_dump(), "learned": sorted(self._learned)})
+        )
+        tmp.replace(self.state_file)
+
+    # -- messages ----------------------------------------------------------------------------
+
+    def _rank_for(self, pid: int) -> RankHealth:
+        rank = self.monitor.rank_of(pid)
+        if rank is not None:
+            return rank
+        ancestor: int | None = pid
+        for _ in range(MAX_ANCESTRY):  # a descendant of a rank (a DataLoader worker, say)
+            ancestor = parent_pid(ancestor) if ancestor else None
+            if not ancestor or ancestor == 1:
+                break
+            if (rank := self.monitor.rank_of(ancestor)) is not None:
+                self.monitor.adopt(pid, rank)
+                return rank
+        raise ProtocolError("not_a_rank", f"pid {pid} is no rank of this daemon")
+
+    def _dispatch(self, pid: int, message: dict[str, Any], now: float) -> dict[str, Any] | None:
+        rank = self._rank_for(pid)
+        kind = message["t"]
+        if kind == protocol.HEARTBEAT:
+            self.monitor.on_heartbeat(rank, now)
+        elif kind == protocol.SECTION_START:
+            self.monitor.on_section_start(rank, message["n"], now)
+        elif kind == protocol.SECTION_END:
+            self.monitor.on_section_end(rank, message["n"], now)
+        elif kind == protocol.HELLO:
+            self.monitor.on_hello(rank, message.get("stack_signal"), now)
+            return {"ok": True, "timeouts": self.timeouts.model_dump()}
+        elif kind == protocol.GOODBYE:
+            self.monitor.on_goodbye(rank)
+        elif kind == protocol.WORKLOAD_CONTROL:
+            return self._on_workload_control(rank, message)
+        elif kind == protocol.CALCULATE_TIMEOUTS:
+            sections = message.get("sections")
+            if sections is not None and not isinstance(sections, list):
+                raise ProtocolError("malformed", "sections must be a list or null")
+            learned = self.learn(
+                f"rank {rank.global_rank}", sections, bool(message.get("oos", True))
+            )
+            return {"ok": True, "timeouts": learned.model_dump()}
+        elif kind == protocol.SET_TIMEOUTS:
+            patch = message.get("timeouts")
+            if not isinstance(patch, dict):
+                raise ProtocolError("malformed", "timeouts must be an object")
+            try:
+                applied = self.update(patch, by=f"rank {rank.global_rank}")
+            except InvalidRequest as error:
+                return {"ok": False, "error": error.detail}
+            return {"ok": True, "timeouts": applied.model_dump()}
+        return None
+
+    def _on_workload_control(self, rank: RankHealth, message: dict[str, Any]) -> dict[str, Any]:
+        action = WorkloadAction[message["a"]]
+        request = WorkloadRequest(action, rank.global_rank, str(message.get("d", ""))[:1000])
+        self.events.emit(
+            "workload_control",
+            action=action.name,
+            rank=rank.global_rank,
+            description=request.description,
+        )
+        if action is not WorkloadAction.CONTINUE:
+            log.warning("%s", request.reason())
+            self.workload_request = request
+        return {"ok": True}
+
+    # -- hangs -------------------------------------------------------------------------------
+
+    def _on_hang(self, rank: RankHealth, reason: str) -> None:
+        log.error("%s", reason)
+        task = asyncio.create_task(self._explain_and_kill(rank, reason))
+        self._hang_tasks.add(task)
+        task.add_done_callback(self._hang_tasks.discard)
+
+    async def _explain_and_kill(self, rank: RankHealth, reason: str) -> None:
+        group = self._group
+        if group is None:
+            return
+        stacks = Path(group.attempt_log_dir) / str(rank.local_rank)
+        stacks_file = stacks / "stacks.txt"
+        notes: list[str] = []
+        if _is_stopped(rank.pid):
+            notes.append("the rank was stopped (SIGSTOP/SIGTSTP): resumed with SIGCONT, no stacks")
+            group.signal_rank(rank.local_rank, signal.SIGCONT)
+        elif rank.stack_signal is None:
+            notes.append("the rank did not register a stack dump (no ftd_client)")
+        else:
+            if await _dump_stacks(rank.pid, rank.stack_signal, stacks_file):
+                notes.append(f"Python stacks in {stacks_file}")
+            else:
+                notes.append("the rank wrote no stacks within 1s")
+            if (native := await _native_dump(rank.pid, stacks / "stacks_native.txt")) is not None:
+                notes.append(f"native stacks in {native}")
+        section = max(rank.open_sections, key=rank.open_sections.__getitem__, default=None)
+        event = self.events.emit(
+            "rank_hung",
+            local_rank=rank.local_rank,
+            global_rank=rank.global_rank,
+            pid=rank.pid,
+            reason=reason,
+            section=section,
+            notes=notes,
+        )
+        signal_name = self.ft.rank_termination_signal
+        group.signal_rank(rank.local_rank, signal.Signals[signal_name])
+        full_reason = f"{reason}; {'; '.join(notes)}; terminated with {signal_name}"
+        group.fail(
+            Failure(
+                kind="hang",
+                reason=full_reason,
+                local_rank=rank.local_rank,
+                global_rank=rank.global_rank,
+                pid=rank.pid,
+                timestamp=event.time,
+            )
+        )
+
+
+def _sections(patch: dict[str, Any]) -> list[str]:
+    sections = patch.get("rank_section_timeouts")
+    return list(sections) if isinstance(sections, dict) else []
+
+
+def _is_stopped(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            state = stat.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state in (b"T", b"t")
+
+
+async def _dump_stacks(pid: int, stack_signal: int, path: Path) -> bool:
+    """Signal the rank's faulthandler and await its dump (the file grows, then settles)."""
+    before = _size(path)
+    try:
+        os.kill(pid, stack_signal)
+    except OSError:
+        return False
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + STACK_DUMP_WAIT_S
+    last = before
+    while loop.time() < deadline:
+        await asyncio.sleep(0.002)  # the dump is written from a signal handler: no event to await
+        size = _size(path)
+        if size > before and size == last:
+            return True
+        last = size
+    return _size(path) > before
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+async def _native_dump(pid: int, path: Path) -> Path | None:
+    """py-spy's native stacks, where py-spy is installed (bounded)."""
+    py_spy = shutil.which("py-spy")
+    if py_spy is None:
+        return None
+    with path.open("wb") as out:
+        proc = await asyncio.create_subprocess_exec(
+            py_spy,
+            "dump",
+            "--native",
+            "--pid",
+            str(pid),
+            stdout=out,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        try:
+            await asyncio.wait_for(proc.wait(), NATIVE_DUMP_TIMEOUT_S)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+    return path

@@ -1,0 +1,199 @@
+"""The daemon's unix packet socket for ranks (wire format: ftd_client.protocol).
+
+The socket is mode 0600; each rank connects once, and the kernel's SO_PEERCRED tells the pid of
+the process that connected. The daemon accepts messages only from ranks it spawned or their
+descendants. Bad messages (malformed, oversized, unknown version, not from a rank, out of
+order) are dropped, counted by cause, and logged once per cause and sender.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import json
+import logging
+import os
+import socket
+import struct
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ftd_client import protocol
+from ftd_client.protocol import ProtocolError
+
+log = logging.getLogger("ftd.ipc")
+
+UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+MAX_CONNECTIONS = 4096
+LISTEN_BACKLOG = 1024
+
+Dispatch = Callable[[int, dict[str, Any], float], dict[str, Any] | None]
+"""(sender pid, message, receipt time) -> reply for answered messages; raises ProtocolError."""
+
+
+class RankSocketServer:
+    def __init__(self, path: Path, dispatch: Dispatch) -> None:
+        self.path = path
+        self._dispatch = dispatch
+        self.dropped: collections.Counter[str] = collections.Counter()
+        self.received = 0
+        self._logged: set[tuple[str, int]] = set()
+        self._listener: socket.socket | None = None
+        self._connections: dict[int, tuple[socket.socket, int]] = {}
+        self._paused = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def start(self) -> None:
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        listener.setblocking(False)
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+        previous_umask = os.umask(0o177)  # created 0600: no window where others could connect
+        try:
+            listener.bind(str(self.path))
+        finally:
+            os.umask(previous_umask)
+        os.chmod(self.path, 0o600)
+        listener.listen(LISTEN_BACKLOG)
+        self._listener = listener
+        self._loop = asyncio.get_running_loop()
+        self._loop.add_reader(listener.fileno(), self._on_connect)
+
+    def pause(self) -> None:
+        """Stop reading (the kernel queues connections and messages) until `resume`: while an
+        attempt's ranks are spawned, their first messages must wait for their pids to be known."""
+        if self._loop is None or self._paused:
+            return
+        self._paused = True
+        if self._listener is not None:
+            self._loop.remove_reader(self._listener.fileno())
+        for fd in self._connections:
+            self._loop.remove_reader(fd)
+
+    def resume(self) -> None:
+        if self._loop is None or not self._paused:
+            return
+        self._paused = False
+        if self._listener is not None:
+            self._loop.add_reader(self._listener.fileno(), self._on_connect)
+        for fd, (conn, pid) in self._connections.items():
+            self._loop.add_reader(fd, self._on_readable, conn, pid)
+
+    def close(self) -> None:
+        loop = self._loop
+        if loop is None:
+            return
+        for fd in list(self._connections):
+            self._hang_up(fd)
+        if self._listener is not None:
+            loop.remove_reader(self._listener.fileno())
+            self._listener.close()
+            self._listener = None
+            with contextlib.suppress(FileNotFoundError):
+                self.path.unlink()
+
+    def _on_connect(self) -> None:
+        assert self._listener is not None and self._loop is not None
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as error:
+                log.warning("rank socket accept failed: %s", error)
+                return
+            if len(self._connections) >= MAX_CONNECTIONS:
+                self.dropped["too_many_connections"] += 1
+                conn.close()
+                continue
+            conn.setblocking(False)
+            creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, UCRED.size)
+            pid = int(UCRED.unpack(creds)[0])
+            self._connections[conn.fileno()] = (conn, pid)
+            self._loop.add_reader(conn.fileno(), self._on_readable, conn, pid)
+
+    def _hang_up(self, fd: int) -> None:
+        entry = self._connections.pop(fd, None)
+        if entry is not None and self._loop is not None:
+            self._loop.remove_reader(fd)
+            entry[0].close()
+
+    def _on_readable(self, conn: socket.socket, pid: int) -> None:
+        while True:
+            try:
+                data, _, flags, _ = conn.recvmsg(protocol.MAX_MESSAGE_BYTES + 1)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                self._hang_up(conn.fileno())
+                return
+            if not data:  # the peer closed its end (the rank exited or closed its client)
+                self._hang_up(conn.fileno())
+                return
+            now = time.monotonic()
+            self.received += 1
+            try:
+                if flags & socket.MSG_TRUNC or len(data) > protocol.MAX_MESSAGE_BYTES:
+                    raise ProtocolError("oversized", f"more than {protocol.MAX_MESSAGE_BYTES} B")
+                message = protocol.decode(data)
+                reply = self._dispatch(pid, message, now)
+            except ProtocolError as error:
+                self._drop(error.cause, pid, str(error))
+                self._reply_error(conn, data, str(error))
+                continue
+            except Exception:  # a bug of ours must not stop the socket serving every rank
+                self.dropped["internal_error"] += 1
+                log.exception("error handling a message from pid %d", pid)
+                self._reply_error(conn, data, "internal error in the daemon")
+                continue
+            if reply is not None:
+                self._send(conn, {"t": protocol.REPLY, "id": message.get("id"), **reply})
+
+    def _drop(self, cause: str, pid: int, detail: str) -> None:
+        self.dropped[cause] += 1
+        if (cause, pid) not in self._logged:
+            self._logged.add((cause, pid))
+            log.warning("dropped a message from pid %d (%s); further ones are counted", pid, detail)
+
+    def _reply_error(self, conn: socket.socket, data: bytes, error: str) -> None:
+        """A request that was understood enough to carry an id gets a negative answer."""
+        try:
+            request = json.loads(data)
+        except ValueError:
+            return
+        if isinstance(request, dict) and isinstance(request.get("id"), int):
+            self._send(
+                conn, {"t": protocol.REPLY, "id": request["id"], "ok": False, "error": error}
+            )
+
+    def _send(self, conn: socket.socket, reply: dict[str, Any]) -> None:
+        payload = json.dumps({"v": protocol.PROTOCOL_VERSION, **reply}).encode()
+        try:
+            conn.send(payload, socket.MSG_NOSIGNAL)
+        except OSError as error:  # the rank went away or stopped reading: it retries or not
+            self.dropped["reply_failed"] += 1
+            log.debug("reply to a rank failed: %s", error)
+
+
+def parent_pid(pid: int) -> int | None:
+    """The parent of `pid` from /proc, or None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            # The command name may hold spaces and parentheses: split after the last ')'.
+            fields = stat.read().rsplit(b")", 1)[1].split()
+        return int(fields[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def socket_path(run_dir: Path, daemon_id: str) -> Path:
+    """The run directory's `ftd.sock`, unless that path is too long for AF_UNIX (108 bytes)."""
+    path = run_dir / "ftd.sock"
+    if len(os.fsencode(path)) < 100:
+        return path
+    import tempfile
+
+    return Path(tempfile.gettempdir()) / f"ftd-{daemon_id}.sock"
