@@ -8,7 +8,7 @@ subprocess method does, and logs, error files and exit codes look the same to th
 What cannot run from a fork starts the ordinary way (`PContextSpawner`), with the reason in
 the log: a binary (--no-python), another interpreter (PYTHON_EXEC), a preload that failed to
 import, a zygote that holds threads or initialised CUDA, a daemon that is not a subreaper.
-A zygote that died is started again at the next attempt.
+A zygote that dies is replaced as soon as that is seen.
 """
 
 from __future__ import annotations
@@ -369,8 +369,9 @@ class ZygoteSpawner:
                 envs = [spec.envs[local_rank] for local_rank in local_ranks[chunk]]
                 with _stdio(streams[chunk]) as fds:
                     pids += zygote.spawn(common, envs, fds)
-        except ZygoteUnavailable as error:
-            for pid in pids + error.pids:  # a partial group goes; the fallback starts them all
+        except BaseException as error:
+            forked = pids + (error.pids if isinstance(error, ZygoteUnavailable) else [])
+            for pid in forked:  # a partial group goes; the fallback starts them all
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(pid, signal.SIGKILL)
                 _wait_child(pid, CLOSE_TIMEOUT_S)
