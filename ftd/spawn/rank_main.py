@@ -4,9 +4,10 @@ What a fresh interpreter would have, the rank gets: its own session (set while f
 parent-death signal, default signal handlers and faulthandler state, its environment, working
 directory, `sys.argv`, `sys.path[0]`, stdio on the attempt's log files, fresh random seeds, its
 own thread count for OpenMP/MKL/OpenBLAS, and a fresh `__main__` module to run the script in.
-`become_rank` then returns to the zygote's top level, so the interpreter ends the rank as it
-ends any script: SystemExit and exit codes, non-daemon threads joined, atexit handlers run,
-module globals collected, stdio flushed.
+It ends as python ends a script (exit codes from SystemExit, tracebacks, non-daemon threads
+joined, atexit handlers run, the script's globals collected, files and stdio flushed), then
+leaves with os._exit: nothing of the zygote's runs twice, and the modules it preloaded are not
+torn down page by page (see `_finalize`).
 
 Standard library only (see zygote_server).
 """
@@ -18,7 +19,9 @@ import builtins
 import contextlib
 import ctypes
 import faulthandler
+import gc
 import importlib
+import io
 import os
 import signal
 import sys
@@ -38,8 +41,8 @@ ZYGOTE_ENV: dict[str, str] = dict(os.environ)
 """The zygote's environment at exec: what the preloaded libraries initialised from."""
 
 
-def become_rank(request: dict[str, Any]) -> None:
-    """Turn this forked process into the rank; returns to let the script's `__main__` exit."""
+def become_rank(request: dict[str, Any]) -> NoReturn:
+    """Turn this forked process into the rank and run the script; never returns."""
     try:
         _reset_signals()
         _await_reparenting(request["_intermediate"], request["_parent"])
@@ -246,15 +249,16 @@ def _fresh_main_module() -> types.ModuleType:
     return main
 
 
-def _run_main(request: dict[str, Any]) -> None:
-    """Run the script as `__main__`. SystemExit goes on to the interpreter, which exits with it;
-    any other exception is printed as python prints it (without this frame), exit code 1."""
+def _run_main(request: dict[str, Any]) -> NoReturn:
+    """Run the script as `__main__`, then leave as the interpreter would (see `_finalize`).
+    An uncaught exception is printed as python prints it (without this frame): exit code 1."""
     import runpy
 
     main = _fresh_main_module()
     target: str = request["target"]
     if not request["module"]:
         target = os.path.abspath(target)  # as python makes it (3.9+): __file__, tracebacks
+    interrupted = False
     try:
         if request["module"]:
             runpy._run_module_as_main(target, alter_argv=True)  # type: ignore[attr-defined]
@@ -268,15 +272,73 @@ def _run_main(request: dict[str, Any]) -> None:
                 __file__=target, __cached__=None, __loader__=SourceFileLoader("__main__", target)
             )
             exec(code, main.__dict__)
-    except SystemExit:
-        raise
+        status = 0
+    except SystemExit as exit_request:
+        status = _exit_status(exit_request)
     except BaseException as error:
         tb = error.__traceback__
         error.with_traceback(tb.tb_next if tb is not None else None)
         sys.excepthook(type(error), error, error.__traceback__)
-        if isinstance(error, KeyboardInterrupt):
-            _exit_like_sigint()
-        raise SystemExit(1) from None
+        interrupted = isinstance(error, KeyboardInterrupt)
+        status = 1
+    del main
+    status = _finalize(status)
+    if interrupted:  # python ends by SIGINT after an uncaught KeyboardInterrupt (bpo-1054041)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+        status = 130
+    os._exit(status)
+
+
+def _exit_status(exit_request: SystemExit) -> int:
+    """What python exits with for this SystemExit (Python/pythonrun.c handle_system_exit)."""
+    code = exit_request.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    with contextlib.suppress(Exception):
+        print(code, file=sys.stderr)
+    return 1
+
+
+def _finalize(status: int) -> int:
+    """The interpreter's exit, less tearing down the modules the zygote preloaded.
+
+    Py_FinalizeEx would join non-daemon threads, run atexit handlers, collect the modules and
+    flush stdio. Collecting torch's thousand modules in a forked rank writes to every page the
+    zygote shares with it (about 0.4 s per rank here) and changes nothing anyone can see; so
+    only what the rank made itself is collected: the script's globals, then any object still
+    holding a buffered file is flushed. os._exit then skips the rest (and runs nothing of the
+    zygote's)."""
+    threading._shutdown()  # type: ignore[attr-defined]
+    atexit._run_exitfuncs()
+    main = sys.modules.get("__main__")
+    if main is not None:
+        _clear_module(main)
+    gc.collect()  # the rank's own objects: the zygote's are frozen (gc.freeze) and not visited
+    for obj in gc.get_objects():
+        if isinstance(obj, io.IOBase) and obj not in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                if not obj.closed and obj.writable():
+                    obj.flush()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None:
+                stream.flush()
+        except Exception:
+            status = 120  # as python, when flushing stdout fails at exit
+    return status
+
+
+def _clear_module(module: types.ModuleType) -> None:
+    """As CPython clears a module at shutdown: `_names` first, then the rest, builtins last."""
+    namespace = module.__dict__
+    for underscore in (True, False):
+        for name in list(namespace):
+            if name.startswith("_") == underscore and name != "__builtins__":
+                with contextlib.suppress(Exception):
+                    namespace[name] = None
 
 
 def _compile_script(target: str) -> types.CodeType:
@@ -291,18 +353,3 @@ def _compile_script(target: str) -> types.CodeType:
         )
         raise SystemExit(2) from None
     return compile(source, target, "exec", dont_inherit=True)
-
-
-def _exit_like_sigint() -> NoReturn:
-    """An uncaught KeyboardInterrupt ends python by SIGINT after finalising (bpo-1054041)."""
-    threading._shutdown()  # type: ignore[attr-defined]
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            if stream is not None:
-                stream.flush()
-        except Exception:
-            pass
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    os.kill(os.getpid(), signal.SIGINT)
-    os._exit(130)

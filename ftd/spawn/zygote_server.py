@@ -202,6 +202,4 @@ if __name__ == "__main__":
     rank_main.INITIAL_PATH0 = sys.path[0] if sys.path else None
     _request = main(sys.argv[1:])
     if _request is not None:
-        # In a forked rank: become the rank, unwinding nothing of the zygote's. The script
-        # returns here and the interpreter then exits as it would after `python script.py`.
-        rank_main.become_rank(_request)
+        rank_main.become_rank(_request)  # in a forked rank: never returns
