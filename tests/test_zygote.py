@@ -21,7 +21,14 @@ TRAPS = BIN / "zygote_traps.py"
 READY = r"zygote \(pid (\d+)\) ready"
 FALLBACK = "starting the ranks the ordinary way"
 # Values that differ between two runs whatever starts the ranks.
-PER_RUN = {"MASTER_PORT", "FTD_RUN_DIR", "FTD_DAEMON_ID", "TORCHELASTIC_ERROR_FILE"}
+PER_RUN = {
+    "MASTER_PORT",
+    "FTD_RUN_DIR",
+    "FTD_DAEMON_ID",
+    "FTD_SOCKET",
+    "FTD_STACKS_FILE",
+    "TORCHELASTIC_ERROR_FILE",
+}
 
 
 def _report(out: Path, rank: int, attempt: int = 0) -> dict[str, Any]:
