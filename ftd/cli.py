@@ -102,6 +102,11 @@ def _add_serve(subparsers: argparse._SubParsersAction[_Parser]) -> None:
     )
     add(*_flag("--log-level"), default="INFO", help="the daemon's log level")
     _add_fault_tolerance(serve)
+    serve.add_argument(
+        *_flag("--enable-fault-injection"),
+        action="store_true",
+        help="allow POST /v1/faults to kill or hang a rank on purpose (for resilience tests)",
+    )
     api = serve.add_argument_group("REST API")
     add = api.add_argument
     add(*_flag("--api-host"), default="127.0.0.1", help="address the API binds to")
@@ -190,6 +195,9 @@ def build_parser() -> _Parser:
     parser = _Parser(prog="ftd", description="ftd: fault-tolerance supervisor for PyTorch jobs")
     subparsers = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _add_serve(subparsers)
+    from ftd.admin_cli import add_admin_commands  # stdlib only: no torch for `ftd status`
+
+    add_admin_commands(subparsers)
     return parser
 
 
@@ -248,6 +256,7 @@ def serve_config_from_args(args: argparse.Namespace) -> object:
         "tee": args.tee,
         "local_ranks_filter": ranks_filter,
         "shutdown_timeout_s": args.shutdown_timeout,
+        "enable_fault_injection": args.enable_fault_injection,
         "api_host": args.api_host,
         "api_port": None if args.api_port == "off" else args.api_port,
         "api_token_file": args.api_token_file,
@@ -338,7 +347,13 @@ def _run_serve(args: argparse.Namespace) -> int:
         async with Daemon(config) as daemon:
             return await daemon.run()
 
-    return uvloop.run(serve())
+    from ftd.api import ApiStartupError
+
+    try:
+        return uvloop.run(serve())
+    except ApiStartupError as error:  # raised before any rank started
+        print(f"ftd serve: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
 
 
 def _unknown_ft_parameter(unknown: list[str]) -> str | None:
@@ -356,6 +371,11 @@ def _unknown_ft_parameter(unknown: list[str]) -> str | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from ftd.admin_cli import COMMANDS, admin_main
+
+    words = list(sys.argv[1:] if argv is None else argv)
+    if words and words[0] in COMMANDS:  # operators' commands: no torch, no pydantic
+        return admin_main(words)
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
     if unknown and (message := _unknown_ft_parameter(unknown)):

@@ -57,6 +57,9 @@ class ServeConfig(BaseModel):
     """Learned timeouts survive restarts here; default `<run dir>/ft_state.json`."""
     restart_policy: Literal["any-failed", "min-healthy"] = "any-failed"
 
+    enable_fault_injection: bool = False
+    """Allow `POST /v1/faults`; ranks then accept the fault signals (see ftd_client.faults)."""
+
     api_host: str = "127.0.0.1"
     api_port: int | None = Field(
         DEFAULT_API_PORT, ge=0, le=65535, description="0 picks a free port; None disables the API"

@@ -34,6 +34,12 @@ class DaemonControl(Protocol):
         """Apply a partial update (validated; InvalidRequest naming the field); the new values."""
         ...
 
+    def inject_fault(self, kind: str, rank: int | None, delay_s: float, requested_by: str) -> Event:
+        """Have rank `rank` (None: a random one of this node) carry out a `kill` or `hang` after
+        `delay_s`. Forbidden unless --enable-fault-injection; Conflict unless running;
+        NotFound for a rank that is not on this node."""
+        ...
+
     def exclude_node(self, node_id: str, reason: str, requested_by: str) -> Event:
         """Exclude a node from the job. NotFound, Conflict (below MIN) or FeatureUnavailable."""
         ...

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import json
 import logging
 import os
+import random
 import signal
 import tempfile
 import time
@@ -16,10 +18,13 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from ftd_client import faults
+
 from ftd.api import ApiServer, start_api_server
 from ftd.config import ServeConfig
-from ftd.errors import Conflict, FeatureUnavailable, NotFound
+from ftd.errors import Conflict, FeatureUnavailable, Forbidden, NotFound
 from ftd.events import Event, EventLog
+from ftd.ft_config import parse_simulated_fault
 from ftd.guard import OrphanGuard
 from ftd.health import HealthService
 from ftd.ipc import socket_path
@@ -69,6 +74,14 @@ class Daemon:
         self.health: HealthService | None = None
 
     async def __aenter__(self) -> Daemon:
+        try:
+            return await self._set_up()
+        except BaseException as error:
+            # A part that failed to start (a busy API port, say) must not leave the others.
+            await self.__aexit__(type(error), error, error.__traceback__)
+            raise
+
+    async def _set_up(self) -> Daemon:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.events = EventLog(self.run_dir / "events.jsonl")
         _become_subreaper()
@@ -164,6 +177,28 @@ class Daemon:
         )
         return event
 
+    def inject_fault(self, kind: str, rank: int | None, delay_s: float, requested_by: str) -> Event:
+        if not self.config.enable_fault_injection:
+            raise Forbidden("fault injection is off: start ftd serve with --enable-fault-injection")
+        group = self._group
+        if group is None or self.status.state is not DaemonState.RUNNING:
+            raise Conflict(f"the daemon is {self.status.state}; faults go to running ranks")
+        by_global = {status.global_rank: status for status in self.status.ranks}
+        if rank is None:
+            rank = random.choice(sorted(by_global))
+        target = by_global.get(rank)
+        if target is None or target.pid is None:
+            raise NotFound(f"rank {rank} does not run on node {self.config.node_id}")
+        event = self.events.emit(
+            "fault_requested", kind=kind, global_rank=rank, delay_s=delay_s, by=requested_by
+        )
+        signal_number = faults.KILL_SIGNAL if kind == "kill" else faults.HANG_SIGNAL
+        assert signal_number is not None
+        asyncio.get_running_loop().call_later(
+            delay_s, _deliver_fault, group, target.local_rank, target.pid, signal_number
+        )
+        return event
+
     def cluster(self) -> dict[str, Any]:
         return {
             "nodes": [self.status.to_dict()],
@@ -244,6 +279,7 @@ class Daemon:
             )
             if outcome is not None:
                 self.status.last_failure = outcome
+                self.events.emit("attempt_failed", attempt=attempt, failure=outcome.to_dict())
             if decision.action is Action.RESTART:
                 self._set_state(DaemonState.RESTARTING, decision.reason)
                 await self._stop_group(group)
@@ -291,6 +327,7 @@ class Daemon:
             socket_path=str(health.server.path),
             attempt_log_dir=str(self.run_dir / f"attempt_{restart_count}"),
         )
+        self._arm_simulated_fault(envs, restart_count)
         self.status.ranks = [
             RankStatus(local_rank=lr, global_rank=placement.base_global_rank + lr) for lr in envs
         ]
@@ -337,6 +374,23 @@ class Daemon:
         )
         return group
 
+    def _arm_simulated_fault(self, envs: dict[int, dict[str, str]], attempt: int) -> None:
+        """`--ft-param-simulated_fault`: one rank of the first attempt carries the fault out."""
+        spec = self.config.ft.simulated_fault
+        if spec is None or attempt != 0:
+            return
+        kind, target, low_s, high_s = parse_simulated_fault(spec)
+        by_global = {int(env["RANK"]): local for local, env in envs.items()}
+        world = int(envs[0]["WORLD_SIZE"])
+        chooser = random.Random()
+        global_rank = target if target is not None else chooser.randrange(world)
+        if global_rank not in by_global:
+            return  # the target rank lives on another node
+        delay_s = round(chooser.uniform(low_s, high_s), 3)
+        envs[by_global[global_rank]]["FTD_SIMULATED_FAULT"] = f"{kind}:{delay_s}"
+        self.events.emit("fault_armed", kind=kind, global_rank=global_rank, delay_s=delay_s)
+        log.warning("simulated %s fault armed on rank %d in %.3fs", kind, global_rank, delay_s)
+
     async def _stop_group(self, group: WorkerGroup) -> None:
         if group is self._group:
             self._group = None
@@ -375,3 +429,11 @@ def _log_line_prefixes(role: str, placement: Placement, nprocs: int) -> dict[int
 async def _run_sync(step: Callable[[], object]) -> None:
     """A teardown step that must run on the loop's thread (it unregisters readers)."""
     step()
+
+
+def _deliver_fault(group: WorkerGroup, local_rank: int, pid: int, signal_number: int) -> None:
+    """The rank's ftd_client carries the fault out on this signal; a rank that was replaced
+    since the request is left alone."""
+    if group.pids.get(local_rank) == pid and group.statuses[local_rank].exit_code is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal_number)

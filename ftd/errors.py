@@ -30,6 +30,12 @@ class InvalidRequest(FtdError):
     type = "https://ftd.dev/problems/invalid-request"
 
 
+class Forbidden(FtdError):
+    status = 403
+    title = "Forbidden"
+    type = "https://ftd.dev/problems/forbidden"
+
+
 class NotFound(FtdError):
     status = 404
     title = "Not found"

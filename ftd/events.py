@@ -42,7 +42,7 @@ class EventLog:
             self._next_id = _last_id(path) + 1
             self._file = path.open("a", encoding="utf-8", buffering=1)
 
-    def emit(self, kind: str, **data: Any) -> Event:
+    def emit(self, kind: str, /, **data: Any) -> Event:
         event = Event(self._next_id, time.time(), kind, data)
         self._next_id += 1
         self._ring.append(event)

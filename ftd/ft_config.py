@@ -62,6 +62,15 @@ class FaultToleranceConfig(RankTimeouts):
     """Learn timeouts automatically at the end of each attempt (else when a rank asks)."""
     workload_check_interval: float = Field(5.0, gt=0)
     """Accepted for ft_launcher compatibility; ftd checks deadlines as they fall due."""
+    simulated_fault: str | None = None
+    """`<kill|hang>:<rank|random>:<delay s or MIN-MAX>`: inject one fault on the first attempt."""
+
+    @field_validator("simulated_fault")
+    @classmethod
+    def _fault(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_simulated_fault(value)
+        return value
 
     @field_validator("rank_termination_signal")
     @classmethod
@@ -131,6 +140,26 @@ def check_parameter_name(name: str) -> str:
     close = difflib.get_close_matches(canonical, sorted(KNOWN_PARAMETERS), n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
     raise UnknownParameter(f"unknown fault-tolerance parameter {name!r}{hint}")
+
+
+def parse_simulated_fault(value: str) -> tuple[str, int | None, float, float]:
+    """`hang:1:5` or `kill:random:2-8` -> (kind, rank or None for random, min delay, max delay)."""
+    parts = value.split(":")
+    if len(parts) != 3:
+        raise ValueError(f"expected <kill|hang>:<rank|random>:<delay>, got {value!r}")
+    kind, target, delay = (part.strip() for part in parts)
+    if kind not in ("kill", "hang"):
+        raise ValueError(f"fault kind must be kill or hang, got {kind!r}")
+    if target != "random" and not target.isdigit():
+        raise ValueError(f"fault target must be a rank or 'random', got {target!r}")
+    low, _, high = delay.partition("-")
+    try:
+        low_s, high_s = float(low), float(high or low)
+    except ValueError:
+        raise ValueError(f"fault delay must be seconds or MIN-MAX, got {delay!r}") from None
+    if not 0 <= low_s <= high_s:
+        raise ValueError(f"fault delay range {delay!r} is empty or negative")
+    return kind, None if target == "random" else int(target), low_s, high_s
 
 
 def parse_optional_seconds(value: str) -> float | None:

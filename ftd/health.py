@@ -194,6 +194,16 @@ class HealthService:
             return {"ok": True, "timeouts": self.timeouts.model_dump()}
         elif kind == protocol.GOODBYE:
             self.monitor.on_goodbye(rank)
+        elif kind == protocol.FAULT:
+            fault = str(message.get("kind"))[:16]
+            log.warning("rank %d is carrying out a simulated %s fault", rank.global_rank, fault)
+            self.events.emit(
+                "fault_injected",
+                kind=fault,
+                global_rank=rank.global_rank,
+                pid=rank.pid,
+                open_sections=sorted(rank.open_sections),
+            )
         elif kind == protocol.WORKLOAD_CONTROL:
             return self._on_workload_control(rank, message)
         elif kind == protocol.CALCULATE_TIMEOUTS:

@@ -77,6 +77,8 @@ def worker_envs(
             "FTD_NODE_ID": config.node_id,
             "FTD_DAEMON_ID": daemon_id,
         }
+        if config.enable_fault_injection:
+            env["FTD_FAULT_INJECTION"] = "1"
         if socket_path:
             env["FTD_SOCKET"] = socket_path
             env["FTD_STACK_SIGNAL"] = str(int(STACK_SIGNAL))

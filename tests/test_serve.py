@@ -155,6 +155,7 @@ async def test_second_sigint_forces_the_kill(serve: ServeFactory) -> None:
     assert "killing the workers now" in run.stderr.text
 
 
+@pytest.mark.timeout(400)
 async def test_ten_restarts_of_four_gloo_ranks(serve: ServeFactory) -> None:
     """Every attempt's ranks meet in a fresh store: no attempt fails at init (#135712)."""
     run = await serve(

@@ -5,3 +5,14 @@ from ftd_client.rank import RankClient
 
 __all__ = ["RankClient", "WorkloadAction"]
 __version__ = "0.1.0"
+
+_ADMIN_NAMES = ("AdminClient", "AdminError", "ApiError", "ApiUnreachable")
+
+
+def __getattr__(name: str) -> object:
+    """`ftd_client.AdminClient` without importing the admin module into every rank."""
+    if name in _ADMIN_NAMES:
+        from ftd_client import admin
+
+        return getattr(admin, name)
+    raise AttributeError(f"module 'ftd_client' has no attribute {name!r}")

@@ -20,6 +20,7 @@ Every message has `"v"` (PROTOCOL_VERSION) and `"t"` (its type):
 | `calc` | `sections` (list or null), `oos` (bool) | yes | learn timeouts from observations |
 | `set` | `timeouts` (object) | yes | apply timeouts (load_state_dict) |
 | `bye` |  | no | the rank stops monitoring |
+| `fault` | `kind`, `sections` (open now) | no | a simulated fault is being carried out |
 
 Messages that are answered carry `"id"` (int); the daemon replies on the same connection
 with `{"v": 1, "t": "reply", "id": <id>, "ok": bool, "error": str?, "timeouts": {...}?}`.
@@ -43,12 +44,13 @@ WORKLOAD_CONTROL = "wc"
 CALCULATE_TIMEOUTS = "calc"
 SET_TIMEOUTS = "set"
 GOODBYE = "bye"
+FAULT = "fault"
 REPLY = "reply"
 
 ANSWERED = frozenset({HELLO, WORKLOAD_CONTROL, CALCULATE_TIMEOUTS, SET_TIMEOUTS})
 TYPES = frozenset(
     {HELLO, HEARTBEAT, SECTION_START, SECTION_END, WORKLOAD_CONTROL}
-    | {CALCULATE_TIMEOUTS, SET_TIMEOUTS, GOODBYE}
+    | {CALCULATE_TIMEOUTS, SET_TIMEOUTS, GOODBYE, FAULT}
 )
 
 # Pre-encoded: a heartbeat is a constant datagram, so sending one costs one syscall.

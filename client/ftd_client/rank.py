@@ -22,7 +22,7 @@ import warnings
 from types import TracebackType
 from typing import IO, Any
 
-from ftd_client import protocol
+from ftd_client import faults, protocol
 from ftd_client.protocol import WorkloadAction
 
 log = logging.getLogger("ftd_client")
@@ -73,6 +73,7 @@ class RankClient:
             return
         self._stack_signal = self._register_stack_dump()
         self._connect()
+        faults.arm_from_env(self._announce_fault)
 
     @property
     def is_supervised(self) -> bool:
@@ -135,6 +136,23 @@ class RankClient:
         timeouts = state.get("timeouts")
         if isinstance(timeouts, dict) and timeouts:
             self._apply_timeouts(self._request({"t": protocol.SET_TIMEOUTS, "timeouts": timeouts}))
+
+    def wait_for_handshake(self) -> dict[str, Any]:
+        """Block (up to request_timeout_s) for the daemon's answer to the handshake; the
+        timeouts in force. For initialisation code that wants them before the first step."""
+        if self._sock is None or self._hello_id is None:
+            return self.timeouts
+        deadline = time.monotonic() + self.request_timeout_s
+        while not self.timeouts and (remaining := deadline - time.monotonic()) > 0:
+            readable, _, _ = select.select([self._sock], [], [], remaining)
+            if not readable:
+                break
+            self._receive()
+        return self.timeouts
+
+    def _announce_fault(self, kind: str) -> None:
+        sections = list(self._open_sections)  # what the daemon should charge the hang to
+        self._send(protocol.encode({"t": protocol.FAULT, "kind": kind, "sections": sections}))
 
     def close(self) -> None:
         if self._sock is not None:

@@ -1,0 +1,1 @@
+"""Training-framework integrations (each imports its framework only when imported)."""

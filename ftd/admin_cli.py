@@ -1,0 +1,313 @@
+"""`ftd status|restart|exclude|readmit|timeouts|events`: operators' commands over the REST API.
+
+Standard library only (through `ftd_client.admin`): these commands never import torch,
+pydantic or aiohttp. Errors print one line on stderr and exit 1 (2 for bad usage).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+from ftd_client.admin import AdminClient, AdminError
+
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+COMMANDS = ("status", "restart", "exclude", "readmit", "timeouts", "events")
+
+
+def add_admin_commands(subparsers: argparse._SubParsersAction[Any]) -> None:
+    common = argparse.ArgumentParser(add_help=False)
+    where = common.add_argument_group("daemon")
+    where.add_argument(
+        "--url",
+        help="the daemon's API URL (default: from --run-dir's api.json, "
+        "else $FTD_API_URL, else http://127.0.0.1:29610)",
+    )
+    where.add_argument(
+        "--run-dir", "--run_dir", help="the job's run directory (<log dir>/<run id>)"
+    )
+    where.add_argument(
+        "--token-file",
+        "--token_file",
+        help="API token file (default: $FTD_API_TOKEN, else api.json's token_file)",
+    )
+    where.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for answers")
+
+    status = subparsers.add_parser("status", parents=[common], help="show nodes and ranks")
+    status.add_argument("--json", action="store_true", help="the raw JSON of status and cluster")
+
+    restart = subparsers.add_parser("restart", parents=[common], help="force a restart")
+    restart.add_argument("--reason", default="operator request (ftd restart)")
+    restart.add_argument("--scope", choices=["cluster", "node"], default="cluster")
+    restart.add_argument(
+        "--no-count",
+        "--no_count",
+        dest="count",
+        action="store_false",
+        help="do not count it against --max-restarts",
+    )
+
+    exclude = subparsers.add_parser("exclude", parents=[common], help="exclude a node")
+    exclude.add_argument("node", help="node id")
+    exclude.add_argument("--reason", default="operator request (ftd exclude)")
+
+    readmit = subparsers.add_parser("readmit", parents=[common], help="re-admit a node")
+    readmit.add_argument("node", help="node id")
+
+    timeouts = subparsers.add_parser(
+        "timeouts",
+        parents=[common],
+        help="show or change the rank-health timeouts",
+        description="`ftd timeouts` or `ftd timeouts get` shows them; "
+        "`ftd timeouts set NAME=SECONDS ...` changes them live.",
+    )
+    timeouts.add_argument("action", nargs="?", choices=["get", "set"], default="get")
+    timeouts.add_argument("changes", nargs="*", metavar="NAME=VALUE")
+    timeouts.add_argument("--json", action="store_true")
+
+    events = subparsers.add_parser("events", parents=[common], help="show the event log")
+    events.add_argument("--since", type=int, default=None, help="events after this id")
+    events.add_argument("--follow", "-f", action="store_true", help="stream new events")
+    events.add_argument("--json", action="store_true", help="one JSON object per line")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE)
+
+
+def admin_main(argv: list[str]) -> int:
+    """`ftd <command> ...` for the commands here, with a parser that has only them (the
+    serve parser pulls in pydantic)."""
+    parser = _Parser(prog="ftd", description="ftd: operate a running job over its REST API")
+    subparsers = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    add_admin_commands(subparsers)
+    args = parser.parse_args(argv)
+    return run_admin(args)
+
+
+def run_admin(args: argparse.Namespace) -> int:
+    command: str = args.command
+    try:
+        client = AdminClient.from_env(args.url, args.run_dir, args.token_file, args.timeout)
+        return _HANDLERS[command](client, args)
+    except AdminError as error:
+        print(f"ftd {command}: error: {error}", file=sys.stderr)
+        return EXIT_ERROR
+    except _Usage as error:
+        print(f"ftd {command}: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+class _Usage(Exception):
+    pass
+
+
+def _status(client: AdminClient, args: argparse.Namespace) -> int:
+    status = client.status()
+    cluster = client.cluster()
+    if args.json:
+        print(json.dumps({"status": status, "cluster": cluster}, indent=2))
+        return 0
+    print(format_status(status, cluster))
+    return 0
+
+
+def _restart(client: AdminClient, args: argparse.Namespace) -> int:
+    answer = client.restart(args.reason, args.scope, args.count)
+    counted = "counted" if args.count else "not counted"
+    print(f"restart requested ({args.scope}, {counted}): event {answer['event_id']}")
+    return 0
+
+
+def _exclude(client: AdminClient, args: argparse.Namespace) -> int:
+    answer = client.exclude(args.node, args.reason)
+    print(f"node {args.node} excluded: event {answer['event_id']}")
+    return 0
+
+
+def _readmit(client: AdminClient, args: argparse.Namespace) -> int:
+    answer = client.readmit(args.node)
+    print(f"node {args.node} re-admitted: event {answer['event_id']}")
+    return 0
+
+
+def _timeouts(client: AdminClient, args: argparse.Namespace) -> int:
+    if args.action == "get":
+        if args.changes:
+            raise _Usage("`timeouts get` takes no NAME=VALUE (did you mean `timeouts set`?)")
+        values = client.timeouts()
+    else:
+        if not args.changes:
+            raise _Usage("`timeouts set` needs at least one NAME=VALUE")
+        values = client.set_timeouts(**parse_changes(args.changes))
+    if args.json:
+        print(json.dumps(values, indent=2))
+    else:
+        for name, value in values.items():
+            print(f"{name} = {_seconds(value)}")
+    return 0
+
+
+def parse_changes(items: list[str]) -> dict[str, Any]:
+    """`rank_heartbeat_timeout=30 rank_out_of_section_timeout=none
+    rank_section_timeouts=setup:600,step:180` -> the JSON patch: seconds as numbers, `none`
+    as null, `name:seconds,...` as a map; anything else as JSON (or a string, which the
+    daemon rejects naming the field)."""
+    changes: dict[str, Any] = {}
+    for item in items:
+        name, sep, raw = item.partition("=")
+        if not sep or not name.strip():
+            raise _Usage(f"expected NAME=VALUE, got {item!r}")
+        changes[name.strip()] = _parse_value(raw.strip())
+    return changes
+
+
+def _parse_value(raw: str) -> Any:
+    if raw.lower() in ("none", "null", "off"):
+        return None
+    try:
+        return json.loads(raw)
+    except ValueError:
+        pass
+    if ":" in raw:
+        sections: dict[str, Any] = {}
+        for item in filter(None, (part.strip() for part in raw.split(","))):
+            section, _, seconds = item.partition(":")
+            sections[section.strip()] = _parse_value(seconds.strip())
+        return sections
+    return raw
+
+
+def _events(client: AdminClient, args: argparse.Namespace) -> int:
+    show: Callable[[dict[str, Any]], str] = (lambda e: json.dumps(e)) if args.json else format_event
+    page = client.events(since=args.since or 0, limit=10_000)
+    backlog = page["events"]
+    if args.follow and args.since is None:
+        backlog = backlog[-10:]  # like tail -f: the last few, then what comes
+    for event in backlog:
+        print(show(event), flush=True)
+    if args.follow:
+        cursor = backlog[-1]["id"] if backlog else page["last_id"]
+        for event in client.follow_events(since=cursor):
+            print(show(event), flush=True)
+    return 0
+
+
+_HANDLERS: dict[str, Callable[[AdminClient, argparse.Namespace], int]] = {
+    "status": _status,
+    "restart": _restart,
+    "exclude": _exclude,
+    "readmit": _readmit,
+    "timeouts": _timeouts,
+    "events": _events,
+}
+
+
+# -- formatting -------------------------------------------------------------------------------
+
+
+def _value(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.1f}"
+    return str(value)
+
+
+def _seconds(value: object) -> str:
+    """Timeouts for people: `30`, `none`, `setup:600,step:none`."""
+    if isinstance(value, dict):
+        return ",".join(f"{k}:{_seconds(v)}" for k, v in value.items()) or "-"
+    return "none" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _age(value: object) -> str:
+    return f"{value:.1f}s" if isinstance(value, int | float) else "-"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    lines = [
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
+        for row in [header, *rows]
+    ]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def format_status(status: dict[str, Any], cluster: dict[str, Any]) -> str:
+    policy = status.get("policy") or {}
+    lines = [
+        f"node {status['node_id']}  run {status['run_id']}  state {status['state']}  "
+        f"attempt {status['attempt']}  round {status.get('round', status['attempt'])}  "
+        f"restarts {status['restart_count']}/{policy.get('max_restarts', status['max_restarts'])}"
+        f"  daemon pid {status.get('pid', '-')}",
+    ]
+    failure = status.get("last_failure")
+    if failure:
+        counted = "" if failure.get("counted", True) else ", not counted"
+        lines.append(f"last failure: {failure['reason']} ({failure['kind']}{counted})")
+    timeouts = status.get("timeouts")
+    if timeouts:
+        lines.append("timeouts: " + "  ".join(f"{k}={_seconds(v)}" for k, v in timeouts.items()))
+    lines.append("")
+    rows = [
+        [
+            str(rank["local_rank"]),
+            str(rank["global_rank"]),
+            _value(rank.get("pid")),
+            rank["state"],
+            _value(rank.get("exit_code")),
+            _age(rank.get("last_heartbeat_age_s")),
+            _value(rank.get("section")),
+            _age(rank.get("section_age_s")),
+        ]
+        for rank in status.get("ranks", [])
+    ]
+    header = ["LOCAL", "RANK", "PID", "STATE", "EXIT", "HEARTBEAT", "SECTION", "FOR"]
+    lines.append(_table(header, rows) if rows else "(no ranks)")
+    nodes = cluster.get("nodes") or []
+    if nodes:
+        round_ = cluster.get("round") or {}
+        excluded = [
+            e if isinstance(e, str) else e.get("node_id", "?")
+            for e in cluster.get("excluded") or []
+        ]
+        lines += [
+            "",
+            f"cluster: round {round_.get('round', '-')}, members "
+            f"{', '.join(round_.get('members') or []) or '-'}; excluded "
+            f"{', '.join(excluded) or 'none'}",
+        ]
+        node_rows = [
+            [
+                str(node.get("node_id")),
+                str(node.get("state")),
+                _value(node.get("attempt")),
+                f"{_value(node.get('restart_count'))}/{_value(node.get('max_restarts'))}",
+                str(len(node.get("ranks") or [])) if "ranks" in node else "-",
+            ]
+            for node in nodes
+        ]
+        lines.append(_table(["NODE", "STATE", "ATTEMPT", "RESTARTS", "RANKS"], node_rows))
+    return "\n".join(lines)
+
+
+def format_event(event: dict[str, Any]) -> str:
+    stamp = time.strftime("%H:%M:%S", time.localtime(event["time"]))
+    millis = int((event["time"] % 1) * 1000)
+    data = " ".join(
+        f"{k}={json.dumps(v) if isinstance(v, dict | list) else v}"
+        for k, v in (event.get("data") or {}).items()
+    )
+    return f"{event['id']:>5} {stamp}.{millis:03d} {event['kind']:<18} {data}".rstrip()
