@@ -66,8 +66,14 @@ def _add_serve(subparsers: argparse._SubParsersAction[_Parser]) -> None:
     add(
         *_flag("--start-method"),
         default="spawn",
-        choices=["spawn", "fork", "forkserver", "subprocess"],
-        help="how ranks are started; scripts always start as subprocesses, as under torchrun",
+        choices=["spawn", "fork", "forkserver", "subprocess", "zygote"],
+        help="how ranks are started: as subprocesses, as under torchrun (spawn, fork, "
+        "forkserver, subprocess), or forked from a zygote that imported torch once (zygote)",
+    )
+    add(
+        *_flag("--preload"),
+        default="",
+        help="with --start-method zygote: modules the zygote imports besides torch, mod1,mod2",
     )
     add(*_flag("--role"), default="default", help="role name of the workers")
     add("-m", *_flag("--module"), action="store_true", help="run the script as `python -m`")
@@ -244,6 +250,7 @@ def serve_config_from_args(args: argparse.Namespace) -> object:
         "master_port": args.master_port,
         "role": args.role,
         "start_method": args.start_method,
+        "preload": tuple(m.strip() for m in args.preload.split(",") if m.strip()),
         "log_dir": args.log_dir,
         "redirects": args.redirects,
         "tee": args.tee,

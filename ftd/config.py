@@ -14,7 +14,7 @@ from ftd.ft_config import FaultToleranceConfig
 
 DEFAULT_API_PORT = 29610
 
-StartMethod = Literal["spawn", "fork", "forkserver", "subprocess"]
+StartMethod = Literal["spawn", "fork", "forkserver", "subprocess", "zygote"]
 
 
 class ServeConfig(BaseModel):
@@ -42,6 +42,9 @@ class ServeConfig(BaseModel):
     master_port: int | None = Field(None, ge=0, le=65535)
     role: str = "default"
     start_method: StartMethod = "spawn"
+    preload: tuple[str, ...] = Field(
+        (), description="modules the zygote imports besides torch (start_method zygote)"
+    )
     node_id: str = Field(default_factory=socket.gethostname, min_length=1)
 
     log_dir: Path | None = None
@@ -79,6 +82,14 @@ class ServeConfig(BaseModel):
             raise ValueError(f"unknown signal {value!r}")
         return name
 
+    @field_validator("preload")
+    @classmethod
+    def _module_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for name in value:
+            if not all(part.isidentifier() for part in name.split(".")):
+                raise ValueError(f"{name!r} is not a module name")
+        return value
+
     @field_validator("redirects", "tee")
     @classmethod
     def _std_spec(cls, value: str) -> str:
@@ -91,6 +102,8 @@ class ServeConfig(BaseModel):
     def _coherent(self) -> ServeConfig:
         if self.nnodes_min > self.nnodes_max:
             raise ValueError(f"nnodes: MIN {self.nnodes_min} is above MAX {self.nnodes_max}")
+        if self.preload and self.start_method != "zygote":
+            raise ValueError("preload: only --start-method zygote preloads modules")
         if self.module and self.no_python:
             raise ValueError("module: --module and --no-python cannot be used together")
         if self.no_python:

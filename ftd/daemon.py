@@ -61,7 +61,7 @@ class Daemon:
         self.status = NodeStatus(
             node_id=config.node_id, run_id=config.run_id, max_restarts=config.max_restarts
         )
-        self._spawner = get_spawner(config.start_method)
+        self._spawner = get_spawner(config.start_method, config.preload)
         self._cmd = build_command(config)
         self._stores = AttemptStores(config.master_addr or "127.0.0.1", config.master_port or 0)
         self._guard: OrphanGuard | None = None
