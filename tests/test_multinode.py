@@ -29,12 +29,14 @@ def free_port() -> int:
 class Cluster:
     """Daemons of one job: node ids, one endpoint, fast timeouts."""
 
-    def __init__(self, serve: ServeFactory, nnodes: str, *flags: str, job: str = "job") -> None:
+    def __init__(
+        self, serve: ServeFactory, nnodes: str, *flags: str, job: str = "job", last_call: float = 3
+    ) -> None:
         self.serve, self.job = serve, job
         self.endpoint = f"127.0.0.1:{free_port()}"
         self.flags = (
             *("--nnodes", nnodes, "--rdzv-endpoint", self.endpoint, "--local-addr", "127.0.0.1"),
-            *("--node-keepalive-timeout", "1", "--rdzv-last-call-timeout", "0.3"),
+            *("--node-keepalive-timeout", "1", "--rdzv-last-call-timeout", str(last_call)),
             *("--shutdown-timeout", "2"),
             *flags,
         )
@@ -122,7 +124,7 @@ async def test_sigkill_of_the_store_host_stops_everyone(serve: ServeFactory) -> 
 
 
 async def test_late_node_scales_the_job_up(serve: ServeFactory) -> None:
-    cluster = Cluster(serve, "1:2")
+    cluster = Cluster(serve, "1:2", last_call=0.3)
     a = await cluster.node("a", "--hang-attempts", "1", "--dump-env")
     await a.stdout.expect("ready a0 r0")
     b = await cluster.node("b", "--hang-attempts", "1", "--dump-env")
@@ -169,7 +171,7 @@ async def test_max_restarts_are_counted_cluster_wide(serve: ServeFactory) -> Non
     assert rounds == [0, 1, 2]
 
 
-async def test_two_jobs_on_one_store_do_not_meet(serve: ServeFactory) -> None:
+async def test_two_jobs_on_one_store_do_not_meet(serve: ServeFactory, tmp_path: Path) -> None:
     port = free_port()
     store = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "ftd", "store", "--host", "127.0.0.1", "--port", str(port),
@@ -180,14 +182,15 @@ async def test_two_jobs_on_one_store_do_not_meet(serve: ServeFactory) -> None:
         await asyncio.wait_for(store.stderr.readline(), 30)  # listening
         runs = []
         for job in ("j1", "j2"):
-            cluster = Cluster(serve, "1:2", "--rdzv-conf", "is_host=0", job=job)
+            cluster = Cluster(serve, "1:2", "--rdzv-conf", "is_host=0", job=job, last_call=0.3)
             cluster.flags = tuple(
                 f"127.0.0.1:{port}" if f == cluster.endpoint else f for f in cluster.flags
             )
-            runs.append(await cluster.node("x", "--dump-env", "--sleep", "1"))
+            out = str(tmp_path / job)
+            runs.append(await cluster.node("x", "--dump-env", "--sleep", "1", "--out", out))
         for run in runs:
             assert await run.wait() == 0
-        envs = [json.loads((run.out / "env_0.json").read_text()) for run in runs]
+        envs = [json.loads((tmp_path / job / "env_0.json").read_text()) for job in ("j1", "j2")]
         assert {env["TORCHELASTIC_RUN_ID"] for env in envs} == {"j1", "j2"}
         assert {env["GROUP_WORLD_SIZE"] for env in envs} == {"1"}
         assert all("hosting the rendezvous store" not in run.stderr.text for run in runs)
