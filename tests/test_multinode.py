@@ -128,7 +128,8 @@ async def test_late_node_scales_the_job_up(serve: ServeFactory) -> None:
     a = await cluster.node("a", "--hang-attempts", "1", "--dump-env")
     await a.stdout.expect("ready a0 r0")
     b = await cluster.node("b", "--hang-attempts", "1", "--dump-env")
-    assert await a.wait() == 0 and await b.wait() == 0
+    assert await a.wait() == 0, a.stderr.text[-4000:]
+    assert await b.wait() == 0, b.stderr.text[-4000:]
     assert "node b joined: scaling up from 1 nodes" in a.stderr.text
     env = json.loads((a.out / "env_1.json").read_text())  # attempt 1's rank 1, on b
     assert (env["GROUP_RANK"], env["GROUP_WORLD_SIZE"], env["WORLD_SIZE"]) == ("1", "2", "2")
