@@ -480,7 +480,7 @@ class Daemon:
             if request is None:
                 return self._stopped()
             if request.action != "restart":
-                rdzv.finishing()  # the store's host may leave now: that is no loss
+                await rdzv.leave(rnd)  # then the store's host may leave: that is no loss
             if request.action == "restart":
                 self._set_state(DaemonState.RESTARTING, request.reason)
                 continue

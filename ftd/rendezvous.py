@@ -49,6 +49,9 @@ DONE_MARK = 1 << 40
 STORE_TIMEOUT_S = 30.0
 WAIT_CHUNK_S = 1.0
 WATCH_CHUNK_S = 3600.0
+KEEPALIVE_OP_MIN_TIMEOUT_S = 5.0
+"""A keepalive that takes longer means the store is unreachable (a closed connection is
+noticed at once: the watcher's wait fails)."""
 
 
 class RendezvousError(Exception):
@@ -515,6 +518,22 @@ class Rendezvous:
                 ClusterRequest("succeed", "every node's ranks exited 0", self.node_id),
             )
 
+    async def leave(self, rnd: Round) -> None:
+        """The job is over: acknowledge it; the store's host waits (bounded) for every member's
+        acknowledgement before it takes the store away."""
+        try:
+            await self._call(self._leave, rnd, timeout_s=self.config.node_keepalive_timeout_s * 3)
+        except RendezvousError:
+            log.debug("could not acknowledge the end of the job", exc_info=True)
+        self.finishing()
+
+    def _leave(self, rnd: Round) -> None:
+        s = self.store
+        if s.add(self._k(rnd.number, "acked"), 1) >= len(rnd.members):
+            s.set(self._k(rnd.number, "all_acked"), "1")
+        if self.hosting:
+            s.wait([self._k(rnd.number, "all_acked")], self.config.node_keepalive_timeout_s * 2)
+
     async def unhealthy(self, rnd: Round) -> int:
         """--restart-policy min-healthy: count one more unhealthy node; the healthy ones left."""
         return len(rnd.members) - int(
@@ -597,7 +616,8 @@ class Rendezvous:
             watched = list(self._watched)
             try:
                 values: list[bytes] = await asyncio.wait_for(
-                    loop.run_in_executor(self._ka_pool, self._beat, store, watched), timeout
+                    loop.run_in_executor(self._ka_pool, self._beat, store, watched),
+                    max(2 * timeout, KEEPALIVE_OP_MIN_TIMEOUT_S),
                 )
             except (DistError, TimeoutError) as error:
                 self._mark_lost(f"keepalive failed: {type(error).__name__}: {error}"[:300])
