@@ -422,6 +422,19 @@ class Daemon:
                 future.cancel()
         return next(f for f in futures if f in done)
 
+    def _write_cluster_state(self, rdzv: Rendezvous) -> None:
+        """`<run dir>/cluster.json`: the last round and the excluded nodes as this node saw them."""
+        rnd = rdzv.round
+        state = {
+            "round": rnd.number if rnd else None,
+            "members": rnd.node_ids if rnd else [],
+            "excluded": rdzv.excluded,
+        }
+        path = self.run_dir / "cluster.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state))
+        tmp.replace(path)
+
     def _left(self, error: RendezvousError) -> int:
         """This node leaves the job for `error.reason`: the process exit code."""
         if error.code == "stopped":
@@ -430,6 +443,9 @@ class Daemon:
             self._set_state(DaemonState.SUCCEEDED, error.reason)
             return 0
         state = DaemonState.STOPPED if error.code == "excluded" else DaemonState.FAILED
+        if error.code == "excluded" and self._rdzv is not None:
+            self._rdzv.excluded.setdefault(self.config.node_id, error.reason)
+            self._write_cluster_state(self._rdzv)
         log.error("%s", error.reason)
         self._set_state(state, error.reason)
         return 1
@@ -459,6 +475,7 @@ class Daemon:
                 return self._left(error)
             ended = rdzv.watch(rnd.number)
             self.status.restart_count = rnd.restarts
+            self._write_cluster_state(rdzv)
             self.events.emit(
                 "round_closed", round=rnd.number, members=rnd.node_ids, group_rank=rnd.group_rank
             )

@@ -399,6 +399,7 @@ class Rendezvous:
                     f"within --rdzv-join-timeout ({cfg.rdzv_join_timeout_s:g}s)"
                 )
         payload = json.loads(s.get(key))
+        self.excluded = payload.get("excluded", {})
         members = [Member(**m) for m in payload["members"]]
         if self.node_id not in [m.node_id for m in members]:
             return None
@@ -417,7 +418,10 @@ class Rendezvous:
         unique = {m.node_id: m for m in joined}  # a node id joins once per round
         members = order_members(list(unique.values()), previous)
         restarts = s.add("restarts", 0)
-        payload = json.dumps({"members": [asdict(m) for m in members], "restarts": restarts})
+        excluded = self._read_excluded()
+        payload = json.dumps(
+            {"members": [asdict(m) for m in members], "restarts": restarts, "excluded": excluded}
+        )
         if s.compare_set(self._k(number, "closed"), "", payload) == payload.encode():
             log.info("closed round %d with %d nodes", number, len(members))
 

@@ -150,6 +150,8 @@ async def test_excluded_node_stops_and_is_refused(serve: ServeFactory) -> None:
     code, view = await api(a, "a", "GET", "/v1/cluster")
     assert code == 200 and view["round"] == {"round": 1, "members": ["a"]}
     assert [e["node_id"] for e in view["excluded"]] == ["b"]  # type: ignore[attr-defined, index]
+    excluded = json.loads((run_dir(b, "b") / "cluster.json").read_text())["excluded"]
+    assert list(excluded) == ["b"]
     again = await cluster.node("b", "--hang")
     assert await again.wait(timeout=30) == 1
     assert "node b is excluded from job job" in again.stderr.text
