@@ -237,7 +237,8 @@ class Daemon:
             if node_id != self.config.node_id:
                 raise NotFound(f"no node {node_id!r} in this job")
             raise FeatureUnavailable(
-                "node exclusion needs several nodes: start ftd serve with --nnodes MIN:MAX"
+                "node exclusion needs the multi-node rendezvous: start ftd serve with "
+                "--nnodes MIN:MAX (MAX > 1)"
             )
         rnd = rdzv.round
         members = rnd.node_ids if rnd else [self.config.node_id]
