@@ -40,6 +40,14 @@ class ServeConfig(BaseModel):
     rdzv_conf: dict[str, str] = Field(default_factory=dict)
     master_addr: str | None = None
     master_port: int | None = Field(None, ge=0, le=65535)
+    local_addr: str | None = None
+    """The address other nodes reach this node at (its workers' store, when it hosts it)."""
+    node_keepalive_timeout_s: float = Field(5.0, gt=0)
+    """A node whose keepalive is older than this is declared dead by the survivors."""
+    rdzv_last_call_timeout_s: float = Field(30.0, ge=0)
+    """Once MIN nodes joined, a round waits this long for more before it closes."""
+    rdzv_join_timeout_s: float = Field(600.0, gt=0)
+    """How long a round waits for MIN nodes before the job fails."""
     role: str = "default"
     start_method: StartMethod = "spawn"
     preload: tuple[str, ...] = Field(
@@ -120,6 +128,11 @@ class ServeConfig(BaseModel):
     @property
     def local_world_size(self) -> int:
         return self.nproc_per_node
+
+    @property
+    def multi_node(self) -> bool:
+        """Whether the daemons meet in a rendezvous store (else: today's single-node path)."""
+        return not self.standalone and self.nnodes_max > 1
 
 
 def _check_writable_dir(path: Path) -> None:
