@@ -1,0 +1,323 @@
+"""Wrapper: run a training function again, in the same process, after a fault in the job.
+
+    @ftd_client.inprocess.Wrapper(soft_timeout=60, hard_timeout=90)
+    def train(call_wrapper=None):
+        torch.distributed.init_process_group("gloo")  # joins this round's world (env://)
+        ...
+
+Each call of the function is a *round*. Before it, the ranks meet at a barrier in the store,
+learn who takes part, and the Wrapper sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and
+MASTER_PORT (a fresh store for every round) as torchrun would. When any rank faults — an
+exception, a soft timeout, a dead process announced by the daemon — every rank's watcher
+thread interrupts its function, runs the abort (which unblocks collectives that wait on dead
+peers), and the rank goes to the next round's barrier.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import itertools
+import logging
+import os
+import threading
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any, ParamSpec, TypeVar
+
+from ftd_client.inprocess.abort import Abort, AbortTorchDistributed
+from ftd_client.inprocess.coordination import (
+    IDLE_WAIT,
+    Coordination,
+    endpoint_from_env,
+)
+from ftd_client.inprocess.exceptions import RestartError, RestartInterrupt
+from ftd_client.inprocess.interrupt import DEFAULT_SIGNAL, Interrupter
+from ftd_client.inprocess.keys import Fault, Members
+from ftd_client.inprocess.monitor import Watchdog, Watcher
+from ftd_client.inprocess.state import FrozenState
+
+log = logging.getLogger("ftd_client.inprocess")
+
+P = ParamSpec("P")
+R = TypeVar("R")
+Seconds = float | timedelta
+StateCallback = Callable[[FrozenState], object]
+
+_calls = itertools.count()
+"""Wrapped calls made by this process: each gets its own keys (all ranks count alike)."""
+
+
+def _seconds(value: Seconds, name: str) -> float:
+    seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
+    if seconds <= 0:
+        raise ValueError(f"{name} must be positive, got {value!r}")
+    return seconds
+
+
+class CallWrapper:
+    """Given to a function that declares a `call_wrapper` parameter."""
+
+    def __init__(self, runner: _Runner) -> None:
+        self._runner = runner
+
+    @property
+    def iteration(self) -> int:
+        """The round: 0 on the first call, +1 after each in-process restart."""
+        return self._runner.state.iteration
+
+    @property
+    def state(self) -> FrozenState:
+        return self._runner.state
+
+    def ping(self) -> None:
+        """Report progress: resets the soft timeout."""
+        self._runner.watchdog.ping()
+
+
+class Wrapper:
+    """Decorator that restarts the wrapped training function in-process after a fault.
+
+    abort: what unblocks the rank (default AbortTorchDistributed()); Compose several.
+    finalize: called with the state after the abort, before the next round's barrier.
+    health_check: called after finalize; raising ends this rank (its process exits).
+    soft_timeout: seconds (or timedelta) without progress before the rank is declared hung
+        and the round restarted; progress is the function running Python code, or ping().
+    hard_timeout: seconds from a fault for this rank's abort to finish; under the daemon also
+        the time every rank has to reach the next barrier before the daemon kills the
+        stragglers and restarts the processes.
+    barrier_timeout: the longest wait for a round's members (without a daemon: after it, the
+        ranks that arrived go on without the others).
+    max_iterations: rounds at most (None: unlimited); then RestartError ends the process.
+    interrupt_signal: the signal that wakes the main thread from a blocking call (None: the
+        asynchronous exception alone).
+    """
+
+    def __init__(
+        self,
+        abort: Abort | Callable[[FrozenState], FrozenState] | None = None,
+        finalize: StateCallback | None = None,
+        health_check: StateCallback | None = None,
+        soft_timeout: Seconds = 60.0,
+        hard_timeout: Seconds = 90.0,
+        barrier_timeout: Seconds = 120.0,
+        progress_watchdog_interval: Seconds = 1.0,
+        max_iterations: int | None = None,
+        interrupt_signal: int | None = DEFAULT_SIGNAL,
+    ) -> None:
+        self.abort = abort if abort is not None else AbortTorchDistributed()
+        self.finalize = finalize
+        self.health_check = health_check
+        self.soft_timeout_s = _seconds(soft_timeout, "soft_timeout")
+        self.hard_timeout_s = _seconds(hard_timeout, "hard_timeout")
+        self.barrier_timeout_s = _seconds(barrier_timeout, "barrier_timeout")
+        self.progress_interval_s = _seconds(
+            progress_watchdog_interval, "progress_watchdog_interval"
+        )
+        if self.hard_timeout_s < self.soft_timeout_s:
+            raise ValueError("hard_timeout must not be shorter than soft_timeout")
+        if max_iterations is not None and max_iterations < 1:
+            raise ValueError(f"max_iterations must be at least 1, got {max_iterations}")
+        self.max_iterations = max_iterations
+        self.interrupt_signal = interrupt_signal
+
+    def __call__(self, fn: Callable[P, R]) -> Callable[P, R]:
+        wants_call_wrapper = "call_wrapper" in inspect.signature(fn).parameters
+
+        @functools.wraps(fn)
+        def wrapped(*args: P.args, **kwargs: P.kwargs) -> R:
+            runner = _Runner(self, next(_calls))
+            try:
+                result: R = runner.run(fn, args, kwargs, wants_call_wrapper)
+                return result
+            finally:
+                runner.close()
+
+        return wrapped
+
+
+class _Runner:
+    """One wrapped call: the rounds, the threads, the restored signal handler."""
+
+    def __init__(self, wrapper: Wrapper, call: int) -> None:
+        self.wrapper = wrapper
+        env = os.environ
+        self.slot = int(env.get("RANK", "0"))
+        self.initial_world_size = int(env.get("WORLD_SIZE", "1"))
+        self.local_rank = env.get("LOCAL_RANK")
+        self.coordination = Coordination(
+            endpoint_from_env(call),
+            self.slot,
+            self.initial_world_size,
+            wrapper.barrier_timeout_s,
+            wrapper.hard_timeout_s,
+        )
+        self.state = FrozenState(self.slot, self.initial_world_size, self.slot, 0, 0)
+        self.members: Members | None = None
+        self._lock = threading.Lock()
+        self._finished: set[int] = set()
+        """Rounds whose call returned: a late fault must not abort what the caller goes on with."""
+        self._aborted: dict[int, threading.Event] = {}
+        self.interrupter = Interrupter(wrapper.interrupt_signal)
+        self.interrupter.install()
+        keys = self.coordination.keys
+        self.watcher = Watcher(
+            self.coordination.client(IDLE_WAIT.total_seconds()),
+            lambda rnd: keys.wake(rnd, self.slot),
+            keys.fault,
+            self._on_fault,
+        )
+        self._watchdog_store: Any = None
+        on_main = threading.current_thread() is threading.main_thread()
+        self.watchdog = Watchdog(
+            wrapper.soft_timeout_s, wrapper.progress_interval_s, self._on_soft_timeout, on_main
+        )
+        self.watcher.start()
+        self.watchdog.start()
+
+    # -- the main thread -----------------------------------------------------------------
+
+    def run(
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        wants_call_wrapper: bool,
+    ) -> Any:
+        rnd = self.coordination.first_round()
+        while True:
+            members = self.coordination.join(rnd, self.members)
+            self._enter(rnd, members)
+            if wants_call_wrapper:
+                kwargs = {**kwargs, "call_wrapper": CallWrapper(self)}
+            ok, value = self._call(fn, args, kwargs)
+            if ok:
+                self._finish(rnd)
+                return value
+            error: BaseException = value
+            if isinstance(error, (KeyboardInterrupt, SystemExit)):
+                self._finish(rnd)
+                raise error
+            self._recover(rnd, error)
+            rnd += 1
+
+    def _enter(self, rnd: int, members: Members) -> None:
+        rank = members.rank_of(self.slot)
+        assert rank is not None
+        self.members = members
+        env = os.environ
+        env["RANK"] = str(rank)
+        env["WORLD_SIZE"] = str(len(members.slots))
+        env["LOCAL_RANK"] = self.local_rank if self.local_rank is not None else str(rank)
+        env["MASTER_ADDR"] = members.master_addr
+        env["MASTER_PORT"] = str(members.master_port)
+        env["TORCHELASTIC_USE_AGENT_STORE"] = "True"  # the round's store is hosted already
+        self.state = FrozenState(
+            self.slot, self.initial_world_size, rank, len(members.slots), rnd, fault=None
+        )
+        self._aborted[rnd] = threading.Event()
+        self.watcher.watch(rnd)
+        self.watchdog.arm(rnd)
+        log.info(
+            "ftd: round %d: rank %d of %d (initial rank %d)",
+            rnd,
+            rank,
+            len(members.slots),
+            self.slot,
+        )
+
+    def _call(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[bool, Any]:
+        """Run the function with interruption armed; (True, result) or (False, exception).
+        An interrupt that arrives while disarming is caught here too."""
+        try:
+            try:
+                self.interrupter.arm()
+                return True, fn(*args, **kwargs)
+            except BaseException as error:
+                return False, error
+            finally:
+                self.interrupter.disarm()
+                self.watchdog.disarm()
+        except RestartInterrupt as late:
+            self.interrupter.disarm()
+            self.watchdog.disarm()
+            return False, late
+
+    def _finish(self, rnd: int) -> None:
+        with self._lock:
+            self._finished.add(rnd)
+        self.coordination.stop_watcher(rnd, self.slot)
+
+    def _recover(self, rnd: int, error: BaseException) -> None:
+        members = self.members
+        assert members is not None
+        if not isinstance(error, RestartInterrupt):
+            mine = Fault.now(
+                "exception", self.slot, f"{type(error).__name__}: {error}", rnd, f"rank {self.slot}"
+            )
+            self.coordination.announce_here(rnd, mine, members)
+        aborted = self._aborted[rnd]
+        if not aborted.wait(self.wrapper.hard_timeout_s):
+            raise RestartError(
+                f"round {rnd}: the abort did not finish within {self.wrapper.hard_timeout_s:.0f}s "
+                "(hard_timeout)"
+            ) from error
+        fault = self.coordination.read_fault(rnd)
+        self.state = self.state.replace(fault=fault)
+        log.warning(
+            "ftd: round %d ended by a %s on rank %d (%s): restarting in-process",
+            rnd,
+            fault.kind,
+            fault.rank,
+            fault.reason,
+        )
+        if self.wrapper.max_iterations is not None and rnd + 1 >= self.wrapper.max_iterations:
+            raise RestartError(
+                f"{self.wrapper.max_iterations} rounds used (max_iterations); last fault: "
+                f"{fault.reason}"
+            ) from error
+        if self.wrapper.finalize is not None:
+            self.wrapper.finalize(self.state)
+        if self.wrapper.health_check is not None:
+            self.wrapper.health_check(self.state)
+
+    # -- the watcher and watchdog threads -------------------------------------------------
+
+    def _on_fault(self, rnd: int, fault: Fault) -> None:
+        """Watcher thread: round `rnd` has a fault. Interrupt the function, then abort."""
+        with self._lock:
+            if rnd in self._finished:
+                return
+        self.interrupter.interrupt()
+        state = self.state.replace(fault=fault)
+        try:
+            self.wrapper.abort(state)
+        except Exception:
+            log.exception("ftd: the abort of round %d failed", rnd)
+        self._aborted[rnd].set()
+
+    def _on_soft_timeout(self, rnd: int, stalled_s: float) -> None:
+        """Watchdog thread: the function made no progress for `stalled_s`."""
+        members = self.members
+        if members is None:
+            return
+        if self._watchdog_store is None:
+            self._watchdog_store = self.coordination.client(self.wrapper.barrier_timeout_s)
+        reason = (
+            f"rank {self.slot} made no progress for {stalled_s:.1f}s "
+            f"(soft_timeout {self.wrapper.soft_timeout_s:g}s)"
+        )
+        log.error("ftd: %s", reason)
+        fault = Fault.now("soft_timeout", self.slot, reason, rnd, f"rank {self.slot}")
+        try:
+            self.coordination.announce(self._watchdog_store, rnd, fault, members)
+        except Exception as error:
+            log.error("ftd: could not announce the soft timeout: %s", error)
+
+    def close(self) -> None:
+        self.watchdog.stop()
+        self.watcher.stop()
+        self.interrupter.restore()
+        self.coordination.close()
