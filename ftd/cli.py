@@ -121,6 +121,21 @@ def _add_serve(subparsers: argparse._SubParsersAction[_Parser]) -> None:
         help="signal that stops ranks before SIGKILL",
     )
     add(*_flag("--log-level"), default="INFO", help="the daemon's log level")
+    add(
+        *_flag("--restart-mode"),
+        default="process",
+        choices=["process", "inprocess"],
+        help="process: stop and restart every rank after a fault; inprocess: announce the "
+        "fault to every rank, whose ftd_client.inprocess.Wrapper restarts the training function "
+        "in the same process (a rank past its hard timeout falls back to a process restart)",
+    )
+    add(
+        *_flag("--inprocess-respawn"),
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="with --restart-mode inprocess: start a dead rank's process again so it joins the "
+        "next round (counted against --max-restarts); --no-inprocess-respawn: go on without it",
+    )
     _add_fault_tolerance(serve)
     serve.add_argument(
         *_flag("--enable-fault-injection"),
@@ -288,6 +303,8 @@ def serve_config_from_args(args: argparse.Namespace) -> object:
         "api_port": None if args.api_port == "off" else args.api_port,
         "api_token_file": args.api_token_file,
         "termination_signal": args.termination_signal,
+        "restart_mode": args.restart_mode,
+        "inprocess_respawn": args.inprocess_respawn,
     }
     if args.node_id:
         fields["node_id"] = args.node_id

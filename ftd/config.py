@@ -64,6 +64,13 @@ class ServeConfig(BaseModel):
     ft_state_file: Path | None = None
     """Learned timeouts survive restarts here; default `<run dir>/ft_state.json`."""
     restart_policy: Literal["any-failed", "min-healthy"] = "any-failed"
+    restart_mode: Literal["process", "inprocess"] = "process"
+    """`inprocess`: a fault is announced to every rank, whose ftd_client.inprocess.Wrapper
+    restarts the training function in the same process (docs/inprocess.md); `process`: every
+    rank is stopped and started again."""
+    inprocess_respawn: bool = True
+    """In-process mode: a rank whose process died is started again and joins the next round
+    (counted against max_restarts); False: the others go on without it."""
 
     enable_fault_injection: bool = False
     """Allow `POST /v1/faults`; ranks then accept the fault signals (see ftd_client.faults)."""

@@ -19,6 +19,7 @@ from types import TracebackType
 from typing import Any
 
 from ftd_client import faults
+from ftd_client.inprocess.keys import prefix_for
 from ftd_client.protocol import WorkloadAction
 
 from ftd.api import ApiServer, start_api_server
@@ -28,13 +29,14 @@ from ftd.events import Event, EventLog
 from ftd.ft_config import parse_simulated_fault
 from ftd.guard import OrphanGuard
 from ftd.health import HealthService
+from ftd.inprocess import InprocessRounds, rank_env
 from ftd.ipc import socket_path
 from ftd.launch import Placement, build_command, worker_envs
 from ftd.policy import Action, after_attempt
 from ftd.rendezvous import ClusterRequest, Rendezvous, RendezvousError, Round
 from ftd.spawn import LaunchSpec, get_spawner
 from ftd.state import DaemonState, Failure, NodeStatus, RankState, RankStatus
-from ftd.store import AttemptStores
+from ftd.store import AttemptStores, host_tcp_store
 from ftd.summary import failure_summary
 from ftd.workers import WorkerGroup
 
@@ -70,6 +72,12 @@ class Daemon:
         self._rdzv = Rendezvous(config, self._on_node_dead) if config.multi_node else None
         store_host = self._rdzv.addr if self._rdzv else config.master_addr or "127.0.0.1"
         self._stores = AttemptStores(store_host, config.master_port or 0)
+        self._store_host = store_host
+        self._coordination: Any = None
+        """Single node, --restart-mode inprocess: the store the ranks' rounds meet in."""
+        self._rounds: InprocessRounds | None = None
+        self._restarts_used = 0
+        """Single node: restarts counted against --max-restarts (multi-node: in the store)."""
         self._background: set[asyncio.Task[Any]] = set()
         self._guard: OrphanGuard | None = None
         self._group: WorkerGroup | None = None
@@ -115,6 +123,10 @@ class Daemon:
             self._api = await start_api_server(self)
         if self._rdzv is not None:
             await self._start_rendezvous(self._rdzv)
+        elif self.config.restart_mode == "inprocess":
+            self._coordination = await asyncio.wait_for(
+                asyncio.to_thread(host_tcp_store, self._store_host, 0), 60
+            )
         log.info(
             "ftd serve: node %s, run %s, %d local ranks, max restarts %d, run dir %s",
             self.config.node_id,
@@ -143,6 +155,10 @@ class Daemon:
             steps.append(("closing the rank socket", lambda: _run_sync(health.close)))
         steps.append(("closing the start method", lambda: asyncio.to_thread(self._spawner.close)))
         steps.append(("closing the workers' store", self._stores.close))
+        coordination, self._coordination = [self._coordination], None
+        steps.append(
+            ("closing the in-process store", lambda: asyncio.to_thread(coordination.clear))
+        )
         if api is not None:
             steps.append(("closing the API server", api.close))
         if guard is not None:
@@ -324,7 +340,6 @@ class Daemon:
         """Run attempts until success, failure or a stop signal; the process exit code."""
         if self._rdzv is not None:
             return await self._run_multi(self._rdzv)
-        restarts_used = 0  # counted against --max-restarts
         attempt = 0  # every attempt, counted or not: TORCHELASTIC_RESTART_COUNT
         while True:
             if self._stop_requested.is_set():
@@ -351,7 +366,7 @@ class Daemon:
             request = health.workload_request
             decision = after_attempt(
                 outcome,
-                restarts_used,
+                self._restarts_used,
                 self.config.max_restarts,
                 request.reason() if request else None,
             )
@@ -363,8 +378,8 @@ class Daemon:
                 await self._stop_group(group)
                 attempt += 1
                 if outcome is None or outcome.counted:
-                    restarts_used += 1
-                self.status.restart_count = restarts_used
+                    self._restarts_used += 1
+                self.status.restart_count = self._restarts_used
                 continue
             await self._stop_group(group)
             if decision.action is Action.SUCCEED:
@@ -625,6 +640,11 @@ class Daemon:
             socket_path=str(health.server.path),
             attempt_log_dir=str(self.run_dir / f"attempt_{restart_count}"),
         )
+        inprocess = self._inprocess_store()
+        if inprocess is not None:
+            prefix = prefix_for(self.config.run_id, restart_count)
+            for env in envs.values():
+                env.update(rank_env(inprocess, prefix))
         self._arm_simulated_fault(envs, restart_count)
         self.status.ranks = [
             RankStatus(local_rank=lr, global_rank=placement.base_global_rank + lr) for lr in envs
@@ -658,6 +678,24 @@ class Daemon:
         group.exit_listeners.append(
             lambda rank: self.events.emit("rank_exited", attempt=restart_count, **rank.to_dict())
         )
+        if inprocess is not None:
+            rounds = InprocessRounds(
+                group=group,
+                store_addr=inprocess,
+                prefix=prefix,
+                world_size=placement.world_size,
+                local_slots={s.local_rank: s.global_rank for s in self.status.ranks},
+                leader=placement.group_rank == 0,
+                first_round_store=(placement.master_addr, placement.master_port),
+                fresh_round_store=self._stores.fresh,
+                respawn=self.config.inprocess_respawn,
+                respawn_budget=self._respawn_budget,
+                events=self.events,
+                node_id=self.config.node_id,
+                on_respawned=self._on_respawned,
+            )
+            await rounds.start()
+            self._rounds = rounds
         self.events.emit(
             "attempt_started",
             attempt=restart_count,
@@ -689,7 +727,38 @@ class Daemon:
         self.events.emit("fault_armed", kind=kind, global_rank=global_rank, delay_s=delay_s)
         log.warning("simulated %s fault armed on rank %d in %.3fs", kind, global_rank, delay_s)
 
+    # -- in-process restart (ftd/inprocess.py runs the rounds) --------------------------------
+
+    def _inprocess_store(self) -> tuple[str, int] | None:
+        """Where the ranks' in-process rounds meet: the daemons' store (None: process mode)."""
+        if self.config.restart_mode != "inprocess":
+            return None
+        if self._rdzv is not None:
+            return self._rdzv.endpoint
+        assert self._coordination is not None
+        return self._store_host, int(self._coordination.port)
+
+    async def _respawn_budget(self, failure: Failure) -> bool:
+        """Whether a failed rank may be respawned: a restart counted against --max-restarts."""
+        if self._rdzv is not None:
+            return await self._rdzv.count_restart() <= self.config.max_restarts
+        if self._restarts_used >= self.config.max_restarts:
+            return False
+        self._restarts_used += 1
+        self.status.restart_count = self._restarts_used
+        self._write_status()
+        return True
+
+    def _on_respawned(self, local_rank: int, old_pid: int | None) -> None:
+        status = next(s for s in self.status.ranks if s.local_rank == local_rank)
+        if self.health is not None:
+            self.health.respawned(status, old_pid)
+        self._write_status()
+
     async def _stop_group(self, group: WorkerGroup) -> None:
+        rounds, self._rounds = self._rounds, None
+        if rounds is not None:
+            await rounds.close()
         if group is self._group:
             self._group = None
         sig = signal.Signals[self.config.termination_signal]

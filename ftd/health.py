@@ -92,6 +92,14 @@ class HealthService:
             health = self.monitor.rank_of(status.pid) if status.pid is not None else None
             status.health = health.snapshot if health is not None else None
 
+    def respawned(self, status: RankStatus, old_pid: int | None) -> None:
+        """The rank's process was replaced (in-process mode): watch the new one."""
+        if status.pid is not None:
+            health = self.monitor.replace(
+                old_pid, status.local_rank, status.global_rank, status.pid
+            )
+            status.health = health.snapshot
+
     def detach(self) -> None:
         self._group = None
         self.monitor.detach()

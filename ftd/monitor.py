@@ -187,6 +187,16 @@ class Monitor:
             self._disarm(rank)
         self._by_pid = {}
 
+    def replace(
+        self, old_pid: int | None, local_rank: int, global_rank: int, pid: int
+    ) -> RankHealth:
+        """A rank's process was respawned (in-process mode): the new pid starts afresh."""
+        old = self._by_pid.pop(old_pid, None) if old_pid is not None else None
+        if old is not None:
+            self._disarm(old)
+        rank = self._by_pid[pid] = RankHealth(local_rank, global_rank, pid)
+        return rank
+
     def rank_of(self, pid: int) -> RankHealth | None:
         return self._by_pid.get(pid)
 

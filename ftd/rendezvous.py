@@ -493,6 +493,10 @@ class Rendezvous:
     async def restarts_used(self) -> int:
         return int(await self._call(self.store.add, "restarts", 0))
 
+    async def count_restart(self) -> int:
+        """Count one restart (an in-process respawn); the restarts used, this one included."""
+        return int(await self._call(self.store.add, "restarts", 1))
+
     async def request(self, number: int, request: ClusterRequest) -> ClusterRequest:
         """Make `request` end round `number`, unless another came first: the one in force."""
         return await self._call(self._request, number, request)  # type: ignore[no-any-return]

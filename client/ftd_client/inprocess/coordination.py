@@ -139,6 +139,7 @@ class Coordination:
         store, keys = self._store, self.keys
         store.set(keys.arrive(rnd, self.slot), Arrival(os.getpid(), self.hard_timeout_s).encode())
         if self.endpoint.daemon:
+            store.queue_push(keys.barrier, f"{rnd}:{self.slot}")
             members = self._wait_members(rnd)
             if members is None:
                 raise RestartError(

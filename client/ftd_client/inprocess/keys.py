@@ -8,12 +8,16 @@ process-level attempt) the store holds:
 
     open                        the round now collecting arrivals (decimal; set by the daemon)
     round/<k>/arrive/<slot>     an Arrival: the rank reached round k's barrier
+    barrier                     a queue with an item `<k>:<slot>` after each arrival or
+                                write-off: what wakes the daemon deciding the members
     round/<k>/count             arrivals so far (add counter; without a daemon)
     round/<k>/members           Members: who runs round k, and its process group's store
     round/<k>/fault             the first Fault of round k (compare_set: the first writer wins)
     round/<k>/wake/<who>        set to FAULT once round k's fault is written, or to STOP by
                                 <who> itself; <who> is a slot or DAEMON. Each watcher blocks
                                 on its own wake key: a TCPStore wait is for all keys, never any.
+    dead/count, dead/<n>        slots written off by a daemon (their process died and is not
+                                respawned): the n-th one; later rounds go on without them
 """
 
 from __future__ import annotations
@@ -51,6 +55,10 @@ class Keys:
     def open(self) -> str:
         return f"{self.prefix}/open"
 
+    @property
+    def barrier(self) -> str:
+        return f"{self.prefix}/barrier"
+
     def arrive(self, rnd: int, slot: int) -> str:
         return f"{self.prefix}/round/{rnd}/arrive/{slot}"
 
@@ -65,6 +73,13 @@ class Keys:
 
     def wake(self, rnd: int, who: int | str) -> str:
         return f"{self.prefix}/round/{rnd}/wake/{who}"
+
+    @property
+    def dead_count(self) -> str:
+        return f"{self.prefix}/dead/count"
+
+    def dead(self, n: int) -> str:
+        return f"{self.prefix}/dead/{n}"
 
 
 def _decode(data: bytes | str, what: str) -> dict[str, Any]:

@@ -16,10 +16,35 @@ from ftd_client.inprocess.keys import STOP, Fault
 
 log = logging.getLogger("ftd_client.inprocess")
 
+_libc = ctypes.CDLL(None, use_errno=True)
 _PENDING_CALL = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
 _add_pending_call = ctypes.PYFUNCTYPE(ctypes.c_int, _PENDING_CALL, ctypes.c_void_p)(
     ("Py_AddPendingCall", ctypes.pythonapi)
 )
+_sem_post = ctypes.cast(_libc.sem_post, _PENDING_CALL)
+"""The pending call itself: C code, so that no Python runs in the main thread on the
+watchdog's behalf. An interrupt raised inside a Python callback would be swallowed there."""
+
+
+class _ProgressSemaphore:
+    """A POSIX semaphore that the main thread posts when it runs the pending call. Kept for the
+    life of the process: a pending call may still run after its watchdog stopped."""
+
+    def __init__(self) -> None:
+        self._sem = ctypes.create_string_buffer(64)  # >= sizeof(sem_t) on Linux
+        if _libc.sem_init(self._sem, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "sem_init failed")
+
+    @property
+    def address(self) -> int:
+        return ctypes.addressof(self._sem)
+
+    def take(self) -> bool:
+        """Whether it was posted since the last take (non-blocking)."""
+        return bool(_libc.sem_trywait(self._sem) == 0)
+
+
+_progress = _ProgressSemaphore()
 
 
 class Watcher(threading.Thread):
@@ -62,10 +87,10 @@ class Watchdog(threading.Thread):
     """Measures the function's progress and declares a soft timeout when it stops.
 
     Progress is an explicit `ping()`, or the function's thread running Python code: every
-    interval the watchdog schedules a pending call (Py_AddPendingCall), which the main thread
-    runs at its next bytecode boundary. A main thread asleep, blocked in a collective or busy
-    in C code runs none, so its progress stalls. Pending calls run on the main thread only:
-    elsewhere only `ping()` counts.
+    interval the watchdog schedules a pending call (Py_AddPendingCall: sem_post on a
+    semaphore), which the main thread runs at its next bytecode boundary. A main thread
+    asleep, blocked in a collective or busy in C code runs none, so its progress stalls.
+    Pending calls run on the main thread only: elsewhere only `ping()` counts.
     """
 
     def __init__(
@@ -85,7 +110,6 @@ class Watchdog(threading.Thread):
         self._stopped = False
         self.last_progress = time.monotonic()
         self._pending = False
-        self._callback = _PENDING_CALL(self._on_pending_call)  # kept alive while scheduled
 
     def ping(self) -> None:
         self.last_progress = time.monotonic()
@@ -107,11 +131,6 @@ class Watchdog(threading.Thread):
             self._round = None
             self._cond.notify_all()
 
-    def _on_pending_call(self, _arg: Any) -> int:
-        self._pending = False
-        self.last_progress = time.monotonic()
-        return 0
-
     def run(self) -> None:
         while True:
             with self._cond:
@@ -120,8 +139,12 @@ class Watchdog(threading.Thread):
                 if self._stopped:
                     return
                 rnd = self._round
-                if self._automatic and not self._pending:
-                    self._pending = _add_pending_call(self._callback, None) == 0
+                if self._automatic:
+                    if self._pending and _progress.take():
+                        self._pending = False
+                        self.last_progress = time.monotonic()
+                    if not self._pending:
+                        self._pending = _add_pending_call(_sem_post, _progress.address) == 0
                 stalled = time.monotonic() - self.last_progress
                 if stalled >= self.soft_timeout_s:
                     self._round = None

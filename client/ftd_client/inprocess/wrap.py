@@ -16,11 +16,13 @@ peers), and the rank goes to the next round's barrier.
 from __future__ import annotations
 
 import functools
+import gc
 import inspect
 import itertools
 import logging
 import os
 import threading
+import traceback
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, ParamSpec, TypeVar
@@ -44,8 +46,29 @@ R = TypeVar("R")
 Seconds = float | timedelta
 StateCallback = Callable[[FrozenState], object]
 
+CLOSE_JOIN_TIMEOUT_S = 10.0
+
 _calls = itertools.count()
 """Wrapped calls made by this process: each gets its own keys (all ranks count alike)."""
+
+
+def release_frames(error: BaseException) -> None:
+    """Free what the failed call's frames hold, process groups included.
+
+    A process group destroyed while a collective was in flight lives on as long as the frames
+    of that collective do, and they live in the exception's traceback: its connections stay
+    open, and a peer blocked on them is never released (gloo). So the traceback goes, and a
+    collection frees what cycles hold.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if current.__traceback__ is not None:
+            traceback.clear_frames(current.__traceback__)
+            current.__traceback__ = None
+        current = current.__cause__ or current.__context__
+    gc.collect()
 
 
 def _seconds(value: Seconds, name: str) -> float:
@@ -264,6 +287,7 @@ class _Runner:
                 f"round {rnd}: the abort did not finish within {self.wrapper.hard_timeout_s:.0f}s "
                 "(hard_timeout)"
             ) from error
+        release_frames(error)
         fault = self.coordination.read_fault(rnd)
         self.state = self.state.replace(fault=fault)
         log.warning(
@@ -319,5 +343,10 @@ class _Runner:
     def close(self) -> None:
         self.watchdog.stop()
         self.watcher.stop()
+        # A daemon thread still inside a store call when the interpreter exits is torn down
+        # mid-C++ and aborts the process (std::terminate): let the watcher leave its wait
+        # (its round was stopped) before the process may exit.
+        self.watcher.join(CLOSE_JOIN_TIMEOUT_S)
+        self.watchdog.join(CLOSE_JOIN_TIMEOUT_S)
         self.interrupter.restore()
         self.coordination.close()
