@@ -5,7 +5,8 @@
 Launches `ftd serve --nproc-per-node 8` with this script as the ranks (no torch in them). The
 ranks connect (hello), then wait; the daemon is first sampled over an idle window (ranks
 connected, silent), then the ranks beat at --hz, each beat a heartbeat plus, unless
---no-sections, a start_section/end_section pair (3 datagrams a beat). After a warm-up the
+--no-sections, a start_section/end_section pair (3 messages a beat; each message is one
+packet on the rank's own SOCK_SEQPACKET connection to the daemon). After a warm-up the
 daemon's CPU time (utime+stime of every thread, /proc/<pid>/stat) and VmRSS
 (/proc/<pid>/status) are read at the start and end of a --window second window. The daemon
 writes its receive counter only on state changes, so the ranks count what they sent (and what
@@ -164,7 +165,7 @@ def launch(args: argparse.Namespace) -> None:
     results: dict[str, Any] = {
         "ranks": args.ranks,
         "hz": args.hz,
-        "datagrams_per_beat": 1 if args.no_sections else 3,
+        "messages_per_beat": 1 if args.no_sections else 3,
         "window_s": busy1[0] - busy0[0],
         "idle_window_s": idle1[0] - idle0[0],
         "idle_cpu_percent": cpu_percent(idle0, idle1),
@@ -175,6 +176,7 @@ def launch(args: argparse.Namespace) -> None:
         "messages_per_s": sent / seconds,
         "heartbeats_per_s": sent / seconds / (1 if args.no_sections else 3),
         "per_rank_sent": [r["sent"] for r in ranks],
+        "daemon_ipc": daemon_ipc(work / "load"),
         "machine": info,
     }
     report(results)
@@ -182,10 +184,20 @@ def launch(args: argparse.Namespace) -> None:
         Path(args.json).write_text(json.dumps(results, indent=2))
 
 
+def daemon_ipc(run_dir: Path) -> dict[str, Any]:
+    """The daemon's own counters at its exit: messages received (the whole run, not only the
+    window) and dropped by cause (malformed, not from a rank, section not open...)."""
+    try:
+        status = json.loads((run_dir / "status.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return dict(status.get("ipc") or {})
+
+
 def report(r: dict[str, Any]) -> None:
     benchlib.print_machine(r["machine"])
     print(
-        f"# {r['ranks']} ranks x {r['hz']:g} Hz, {r['datagrams_per_beat']} datagram(s) a beat, "
+        f"# {r['ranks']} ranks x {r['hz']:g} Hz, {r['messages_per_beat']} message(s) a beat, "
         f"window {r['window_s']:.1f} s (idle window {r['idle_window_s']:.1f} s)"
     )
     print(f"daemon CPU, ranks connected but silent: {r['idle_cpu_percent']:6.2f} % of one core")
@@ -196,11 +208,16 @@ def report(r: dict[str, Any]) -> None:
         f"start, {rss['window_end']:.1f} MB at its end"
     )
     print(
-        f"sent {r['sent']} datagrams ({r['messages_per_s']:.0f}/s, {r['heartbeats_per_s']:.0f} "
+        f"sent {r['sent']} messages ({r['messages_per_s']:.0f}/s, {r['heartbeats_per_s']:.0f} "
         f"beats/s), dropped {r['dropped']}"
     )
+    ipc = r["daemon_ipc"]
     print(
-        f"CPU per 1000 datagrams/s: "
+        f"daemon's counters at exit (whole run): received {ipc.get('received', '?')}, "
+        f"dropped {ipc.get('dropped', '?')}"
+    )
+    print(
+        f"CPU per 1000 messages/s: "
         f"{r['busy_cpu_percent'] / (r['messages_per_s'] / 1000):.2f} % of a core"
     )
     print(

@@ -1,5 +1,6 @@
-"""What a heartbeat and a section pair cost a rank, beside the floor: a raw send of the same
-bytes on a unix datagram socket, measured in the same run.
+"""What a heartbeat and a section pair cost a rank, beside two floors measured in the same
+run: a raw unix datagram `sendto` of the same bytes, and a raw `send` on a connected unix
+packet (SOCK_SEQPACKET) socket, the transport ftd_client uses.
 
     python bench/heartbeat_cost.py [--blocks 200] [--calls 1000]
 
@@ -8,20 +9,23 @@ the training script, waits, and prints the table; as that rank it does the measu
 
 Method. Each block makes `--calls` calls of one method; methods are interleaved block by block
 in a shuffled order, and the per-call figure is the median over blocks (perf_counter_ns).
-Calls go in chunks of CHUNK datagrams, and after each chunk (outside the timed region) the rank
-waits until the receiver has taken every datagram (SIOCOUTQ on the sending socket is 0): a
-unix datagram queue holds only net.unix.max_dgram_qlen + 1 messages (11 here), so timing
-1000 back-to-back sends would time mostly the EAGAIN path. Two receivers:
+Calls go in chunks of CHUNK messages, and after each chunk (outside the timed region) the
+receiver is emptied: a unix datagram queue holds only net.unix.max_dgram_qlen + 1 messages
+(11 here), so timing 1000 back-to-back datagrams would time mostly the EAGAIN path. Receivers:
 
-* `daemon`: the real daemon's socket ($FTD_SOCKET), which decodes and dispatches every
-  message on another core, as in training.
-* `sink`: a socket this rank binds and drains itself between chunks, so nothing else runs
-  while a chunk is timed.
+* `daemon`: the real daemon ($FTD_SOCKET, SOCK_SEQPACKET), which decodes and dispatches every
+  message on another core, as in training; between chunks the rank waits until it has taken
+  every message (SIOCOUTQ on the sending socket is 0). Beside the client, a raw packet
+  connection of this rank's own to the daemon.
+* `sink`: sockets this rank binds and drains itself between chunks, so nothing else runs while
+  a chunk is timed: a SOCK_DGRAM socket (floor 1: `sendto(bytes, path)`, and a connected
+  `send`), and a SOCK_SEQPACKET listener whose accepted connections it drains (floor 2: a raw
+  `send` on a connected packet socket; and a RankClient pointed at it).
 
 The maximum single call is taken from individually timed calls in three states: the daemon
-serving, the daemon SIGSTOPped (its queue full: every send fails with EAGAIN), and no
-listener at all (connect fails: ENOENT / ECONNREFUSED, with the client's reconnect attempt
-once a second).
+serving, the daemon SIGSTOPped (each connection's queue fills up to SO_SNDBUF, then every send
+fails with EAGAIN: a counted drop), and no listener at all (connect fails: ENOENT /
+ECONNREFUSED; a reset connection: EPIPE; the client's reconnect attempt once a second).
 """
 
 from __future__ import annotations
@@ -48,8 +52,34 @@ from typing import Any
 import benchlib
 
 CHUNK = 8
-"""Datagrams per timed chunk: below the unix datagram queue limit (11 on this machine)."""
+"""Messages per timed chunk: below the unix datagram queue limit (11 on this machine), which
+the datagram floors are held to (the packet sockets are not; the same chunk keeps them alike)."""
 SECTION = "step"
+
+HB_DAEMON = "daemon: heartbeat()"
+RAW_DAEMON = "daemon: raw SEQPACKET send(hb), own connection"
+PAIR_DAEMON = "daemon: start_section+end_section"
+RAW_PAIR_DAEMON = "daemon: raw SEQPACKET send(ss)+send(se)"
+SENDTO = "sink: DGRAM sendto(hb, path) [floor 1]"
+DGRAM_SEND = "sink: DGRAM send(hb), connected"
+SEQ_SEND = "sink: SEQPACKET send(hb) [floor 2]"
+SEQ_PAIR = "sink: SEQPACKET send(ss)+send(se)"
+HB_SINK = "sink: heartbeat() (client on the SEQPACKET sink)"
+PAIR_SINK = "sink: start_section+end_section (SEQPACKET sink)"
+
+RATIOS = [
+    # (label, numerator, denominator, how many denominator sends the numerator makes)
+    ("daemon: heartbeat() / DGRAM sendto [goal <= 1.5]", HB_DAEMON, SENDTO, 1),
+    ("daemon: heartbeat() / SEQPACKET send, sink [floor 2]", HB_DAEMON, SEQ_SEND, 1),
+    ("daemon: heartbeat() / raw SEQPACKET send, daemon", HB_DAEMON, RAW_DAEMON, 1),
+    ("daemon: heartbeat() / DGRAM send, connected", HB_DAEMON, DGRAM_SEND, 1),
+    ("daemon: section event / DGRAM sendto [goal <= 1.5]", PAIR_DAEMON, SENDTO, 2),
+    ("daemon: section pair / raw SEQPACKET pair, daemon", PAIR_DAEMON, RAW_PAIR_DAEMON, 1),
+    ("sink: heartbeat() / DGRAM sendto [goal <= 1.5]", HB_SINK, SENDTO, 1),
+    ("sink: heartbeat() / SEQPACKET send [floor 2]", HB_SINK, SEQ_SEND, 1),
+    ("sink: section pair / SEQPACKET send pair", PAIR_SINK, SEQ_PAIR, 1),
+    ("SEQPACKET send / DGRAM sendto (the two floors, sink)", SEQ_SEND, SENDTO, 1),
+]
 
 
 def main() -> None:
@@ -97,21 +127,22 @@ def launch(args: argparse.Namespace) -> None:
 def report(results: dict[str, Any]) -> None:
     benchlib.print_machine(results["machine"])
     print(f"# {results['blocks']} blocks x {results['calls']} calls per method, chunks of {CHUNK}")
+    print(f"# SOCK_SEQPACKET SO_SNDBUF: {results['seqpacket_sndbuf']} B")
     print()
     print(
-        f"{'method (µs per call, over blocks)':<44} {'median':>8} {'p10':>8} {'p90':>8} "
+        f"{'method (µs per call, over blocks)':<52} {'median':>8} {'p10':>8} {'p90':>8} "
         f"{'min':>8} {'max':>8} {'drops':>6} {'chunk med':>9}"
     )
     for name, row in results["per_call_us"].items():
         print(
-            f"{name:<44} {row['median']:>8.3f} {row['p10']:>8.3f} {row['p90']:>8.3f} "
+            f"{name:<52} {row['median']:>8.3f} {row['p10']:>8.3f} {row['p90']:>8.3f} "
             f"{row['min']:>8.3f} {row['max']:>8.3f} {row['drops']:>6} {row['chunk_median']:>9.3f}"
         )
     print()
     print("ratios of the medians over blocks:")
     for name, value in results["ratios"].items():
         print(f"  {name:<60} {value:6.2f}x")
-    print(f"ratios of the medians over chunks (of {CHUNK} datagrams; robust to preemption):")
+    print(f"ratios of the medians over chunks (of {CHUNK} messages; robust to preemption):")
     for name, value in results["chunk_ratios"].items():
         print(f"  {name:<60} {value:6.2f}x")
     print()
@@ -127,6 +158,10 @@ def report(results: dict[str, Any]) -> None:
             f"{row['max_unswitched']:>9.1f} {row['blocked']:>7} {row['floor_max']:>9.1f} "
             f"{row['floor_over_1ms']:>10} {row['floor_max_unswitched']:>15.1f}"
         )
+    for name, row in results["single_call_us"].items():
+        if "queued_before_first_drop" in row:
+            queued = row["queued_before_first_drop"]
+            print(f"{name}: {queued} heartbeats queued before the first drop")
 
 
 # -- the rank ----------------------------------------------------------------------------------
@@ -150,7 +185,8 @@ def wait_taken(sock: socket.socket) -> None:
 def drain(sink: socket.socket) -> None:
     while True:
         try:
-            sink.recv(65536)
+            if not sink.recv(65536):
+                return  # a packet connection whose peer closed
         except BlockingIOError:
             return
 
@@ -207,22 +243,33 @@ def rank_main(args: argparse.Namespace) -> None:
     ss_bytes = protocol.section_bytes(protocol.SECTION_START, SECTION)
     se_bytes = protocol.section_bytes(protocol.SECTION_END, SECTION)
 
+    # The real daemon: the client, and a raw packet connection of this rank's own beside it
+    # (the daemon knows the pid by SO_PEERCRED, so it dispatches what arrives on it too).
     client = RankClient()
-    raw = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    raw.setblocking(False)
-    raw.connect(path)
-    unconnected = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    unconnected.setblocking(False)
+    daemon_raw = seqpacket_connect(path)
 
-    sink_path = str(work / "sink.sock")
-    sink = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    sink.bind(sink_path)
-    sink.setblocking(False)
-    sink_client = RankClient(socket_path=sink_path)
-    sink_raw = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    sink_raw.setblocking(False)
-    sink_raw.connect(sink_path)
-    drain(sink)
+    # Floor 1: unix datagrams to a socket this rank binds and drains itself.
+    dgram_path = str(work / "dgram_sink.sock")
+    dgram_sink = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    dgram_sink.bind(dgram_path)
+    dgram_sink.setblocking(False)
+    dgram_unconnected = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    dgram_unconnected.setblocking(False)
+    dgram_connected = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    dgram_connected.setblocking(False)
+    dgram_connected.connect(dgram_path)
+
+    # Floor 2: a packet socket this rank listens on; it accepts and drains each connection.
+    seq_path = str(work / "seq_sink.sock")
+    seq_listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    seq_listener.bind(seq_path)
+    seq_listener.listen(16)
+    seq_raw = seqpacket_connect(seq_path)
+    seq_raw_peer = accept(seq_listener)
+    sink_client = RankClient(socket_path=seq_path)
+    sink_client_peer = accept(seq_listener)
+    for sink in (dgram_sink, seq_raw_peer, sink_client_peer):
+        drain(sink)
     assert client._sock is not None and sink_client._sock is not None
 
     def make_raw(send: Callable[..., int], *data: bytes) -> Callable[[int], None]:
@@ -243,11 +290,11 @@ def rank_main(args: argparse.Namespace) -> None:
         return calls
 
     def make_sendto(data: bytes) -> Callable[[int], None]:
-        sendto = unconnected.sendto
+        sendto = dgram_unconnected.sendto
 
         def calls(n: int) -> None:
             for _ in range(n):
-                sendto(data, path)
+                sendto(data, dgram_path)
 
         return calls
 
@@ -287,26 +334,26 @@ def rank_main(args: argparse.Namespace) -> None:
         return 0
 
     hb_drops, sink_drops = client_drops(client), client_drops(sink_client)
-    csock, ssock = client._sock, sink_client._sock
+    csock = client._sock
     methods = [
-        Method("daemon: heartbeat()", heartbeats(client), 1, csock, hb_drops),
-        Method("daemon: raw send(hb bytes) [floor]", make_raw(raw.send, hb_bytes), 1, raw,
+        Method(HB_DAEMON, heartbeats(client), 1, csock, hb_drops),
+        Method(RAW_DAEMON, make_raw(daemon_raw.send, hb_bytes), 1, daemon_raw, no_drops),
+        Method("daemon: client's own socket .send(hb)", make_raw(csock.send, hb_bytes), 1, csock,
                no_drops),
-        Method("daemon: client's own socket .send(hb bytes)", make_raw(csock.send, hb_bytes), 1,
-               csock, no_drops),
-        Method("daemon: raw sendto(hb bytes, path)", make_sendto(hb_bytes), 1, unconnected,
+        Method(PAIR_DAEMON, section_pairs(client), 2, csock, hb_drops),
+        Method(RAW_PAIR_DAEMON, make_raw(daemon_raw.send, ss_bytes, se_bytes), 2, daemon_raw,
                no_drops),
-        Method("daemon: start_section+end_section", section_pairs(client), 2, csock, hb_drops),
-        Method("daemon: raw send(ss)+send(se) [floor]", make_raw(raw.send, ss_bytes, se_bytes), 2,
-               raw, no_drops),
         Method("daemon: with section(): pass", with_sections(client), 2, csock, hb_drops),
-        Method("sink: heartbeat()", heartbeats(sink_client), 1, ssock, sink_drops, sink),
-        Method("sink: raw send(hb bytes) [floor]", make_raw(sink_raw.send, hb_bytes), 1, sink_raw,
-               no_drops, sink),
-        Method("sink: start_section+end_section", section_pairs(sink_client), 2, ssock,
-               sink_drops, sink),
-        Method("sink: raw send(ss)+send(se) [floor]", make_raw(sink_raw.send, ss_bytes, se_bytes),
-               2, sink_raw, no_drops, sink),
+        Method(SENDTO, make_sendto(hb_bytes), 1, dgram_unconnected, no_drops, dgram_sink),
+        Method(DGRAM_SEND, make_raw(dgram_connected.send, hb_bytes), 1, dgram_connected,
+               no_drops, dgram_sink),
+        Method(SEQ_SEND, make_raw(seq_raw.send, hb_bytes), 1, seq_raw, no_drops, seq_raw_peer),
+        Method(SEQ_PAIR, make_raw(seq_raw.send, ss_bytes, se_bytes), 2, seq_raw, no_drops,
+               seq_raw_peer),
+        Method(HB_SINK, heartbeats(sink_client), 1, sink_client._sock, sink_drops,
+               sink_client_peer),
+        Method(PAIR_SINK, section_pairs(sink_client), 2, sink_client._sock, sink_drops,
+               sink_client_peer),
     ]  # fmt: skip
 
     for method in methods:  # warm up: caches, branch predictors, the daemon's code paths
@@ -333,44 +380,12 @@ def rank_main(args: argparse.Namespace) -> None:
         for m in methods
     }
     med = {m.name: statistics.median(m.block_us) for m in methods}
-    chunk_med = {m.name: statistics.median(m.chunk_ns) for m in methods}
-    ratios = {
-        "daemon: heartbeat() / raw send [goal <= 1.5]": (
-            med["daemon: heartbeat()"] / med["daemon: raw send(hb bytes) [floor]"]
-        ),
-        "daemon: heartbeat() / .send on the client's own socket": (
-            med["daemon: heartbeat()"] / med["daemon: client's own socket .send(hb bytes)"]
-        ),
-        "daemon: section pair / raw send pair": (
-            med["daemon: start_section+end_section"] / med["daemon: raw send(ss)+send(se) [floor]"]
-        ),
-        "sink: heartbeat() / raw send [goal <= 1.5]": (
-            med["sink: heartbeat()"] / med["sink: raw send(hb bytes) [floor]"]
-        ),
-        "sink: section pair / raw send pair": (
-            med["sink: start_section+end_section"] / med["sink: raw send(ss)+send(se) [floor]"]
-        ),
-    }
-
-    chunk_ratios = {
-        "daemon: heartbeat() / raw send": (
-            chunk_med["daemon: heartbeat()"] / chunk_med["daemon: raw send(hb bytes) [floor]"]
-        ),
-        "daemon: section pair / raw send pair": (
-            chunk_med["daemon: start_section+end_section"]
-            / chunk_med["daemon: raw send(ss)+send(se) [floor]"]
-        ),
-        "sink: heartbeat() / raw send": (
-            chunk_med["sink: heartbeat()"] / chunk_med["sink: raw send(hb bytes) [floor]"]
-        ),
-        "sink: section pair / raw send pair": (
-            chunk_med["sink: start_section+end_section"]
-            / chunk_med["sink: raw send(ss)+send(se) [floor]"]
-        ),
-    }
+    chunk_med = {m.name: statistics.median(m.chunk_ns) / m.chunk for m in methods}
+    ratios = {label: med[a] / (k * med[b]) for label, a, b, k in RATIOS}
+    chunk_ratios = {label: chunk_med[a] / (k * chunk_med[b]) for label, a, b, k in RATIOS}
     single = {
-        "daemon serving": single_serving(client, raw, hb_bytes, args.single_calls),
-        "daemon SIGSTOPped": single_stopped(client, raw, hb_bytes, work, args.stopped_s),
+        "daemon serving": single_serving(client, daemon_raw, hb_bytes, args.single_calls),
+        "daemon SIGSTOPped": single_stopped(client, daemon_raw, hb_bytes, work, args.stopped_s),
     }
     single.update(single_no_listener(work, hb_bytes))
     client.close()
@@ -378,12 +393,31 @@ def rank_main(args: argparse.Namespace) -> None:
     result = {
         "blocks": args.blocks,
         "calls": args.calls,
+        "seqpacket_sndbuf": sndbuf(),
         "per_call_us": per_call,
         "ratios": ratios,
         "chunk_ratios": chunk_ratios,
         "single_call_us": single,
     }
     benchlib.write_atomic(work / "result.json", json.dumps(result, indent=2))
+
+
+def sndbuf() -> int:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as probe:
+        return int(probe.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF))
+
+
+def seqpacket_connect(path: str) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    sock.setblocking(False)
+    sock.connect(path)
+    return sock
+
+
+def accept(listener: socket.socket) -> socket.socket:
+    conn, _ = listener.accept()
+    conn.setblocking(False)
+    return conn
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -467,7 +501,7 @@ def quiet(send: Callable[[], Any]) -> Callable[[], None]:
 
 
 def single_serving(client: Any, raw: socket.socket, data: bytes, n: int) -> dict[str, Any]:
-    """The daemon serving; the receiver emptied every CHUNK datagrams (outside the timing)."""
+    """The daemon serving; its queues emptied every CHUNK messages (outside the timing)."""
 
     def between(i: int) -> None:
         if i % (CHUNK // 2) == CHUNK // 2 - 1:
@@ -482,7 +516,9 @@ def single_serving(client: Any, raw: socket.socket, data: bytes, n: int) -> dict
 def single_stopped(
     client: Any, raw: socket.socket, data: bytes, work: Path, seconds: float
 ) -> dict[str, Any]:
-    """The daemon SIGSTOPped: its queue fills, then every send fails with EAGAIN."""
+    """The daemon SIGSTOPped: each connection's queue fills up to the sender's SO_SNDBUF, then
+    every send fails with EAGAIN. The floor: a raw packet send on this rank's own connection
+    to the same stopped daemon."""
     daemon = int(benchlib.wait_for(work / "daemon.pid", 30))
     before = client.dropped
     os.kill(daemon, signal.SIGSTOP)
@@ -492,25 +528,29 @@ def single_stopped(
         os.kill(daemon, signal.SIGCONT)
     wait_taken(client._sock)
     wait_taken(raw)
-    return {**row, "drops": client.dropped - before}
+    drops = client.dropped - before
+    return {**row, "drops": drops, "queued_before_first_drop": row["calls"] - drops}
 
 
 def single_no_listener(work: Path, data: bytes) -> dict[str, dict[str, Any]]:
-    """A client whose socket path has no listener: never created (ENOENT, then ENOTCONN) and
-    created then closed (ECONNREFUSED); each for 3 s so that the client's reconnect attempts
-    (one a second) are among the calls timed."""
+    """A client whose daemon is not there: its path never created (connect: ENOENT; sends on
+    the unconnected socket: ENOTCONN), and a listener that the client connected to, then closed
+    (send: EPIPE/ECONNRESET, then reconnects refused: ECONNREFUSED, the file left behind); each
+    for 3 s so that the client's reconnect attempts (one a second) are among the calls timed.
+    The floor: a raw unix datagram sendto to the same path, which fails the same way."""
     from ftd_client import RankClient
 
     results = {}
     gone = str(work / "gone.sock")
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(gone)
+    listener.listen(16)
     cases = [("no socket file (ENOENT)", str(work / "absent.sock"), None),
-             ("listener closed (ECONNREFUSED)", gone, listener)]  # fmt: skip
+             ("listener closed (EPIPE, then ECONNREFUSED)", gone, listener)]  # fmt: skip
     for name, path, to_close in cases:
         client = RankClient(socket_path=path)
         if to_close is not None:
-            to_close.close()  # the file stays; connects and sends are refused
+            to_close.close()  # the file stays; the connection is reset, reconnects refused
         floor = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         floor.setblocking(False)
         before = client.dropped

@@ -66,8 +66,14 @@ def _add_serve(subparsers: argparse._SubParsersAction[_Parser]) -> None:
     add(
         *_flag("--start-method"),
         default="spawn",
-        choices=["spawn", "fork", "forkserver", "subprocess"],
-        help="how ranks are started; scripts always start as subprocesses, as under torchrun",
+        choices=["spawn", "fork", "forkserver", "subprocess", "zygote"],
+        help="how ranks are started: as subprocesses, as under torchrun (spawn, fork, "
+        "forkserver, subprocess), or forked from a zygote that imported torch once (zygote)",
+    )
+    add(
+        *_flag("--preload"),
+        default="",
+        help="with --start-method zygote: modules the zygote imports besides torch, mod1,mod2",
     )
     add(*_flag("--role"), default="default", help="role name of the workers")
     add("-m", *_flag("--module"), action="store_true", help="run the script as `python -m`")
@@ -89,6 +95,26 @@ def _add_serve(subparsers: argparse._SubParsersAction[_Parser]) -> None:
     ftd = serve.add_argument_group("ftd")
     add = ftd.add_argument
     add(*_flag("--node-id"), default=None, help="this node's name (default: the host name)")
+    add(
+        *_flag("--node-keepalive-timeout"),
+        type=float,
+        default=5.0,
+        help="seconds without a keepalive before the other nodes declare a node dead",
+    )
+    add(
+        *_flag("--rdzv-last-call-timeout"),
+        type=float,
+        default=None,
+        help="seconds a round waits for more nodes once MIN joined [rdzv-conf last_call_timeout, "
+        "else 30]",
+    )
+    add(
+        *_flag("--rdzv-join-timeout"),
+        type=float,
+        default=None,
+        help="seconds a round waits for MIN nodes before the job fails [rdzv-conf join_timeout, "
+        "else 600]",
+    )
     add(
         *_flag("--termination-signal"),
         default="SIGTERM",
@@ -189,6 +215,11 @@ def build_parser() -> _Parser:
     parser = _Parser(prog="ftd", description="ftd: fault-tolerance supervisor for PyTorch jobs")
     subparsers = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _add_serve(subparsers)
+    store = subparsers.add_parser(
+        "store", help="host the rendezvous store (c10d TCPStore) alone, for daemons to share"
+    )
+    store.add_argument("--host", default="0.0.0.0", help="address to listen on")
+    store.add_argument("--port", type=int, default=29400, help="port to listen on")
     from ftd.admin_cli import add_admin_commands  # stdlib only: no torch for `ftd status`
 
     add_admin_commands(subparsers)
@@ -242,8 +273,11 @@ def serve_config_from_args(args: argparse.Namespace) -> object:
         "rdzv_conf": rdzv_conf,
         "master_addr": args.master_addr,
         "master_port": args.master_port,
+        "local_addr": args.local_addr,
+        "node_keepalive_timeout_s": args.node_keepalive_timeout,
         "role": args.role,
         "start_method": args.start_method,
+        "preload": tuple(m.strip() for m in args.preload.split(",") if m.strip()),
         "log_dir": args.log_dir,
         "redirects": args.redirects,
         "tee": args.tee,
@@ -257,6 +291,12 @@ def serve_config_from_args(args: argparse.Namespace) -> object:
     }
     if args.node_id:
         fields["node_id"] = args.node_id
+    last_call = args.rdzv_last_call_timeout or rdzv_conf.get("last_call_timeout")
+    if last_call is not None:
+        fields["rdzv_last_call_timeout_s"] = last_call
+    join = args.rdzv_join_timeout or rdzv_conf.get("join_timeout")
+    if join is not None:
+        fields["rdzv_join_timeout_s"] = join
     fields.update(_fault_tolerance_fields(args))
     try:
         return ServeConfig.model_validate(fields)
@@ -349,6 +389,28 @@ def _run_serve(args: argparse.Namespace) -> int:
         return EXIT_USAGE
 
 
+def _run_store(host: str, port: int) -> int:
+    """`ftd store`: a TCPStore server until SIGINT/SIGTERM."""
+    import signal
+    import threading
+
+    from ftd.rendezvous import host_store
+
+    _configure_logging("INFO")
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        store = host_store(host, port)
+    except Exception as error:
+        print(f"ftd store: error: cannot listen on {host}:{port}: {error}", file=sys.stderr)
+        return 1
+    logging.getLogger("ftd.store").info("rendezvous store listening on %s:%d", host, store.port)
+    stop.wait()
+    del store
+    return 0
+
+
 def _unknown_ft_parameter(unknown: list[str]) -> str | None:
     """A one-line error naming the closest valid name for a mistyped --ft-* flag."""
     from ftd.ft_config import UnknownParameter, check_parameter_name
@@ -382,4 +444,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     if args.command == "serve":
         return _run_serve(args)
+    if args.command == "store":
+        return _run_store(args.host, args.port)
     parser.error(f"unknown command {args.command!r}")

@@ -14,7 +14,7 @@ from ftd.ft_config import FaultToleranceConfig
 
 DEFAULT_API_PORT = 29610
 
-StartMethod = Literal["spawn", "fork", "forkserver", "subprocess"]
+StartMethod = Literal["spawn", "fork", "forkserver", "subprocess", "zygote"]
 
 
 class ServeConfig(BaseModel):
@@ -40,8 +40,19 @@ class ServeConfig(BaseModel):
     rdzv_conf: dict[str, str] = Field(default_factory=dict)
     master_addr: str | None = None
     master_port: int | None = Field(None, ge=0, le=65535)
+    local_addr: str | None = None
+    """The address other nodes reach this node at (its workers' store, when it hosts it)."""
+    node_keepalive_timeout_s: float = Field(5.0, gt=0)
+    """A node whose keepalive is older than this is declared dead by the survivors."""
+    rdzv_last_call_timeout_s: float = Field(30.0, ge=0)
+    """Once MIN nodes joined, a round waits this long for more before it closes."""
+    rdzv_join_timeout_s: float = Field(600.0, gt=0)
+    """How long a round waits for MIN nodes before the job fails."""
     role: str = "default"
     start_method: StartMethod = "spawn"
+    preload: tuple[str, ...] = Field(
+        (), description="modules the zygote imports besides torch (start_method zygote)"
+    )
     node_id: str = Field(default_factory=socket.gethostname, min_length=1)
 
     log_dir: Path | None = None
@@ -79,6 +90,14 @@ class ServeConfig(BaseModel):
             raise ValueError(f"unknown signal {value!r}")
         return name
 
+    @field_validator("preload")
+    @classmethod
+    def _module_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for name in value:
+            if not all(part.isidentifier() for part in name.split(".")):
+                raise ValueError(f"{name!r} is not a module name")
+        return value
+
     @field_validator("redirects", "tee")
     @classmethod
     def _std_spec(cls, value: str) -> str:
@@ -91,6 +110,8 @@ class ServeConfig(BaseModel):
     def _coherent(self) -> ServeConfig:
         if self.nnodes_min > self.nnodes_max:
             raise ValueError(f"nnodes: MIN {self.nnodes_min} is above MAX {self.nnodes_max}")
+        if self.preload and self.start_method != "zygote":
+            raise ValueError("preload: only --start-method zygote preloads modules")
         if self.module and self.no_python:
             raise ValueError("module: --module and --no-python cannot be used together")
         if self.no_python:
@@ -107,6 +128,11 @@ class ServeConfig(BaseModel):
     @property
     def local_world_size(self) -> int:
         return self.nproc_per_node
+
+    @property
+    def multi_node(self) -> bool:
+        """Whether the daemons meet in a rendezvous store (else: today's single-node path)."""
+        return not self.standalone and self.nnodes_max > 1
 
 
 def _check_writable_dir(path: Path) -> None:

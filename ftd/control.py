@@ -3,6 +3,7 @@ direct mutation of state the daemon's loop owns."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -22,8 +23,9 @@ class DaemonControl(Protocol):
         daemon is stopping or done."""
         ...
 
-    def cluster(self) -> dict[str, Any]:
-        """Every node's summary, the current round's membership, the excluded nodes."""
+    def cluster(self) -> dict[str, Any] | Awaitable[dict[str, Any]]:
+        """Every node's summary, the current round's membership, the excluded nodes (a
+        coroutine where they are read from the rendezvous store)."""
         ...
 
     def get_timeouts(self) -> dict[str, Any]:

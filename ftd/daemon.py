@@ -19,6 +19,7 @@ from types import TracebackType
 from typing import Any
 
 from ftd_client import faults
+from ftd_client.protocol import WorkloadAction
 
 from ftd.api import ApiServer, start_api_server
 from ftd.config import ServeConfig
@@ -30,6 +31,7 @@ from ftd.health import HealthService
 from ftd.ipc import socket_path
 from ftd.launch import Placement, build_command, worker_envs
 from ftd.policy import Action, after_attempt
+from ftd.rendezvous import ClusterRequest, Rendezvous, RendezvousError, Round
 from ftd.spawn import LaunchSpec, get_spawner
 from ftd.state import DaemonState, Failure, NodeStatus, RankState, RankStatus
 from ftd.store import AttemptStores
@@ -56,14 +58,19 @@ class Daemon:
         self.config = config
         self.daemon_id = uuid.uuid4().hex[:12]
         log_dir = str(config.log_dir) if config.log_dir else tempfile.mkdtemp(prefix="ftd_")
+        if config.multi_node:  # several daemons of one job may share a machine and a log dir
+            log_dir = os.path.join(log_dir, config.node_id)
         self.log_dir = log_dir
         self.run_dir = Path(log_dir) / config.run_id
         self.status = NodeStatus(
             node_id=config.node_id, run_id=config.run_id, max_restarts=config.max_restarts
         )
-        self._spawner = get_spawner(config.start_method)
+        self._spawner = get_spawner(config.start_method, config.preload)
         self._cmd = build_command(config)
-        self._stores = AttemptStores(config.master_addr or "127.0.0.1", config.master_port or 0)
+        self._rdzv = Rendezvous(config, self._on_node_dead) if config.multi_node else None
+        store_host = self._rdzv.addr if self._rdzv else config.master_addr or "127.0.0.1"
+        self._stores = AttemptStores(store_host, config.master_port or 0)
+        self._background: set[asyncio.Task[Any]] = set()
         self._guard: OrphanGuard | None = None
         self._group: WorkerGroup | None = None
         self._stop_signal: signal.Signals | None = None
@@ -106,6 +113,8 @@ class Daemon:
         )
         if self.config.api_port is not None:
             self._api = await start_api_server(self)
+        if self._rdzv is not None:
+            await self._start_rendezvous(self._rdzv)
         log.info(
             "ftd serve: node %s, run %s, %d local ranks, max restarts %d, run dir %s",
             self.config.node_id,
@@ -124,9 +133,12 @@ class Daemon:
     ) -> None:
         # Teardown in reverse order of set-up; every step runs, every error is reported.
         group, guard, api, health = self._group, self._guard, self._api, self.health
+        rdzv = self._rdzv
         steps: list[tuple[str, Callable[[], Awaitable[object]]]] = []
         if group is not None:
             steps.append(("stopping the workers", lambda: self._stop_group(group)))
+        if rdzv is not None:
+            steps.append(("leaving the rendezvous", rdzv.close))
         if health is not None:
             steps.append(("closing the rank socket", lambda: _run_sync(health.close)))
         steps.append(("closing the start method", lambda: asyncio.to_thread(self._spawner.close)))
@@ -199,7 +211,9 @@ class Daemon:
         )
         return event
 
-    def cluster(self) -> dict[str, Any]:
+    def cluster(self) -> dict[str, Any] | Awaitable[dict[str, Any]]:
+        if self._rdzv is not None and not self._rdzv.lost.is_set():
+            return self._rdzv.cluster()
         return {
             "nodes": [self.status.to_dict()],
             "round": {"round": self.status.attempt, "members": [self.config.node_id]},
@@ -218,12 +232,57 @@ class Daemon:
         return timeouts
 
     def exclude_node(self, node_id: str, reason: str, requested_by: str) -> Event:
-        if node_id != self.config.node_id:
-            raise NotFound(f"no node {node_id!r} in this job")
-        raise FeatureUnavailable("node exclusion needs the multi-node rendezvous (not built yet)")
+        rdzv = self._rdzv
+        if rdzv is None:
+            if node_id != self.config.node_id:
+                raise NotFound(f"no node {node_id!r} in this job")
+            raise FeatureUnavailable(
+                "node exclusion needs the multi-node rendezvous: start ftd serve with "
+                "--nnodes MIN:MAX (MAX > 1)"
+            )
+        rnd = rdzv.round
+        members = rnd.node_ids if rnd else [self.config.node_id]
+        if node_id not in members:
+            raise NotFound(f"no node {node_id!r} in the current round ({', '.join(members)})")
+        if node_id in rdzv.excluded:
+            raise Conflict(f"node {node_id!r} is already excluded")
+        if len(members) - 1 < self.config.nnodes_min:
+            raise Conflict(
+                f"excluding {node_id!r} would leave {len(members) - 1} nodes, below the minimum "
+                f"of {self.config.nnodes_min}"
+            )
+        event = self.events.emit("node_excluded", node_id=node_id, reason=reason, by=requested_by)
+        why = f"node {node_id} excluded by {requested_by}" + (f": {reason}" if reason else "")
+        self._spawn(self._exclude(node_id, why, rnd))
+        return event
+
+    async def _exclude(self, node_id: str, why: str, rnd: Round | None) -> None:
+        rdzv = self._rdzv
+        assert rdzv is not None
+        await rdzv.exclude(node_id, why)
+        if rnd is not None:
+            request = ClusterRequest("restart", why, self.config.node_id, nonce=uuid.uuid4().hex)
+            await rdzv.request(rnd.number, request)
 
     def readmit_node(self, node_id: str, requested_by: str) -> Event:
-        raise NotFound(f"node {node_id!r} is not excluded")
+        rdzv = self._rdzv
+        if rdzv is None or node_id not in rdzv.excluded:
+            raise NotFound(f"node {node_id!r} is not excluded")
+        rdzv.excluded.pop(node_id)
+        event = self.events.emit("node_readmitted", node_id=node_id, by=requested_by)
+        self._spawn(rdzv.readmit(node_id))
+        return event
+
+    def _spawn(self, coro: Awaitable[Any]) -> None:
+        async def run() -> None:
+            try:
+                await coro
+            except RendezvousError as error:
+                log.error("%s", error.reason)
+
+        task = asyncio.create_task(run())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def _set_state(self, state: DaemonState, reason: str = "") -> None:
         if state is not self.status.state:
@@ -232,7 +291,24 @@ class Daemon:
                 "state_changed", previous=self.status.state.value, state=state.value, reason=reason
             )
             self.status.state = state
+            if self._rdzv is not None and not self._rdzv.lost.is_set():
+                self._spawn(self._rdzv.publish_status(self._summary()))
         self._write_status()
+
+    def _summary(self) -> dict[str, Any]:
+        """What this node publishes to the store for GET /v1/cluster on any node."""
+        rnd = self._rdzv.round if self._rdzv else None
+        failure = self.status.last_failure
+        return {
+            "node_id": self.config.node_id,
+            "state": self.status.state.value,
+            "attempt": self.status.attempt,
+            "restart_count": self.status.restart_count,
+            "group_rank": rnd.group_rank if rnd else None,
+            "nproc_per_node": self.config.nproc_per_node,
+            "last_failure": failure.reason if failure else None,
+            "time": time.time(),
+        }
 
     def _write_status(self) -> None:
         if self.health is not None:
@@ -246,6 +322,8 @@ class Daemon:
 
     async def run(self) -> int:
         """Run attempts until success, failure or a stop signal; the process exit code."""
+        if self._rdzv is not None:
+            return await self._run_multi(self._rdzv)
         restarts_used = 0  # counted against --max-restarts
         attempt = 0  # every attempt, counted or not: TORCHELASTIC_RESTART_COUNT
         while True:
@@ -296,6 +374,226 @@ class Daemon:
             self._set_state(DaemonState.FAILED, decision.reason)
             self._print_summary(outcome, group)
             return 1
+
+    # -- multi-node (ftd/rendezvous.py owns membership; this loop applies its rounds) ---------
+
+    async def _start_rendezvous(self, rdzv: Rendezvous) -> None:
+        try:
+            await rdzv.start()
+        except RendezvousError as error:
+            self._rdzv_error: RendezvousError | None = error
+            return
+        self._rdzv_error = None
+        log.info(
+            "rendezvous: job %s, nodes %d:%d, store %s:%d%s",
+            self.config.run_id,
+            self.config.nnodes_min,
+            self.config.nnodes_max,
+            *rdzv.endpoint,
+            " (hosted here)" if rdzv.hosting else "",
+        )
+
+    def _on_node_dead(self, node_id: str, reason: str) -> None:
+        self.events.emit("node_lost", node_id=node_id, reason=reason)
+        self._spawn(self._node_dead(node_id, reason))
+
+    async def _node_dead(self, node_id: str, reason: str) -> None:
+        rdzv = self._rdzv
+        assert rdzv is not None
+        rnd = rdzv.round
+        if rnd is None:
+            return
+        if self.config.restart_policy == "min-healthy":
+            healthy = await rdzv.unhealthy(rnd)
+            if healthy >= self.config.nnodes_min:
+                log.warning("%s; %d healthy nodes left: no restart (min-healthy)", reason, healthy)
+                return
+        await rdzv.request(rnd.number, self._cluster_request("restart", reason, counted=False))
+
+    def _cluster_request(self, action: str, reason: str, counted: bool) -> ClusterRequest:
+        return ClusterRequest(action, reason, self.config.node_id, counted, uuid.uuid4().hex)
+
+    async def _first(self, *awaitables: Awaitable[Any]) -> asyncio.Future[Any]:
+        """The first of `awaitables` to finish; coroutines left unfinished are cancelled,
+        futures passed in are left to their owners."""
+        futures = [asyncio.ensure_future(a) for a in awaitables]
+        done, _ = await asyncio.wait(futures, return_when=asyncio.FIRST_COMPLETED)
+        for given, future in zip(awaitables, futures, strict=True):
+            if future not in done and not isinstance(given, asyncio.Future):
+                future.cancel()
+        return next(f for f in futures if f in done)
+
+    def _write_cluster_state(self, rdzv: Rendezvous) -> None:
+        """`<run dir>/cluster.json`: the last round and the excluded nodes as this node saw them."""
+        rnd = rdzv.round
+        state = {
+            "round": rnd.number if rnd else None,
+            "members": rnd.node_ids if rnd else [],
+            "excluded": rdzv.excluded,
+        }
+        path = self.run_dir / "cluster.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state))
+        tmp.replace(path)
+
+    def _left(self, error: RendezvousError) -> int:
+        """This node leaves the job for `error.reason`: the process exit code."""
+        if error.code == "stopped":
+            return self._stopped()
+        if error.code == "succeed":
+            self._set_state(DaemonState.SUCCEEDED, error.reason)
+            return 0
+        state = DaemonState.STOPPED if error.code == "excluded" else DaemonState.FAILED
+        if error.code == "excluded" and self._rdzv is not None:
+            self._rdzv.excluded.setdefault(self.config.node_id, error.reason)
+            self._write_cluster_state(self._rdzv)
+        log.error("%s", error.reason)
+        self._set_state(state, error.reason)
+        return 1
+
+    async def _run_multi(self, rdzv: Rendezvous) -> int:
+        """Rounds until the job succeeds or fails, this node is excluded or the store is lost."""
+        if self._rdzv_error is not None:
+            return self._left(self._rdzv_error)
+        stop, lost = self._stop_requested, rdzv.lost
+        while True:
+            if stop.is_set():
+                return self._stopped()
+            self._set_state(DaemonState.RENDEZVOUS, "joining the next round")
+            try:
+                first = await self._first(rdzv.next_round(), stop.wait(), lost.wait())
+                if stop.is_set():
+                    return self._stopped()
+                if lost.is_set():
+                    raise RendezvousError(rdzv.lost_reason, "store_lost")
+                rnd: Round = first.result()
+                if rnd.group_rank == 0:  # node rank 0 hosts this attempt's workers' store
+                    host, port = await self._stores.fresh()
+                    await rdzv.publish_master(rnd, host, port)
+                else:
+                    host, port = await rdzv.master(rnd)
+            except RendezvousError as error:
+                return self._left(error)
+            ended = rdzv.watch(rnd.number)
+            self.status.restart_count = rnd.restarts
+            self._write_cluster_state(rdzv)
+            self.events.emit(
+                "round_closed", round=rnd.number, members=rnd.node_ids, group_rank=rnd.group_rank
+            )
+            log.info(
+                "round %d: node rank %d of %d (%s)",
+                rnd.number,
+                rnd.group_rank,
+                len(rnd.members),
+                ", ".join(rnd.node_ids),
+            )
+            group = await self._start_attempt(rnd.placement(host, port), rnd.number)
+            self._set_state(DaemonState.RUNNING)
+            try:
+                request = await self._attempt(rdzv, rnd, group, ended)
+            except RendezvousError as error:
+                if self._group is not None:
+                    await self._stop_group(self._group)
+                return self._left(error)
+            if request is None:
+                return self._stopped()
+            if request.action != "restart":
+                await rdzv.leave(rnd)  # then the store's host may leave: that is no loss
+            if request.action == "restart":
+                self._set_state(DaemonState.RESTARTING, request.reason)
+                continue
+            if request.action == "succeed":
+                self._set_state(DaemonState.SUCCEEDED, request.reason)
+                return 0
+            self._set_state(DaemonState.FAILED, request.reason)
+            if self.status.last_failure is not None:
+                self._print_summary(self.status.last_failure, group)
+            else:
+                log.error("the job failed: %s", request.reason)
+            return 1
+
+    async def _attempt(
+        self,
+        rdzv: Rendezvous,
+        rnd: Round,
+        group: WorkerGroup,
+        ended: asyncio.Future[ClusterRequest],
+    ) -> ClusterRequest | None:
+        """Run one round's attempt to its end: the request in force (None: stopped by a signal).
+        The workers are stopped when it returns."""
+        stop, lost = self._stop_requested, rdzv.lost
+        first = await self._first(group.wait(), ended, stop.wait(), lost.wait())
+        if stop.is_set():
+            await self._stop_group(group)
+            with contextlib.suppress(RendezvousError, TimeoutError):
+                reason = f"node {self.config.node_id} was stopped by a signal"
+                await asyncio.wait_for(
+                    rdzv.request(rnd.number, self._cluster_request("restart", reason, False)), 2
+                )
+            return None
+        if lost.is_set() or (first is ended and ended.exception() is not None):
+            log.error("%s: stopping the workers", rdzv.lost_reason or "store lost")
+            await self._stop_group(group)
+            raise RendezvousError(rdzv.lost_reason or "store lost", "store_lost")
+        if first is ended:
+            request = ended.result()
+            log.warning("round %d ended by %s: %s", rnd.number, request.by, request.reason)
+            self.events.emit("cluster_request", round=rnd.number, **request.__dict__)
+            await self._stop_group(group)
+            return request
+        outcome: Failure | None = first.result()
+        health = self.health
+        assert health is not None
+        health.detach()
+        if self.config.ft.calc_timeouts:
+            health.learn(by="ftd (calc_timeouts)")
+        if outcome is None:
+            await self._stop_group(group)
+            await rdzv.succeeded(rnd)
+            # torchrun's exit barrier: a failure elsewhere still restarts this node's ranks.
+            log.info("round %d: every local rank exited 0; waiting for the other nodes", rnd.number)
+            await self._first(ended, stop.wait(), lost.wait())
+            if not ended.done():
+                return None if stop.is_set() else await self._attempt_lost(rdzv)
+            if ended.exception() is not None:
+                return await self._attempt_lost(rdzv)
+            return ended.result()
+        self.status.last_failure = outcome
+        self.events.emit("attempt_failed", attempt=rnd.number, failure=outcome.to_dict())
+        workload = health.workload_request
+        if workload is not None and workload.action is WorkloadAction.EXCLUDE_THIS_NODE:
+            await self._stop_group(group)
+            reason = f"node {self.config.node_id} excluded: {workload.reason()}"
+            await rdzv.exclude(self.config.node_id, reason)
+            return await rdzv.request(rnd.number, self._cluster_request("restart", reason, False))
+        used = await rdzv.restarts_used()
+        decision = after_attempt(
+            outcome, used, self.config.max_restarts, workload.reason() if workload else None
+        )
+        if decision.action is Action.RESTART and self.config.restart_policy == "min-healthy":
+            healthy = await rdzv.unhealthy(rnd)
+            if healthy >= self.config.nnodes_min:
+                await self._stop_group(group)
+                self._set_state(
+                    DaemonState.RESTARTING,
+                    f"{outcome.reason}; {healthy} healthy nodes left (min-healthy): "
+                    "waiting for the cluster",
+                )
+                await self._first(ended, stop.wait(), lost.wait())
+                if not ended.done():
+                    return None if stop.is_set() else await self._attempt_lost(rdzv)
+                if ended.exception() is not None:
+                    return await self._attempt_lost(rdzv)
+                return ended.result()
+        action = "restart" if decision.action is Action.RESTART else "fail"
+        request = await rdzv.request(
+            rnd.number, self._cluster_request(action, decision.reason, outcome.counted)
+        )
+        await self._stop_group(group)
+        return request
+
+    async def _attempt_lost(self, rdzv: Rendezvous) -> ClusterRequest:
+        raise RendezvousError(rdzv.lost_reason or "store lost", "store_lost")
 
     def _stopped(self) -> int:
         sig = self._stop_signal or signal.SIGTERM

@@ -199,6 +199,7 @@ class HealthService:
             self.monitor.on_goodbye(rank)
         elif kind == protocol.FAULT:
             fault = str(message.get("kind"))[:16]
+            rank.simulated_hang = rank.simulated_hang or fault == "hang"
             log.warning("rank %d is carrying out a simulated %s fault", rank.global_rank, fault)
             self.events.emit(
                 "fault_injected",
@@ -245,6 +246,14 @@ class HealthService:
     # -- hangs -------------------------------------------------------------------------------
 
     def _on_hang(self, rank: RankHealth, reason: str) -> None:
+        # Ranks waiting in a collective on an injected hang time out as well, and may do so first.
+        culprit = next((r for r in self.monitor.ranks() if r.simulated_hang), None)
+        if culprit is not None and not rank.simulated_hang:
+            reason = (
+                f"rank {culprit.global_rank} is carrying out a simulated hang; rank "
+                f"{rank.global_rank} was the first to time out waiting: {reason}"
+            )
+            rank = culprit
         log.error("%s", reason)
         task = asyncio.create_task(self._explain_and_kill(rank, reason))
         self._hang_tasks.add(task)

@@ -15,6 +15,7 @@ import dataclasses
 import json
 import logging
 import os
+import select
 import socket
 import struct
 import time
@@ -143,7 +144,7 @@ class RankSocketServer:
             except OSError:
                 self._hang_up(conn.fileno())
                 return
-            if not data:  # the peer closed its end (the rank exited or closed its client)
+            if not data and _peer_closed(conn):  # not an empty message: the rank has gone
                 self._hang_up(conn.fileno())
                 return
             now = time.monotonic()
@@ -198,6 +199,14 @@ class RankSocketServer:
         except OSError as error:  # the rank went away or stopped reading: it retries or not
             self.dropped["reply_failed"] += 1
             log.debug("reply to a rank failed: %s", error)
+
+
+def _peer_closed(conn: socket.socket) -> bool:
+    """Whether the peer hung up. A packet socket reads an empty message and the end of the
+    stream alike; only the hang-up flag tells them apart."""
+    poller = select.poll()
+    poller.register(conn.fileno(), select.POLLRDHUP)
+    return any(events & (select.POLLHUP | select.POLLRDHUP) for _, events in poller.poll(0))
 
 
 def parent_pid(pid: int) -> int | None:

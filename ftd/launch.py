@@ -31,7 +31,7 @@ class Placement:
 def build_command(config: ServeConfig) -> tuple[str, ...]:
     """torchrun's argv: `python -u [-m] script`, or the binary itself with --no-python."""
     if config.no_python:
-        return (config.entrypoint,)
+        return (config.entrypoint, *config.script_args)
     python = os.environ.get("PYTHON_EXEC", sys.executable)
     module = ("-m",) if config.module else ()
     return (python, "-u", *module, config.entrypoint, *config.script_args)

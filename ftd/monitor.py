@@ -38,6 +38,8 @@ class RankHealth:
     open_sections: dict[str, float] = field(default_factory=dict)
     out_of_section_since: float | None = None
     hung: bool = False
+    simulated_hang: bool = False
+    """The rank announced an injected hang (ft_config simulated_fault, POST /v1/faults)."""
     timer: asyncio.TimerHandle | None = None
     armed_at: float | None = None
 

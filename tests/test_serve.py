@@ -49,6 +49,17 @@ async def test_tee_writes_files_and_console(serve: ServeFactory) -> None:
     assert "t err rank 1" in run.stderr.text
 
 
+async def test_no_python_runs_the_binary_with_its_arguments(serve: ServeFactory) -> None:
+    run = await serve(
+        "--nproc-per-node", "2", "--no-python", "--redirects", "3",
+        script="echo", script_args=("binary", "args"),
+    )  # fmt: skip
+    assert await run.wait() == 0
+    for local_rank in (0, 1):
+        stdout = (run.attempt_dir(0) / str(local_rank) / "stdout.log").read_text()
+        assert stdout == "binary args\n"
+
+
 async def test_crash_restart_resumes_from_checkpoint(serve: ServeFactory, tmp_path: Path) -> None:
     run = await serve(
         "--standalone",

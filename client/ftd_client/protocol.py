@@ -53,7 +53,7 @@ TYPES = frozenset(
     | {CALCULATE_TIMEOUTS, SET_TIMEOUTS, GOODBYE, FAULT}
 )
 
-# Pre-encoded: a heartbeat is a constant datagram, so sending one costs one syscall.
+# Pre-encoded: a heartbeat is a constant packet, so sending one costs one syscall.
 HEARTBEAT_BYTES = b'{"v":1,"t":"hb"}'
 
 
@@ -66,7 +66,7 @@ class WorkloadAction(enum.Enum):
 
 
 class ProtocolError(ValueError):
-    """A datagram that is not a valid message; `cause` is a short stable label for counting."""
+    """A packet that is not a valid message; `cause` is a short stable label for counting."""
 
     def __init__(self, cause: str, detail: str) -> None:
         super().__init__(f"{cause}: {detail}")
@@ -85,7 +85,7 @@ def section_bytes(kind: str, name: str) -> bytes:
 
 
 def decode(data: bytes) -> dict[str, Any]:
-    """Parse and validate one datagram; ProtocolError with a countable cause otherwise."""
+    """Parse and validate one packet; ProtocolError with a countable cause otherwise."""
     if len(data) > MAX_MESSAGE_BYTES:
         raise ProtocolError("oversized", f"{len(data)} bytes > {MAX_MESSAGE_BYTES}")
     try:

@@ -1,7 +1,7 @@
 """RankClient: heartbeats, sections and requests from a rank to its node daemon.
 
 Every call is cheap and never blocks training: a heartbeat or a section event is one
-non-blocking datagram send; if the daemon is away (stopped, slow, gone) the message is dropped
+non-blocking packet send; if the daemon is away (stopped, slow, gone) the message is dropped
 and counted. Only explicit requests (workload control, timeout calculation) wait for an answer,
 bounded by `request_timeout_s`. Outside `ftd serve` every call is a no-op (one warning).
 """
@@ -57,6 +57,8 @@ class RankClient:
         self.request_timeout_s = request_timeout_s
         self.dropped = 0
         """Messages that could not be handed to the daemon (it was away or overloaded)."""
+        self.connect_failures = 0
+        """Connection attempts that failed (the daemon was away); a retry is rate-limited."""
         self.timeouts: dict[str, Any] = {}
         """The timeouts in force, as the daemon last announced them."""
         self._path = socket_path if socket_path is not None else os.environ.get("FTD_SOCKET")
@@ -208,7 +210,7 @@ class RankClient:
         try:
             self._sock.connect(self._path)
         except OSError:
-            self.dropped += 1
+            self.connect_failures += 1
             return
         self._hello_id = next(self._ids)
         hello = {"t": protocol.HELLO, "id": self._hello_id, "stack_signal": self._stack_signal}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import inspect
 import json
 import logging
 import math
@@ -306,7 +307,10 @@ async def get_status(request: web.Request) -> web.Response:
 
 
 async def get_cluster(request: web.Request) -> web.Response:
-    return _json_response(request.app[CONTROL].cluster())
+    view = request.app[CONTROL].cluster()
+    if inspect.isawaitable(view):
+        view = await view
+    return _json_response(view)
 
 
 async def post_restart(request: web.Request) -> web.Response:

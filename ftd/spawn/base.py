@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -66,8 +67,14 @@ class Spawner(Protocol):
         ...
 
 
-def get_spawner(name: str) -> Spawner:
+def get_spawner(name: str, preload: Sequence[str] = ()) -> Spawner:
+    """The start method called `name`; `preload` names modules the zygote imports besides
+    torch (other start methods ignore it)."""
     from ftd.spawn.pcontext import PContextSpawner
+    from ftd.spawn.zygote import ZygoteSpawner
+
+    if name == "zygote":
+        return ZygoteSpawner(preload)
 
     spawners: dict[str, type[Spawner]] = {"subprocess": PContextSpawner}
     # torchrun's --start-method names choose how *functions* start; a script is always a
@@ -78,5 +85,5 @@ def get_spawner(name: str) -> Spawner:
         return spawners[name]()
     except KeyError:
         raise ValueError(
-            f"start_method: unknown {name!r}; choose from {sorted(spawners)}"
+            f"start_method: unknown {name!r}; choose from {sorted([*spawners, 'zygote'])}"
         ) from None

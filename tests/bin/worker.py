@@ -25,6 +25,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--fail-mode", default="raise", help="raise | exit:<code> | signal:<NAME>")
     parser.add_argument("--record", action="store_true", help="wrap main in torch's @record")
     parser.add_argument("--hang", action="store_true", help="sleep forever once ready")
+    parser.add_argument("--hang-attempts", type=int, default=0, help="hang while attempt < N")
+    parser.add_argument("--sleep", type=float, default=0.0, help="seconds to sleep once ready")
     parser.add_argument("--ignore-sigterm", action="store_true")
     parser.add_argument("--children", action="store_true", help="start a child and a setsid one")
     parser.add_argument("--say", default="", help="print this to stdout and stderr")
@@ -83,7 +85,9 @@ def main() -> None:
         fail(args.fail_mode)
     mark(args.out, f"ready_a{ATTEMPT}_r{RANK}", os.getpid())
     print(f"ready a{ATTEMPT} r{RANK} pid {os.getpid()}", flush=True)
-    if args.hang:
+    if args.sleep:
+        time.sleep(args.sleep)
+    if args.hang or args.hang_attempts > ATTEMPT:
         while True:
             time.sleep(3600)
     if args.allreduce:

@@ -1,0 +1,472 @@
+"""The zygote start method: ranks forked from a process that already imported torch.
+
+The daemon launches one zygote at start (`zygote_server`); each attempt's ranks are forked
+from it, so a restart does not pay for `import torch` again. A rank forked this way ends up a
+child of the daemon (see zygote_server), so `ZygoteGroup` waits for it with waitpid like the
+subprocess method does, and logs, error files and exit codes look the same to the supervisor.
+
+What cannot run from a fork starts the ordinary way (`PContextSpawner`), with the reason in
+the log: a binary (--no-python), another interpreter (PYTHON_EXEC), a preload that failed to
+import, a zygote that holds threads or initialised CUDA, a daemon that is not a subreaper.
+A zygote that dies is replaced as soon as that is seen.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import logging
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from typing import IO, Any
+
+from ftd.spawn.base import LaunchSpec, RankHandle, StartedGroup
+from ftd.spawn.logs import make_logs_specs
+from ftd.spawn.pcontext import PContextSpawner
+from ftd.spawn.zygote_server import MAX_MESSAGE, MAX_RANKS_PER_REQUEST
+
+log = logging.getLogger("ftd.spawn.zygote")
+
+READY_TIMEOUT_S = 30.0
+"""Longest wait for the zygote's preload; under workers.SPAWN_TIMEOUT_S with room to fall back."""
+REPLY_TIMEOUT_S = 10.0
+CLOSE_TIMEOUT_S = 5.0
+PR_GET_CHILD_SUBREAPER = 37
+ARGV_ROOM, ENV_ROOM = 2048, 16384
+"""Bytes of room the zygote is launched with (an argument, a variable of blanks), in which each
+rank writes its own command line and environment for /proc to show (see rank_main)."""
+DEFAULT_PRELOAD = ("torch", "torch.distributed")
+PRELOADING = "preloading"
+
+
+class ZygoteUnavailable(Exception):
+    """This attempt cannot be forked from the zygote; `permanent` when no later one can."""
+
+    def __init__(self, reason: str, permanent: bool = False) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.permanent = permanent
+        self.pids: list[int] = []
+
+
+class ZygoteGroup:
+    """An attempt's ranks forked from the zygote: children of the daemon, each in its own
+    session; their output tee'd by torch's TailLog as PContext does."""
+
+    def __init__(self, ranks: dict[int, RankHandle], attempt_log_dir: str, tails: list[Any]):
+        self.ranks = ranks
+        self.attempt_log_dir = attempt_log_dir
+        self._tails = tails
+        self._codes: dict[int, int] = {}
+
+    def reap(self, local_rank: int) -> int | None:
+        if local_rank in self._codes:
+            return self._codes[local_rank]
+        pid = self.ranks[local_rank].pid
+        try:
+            reaped, status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            # Only if someone else waited for it: its status is lost.
+            log.error(
+                "local rank %d (pid %d) was reaped elsewhere; reporting exit code 1",
+                local_rank,
+                pid,
+            )
+            self._codes[local_rank] = 1
+            return 1
+        if reaped == 0:
+            return None
+        code = os.waitstatus_to_exitcode(status)
+        self._codes[local_rank] = code
+        return code
+
+    def kill(self, local_rank: int, sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.ranks[local_rank].pid, sig)
+
+    def close(self) -> None:
+        for local_rank in self.ranks:
+            if self.reap(local_rank) is None:
+                self.kill(local_rank, signal.SIGKILL)
+                _wait_child(self.ranks[local_rank].pid, CLOSE_TIMEOUT_S)
+        for tail in self._tails:
+            tail.stop()
+
+
+class Zygote:
+    """The daemon's handle on one zygote process."""
+
+    def __init__(self, preload: Sequence[str]) -> None:
+        self.preload = tuple(preload)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        env = {
+            **os.environ,
+            "OPENBLAS_NUM_THREADS": "1",  # no BLAS thread pool in the zygote
+            "FTD_ZYGOTE_ROOM": " " * ENV_ROOM,
+        }
+        try:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-u",
+                    "-m",
+                    "ftd.spawn.zygote_server",
+                    str(theirs.fileno()),
+                    ",".join(self.preload),
+                    " " * ARGV_ROOM,
+                ],
+                pass_fds=(theirs.fileno(),),
+                env=env,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # Ctrl-C in a terminal is the daemon's to handle
+            )
+        finally:
+            theirs.close()
+        self._sock = ours
+        self._ready: dict[str, Any] | None = None
+        self.launched_at = time.monotonic()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def wait_ready(self) -> None:
+        """Blocking: the zygote preloaded and may fork. ZygoteUnavailable otherwise."""
+        if self._ready is not None:
+            return
+        remaining = READY_TIMEOUT_S - (time.monotonic() - self.launched_at)
+        reply = self._receive(max(remaining, 0.001), PRELOADING)
+        if not reply.get("ready"):
+            raise ZygoteUnavailable(
+                f"--preload failed in the zygote:\n{reply.get('error', '').rstrip()}",
+                permanent=True,
+            )
+        if reply.get("problem"):
+            raise ZygoteUnavailable(str(reply["problem"]), permanent=True)
+        self._ready = reply
+        log.info(
+            "zygote (pid %d) ready: preloaded %s in %.2fs",
+            self.pid,
+            ", ".join(self.preload),
+            reply.get("seconds", 0.0),
+        )
+
+    def spawn(
+        self, common: dict[str, Any], envs: list[dict[str, str]], fds: list[int]
+    ) -> list[int]:
+        """Blocking (milliseconds): fork the ranks; their pids, already the daemon's children.
+        On ZygoteUnavailable, `error.pids` are ranks forked anyway (to be killed)."""
+        try:
+            self._sock.settimeout(REPLY_TIMEOUT_S)
+            message = json.dumps({"common": common, "envs": envs}).encode()
+            socket.send_fds(self._sock, [message], fds)
+        except OSError as error:
+            raise ZygoteUnavailable(f"the zygote (pid {self.pid}) is gone: {error}") from None
+        reply = self._receive(REPLY_TIMEOUT_S, "forking ranks")
+        pids = [int(pid) for pid in reply.get("pids", [])]
+        if "error" in reply or len(pids) != len(envs):
+            refused = ZygoteUnavailable(
+                f"the zygote refused: {reply.get('error', reply)}",
+                permanent=bool(reply.get("unsafe")),
+            )
+            refused.pids = pids
+            raise refused
+        return pids
+
+    def _receive(self, timeout_s: float, doing: str) -> dict[str, Any]:
+        self._sock.settimeout(timeout_s)
+        try:
+            data = self._sock.recv(MAX_MESSAGE)
+        except TimeoutError:
+            self.kill()
+            raise ZygoteUnavailable(
+                f"the zygote (pid {self.pid}) did not answer within {timeout_s:.0f}s while "
+                f"{doing}; killed it",
+                permanent=doing == PRELOADING,
+            ) from None
+        except OSError:
+            data = b""
+        if not data:
+            code = _wait_popen(self.proc, 1.0)
+            raise ZygoteUnavailable(
+                f"the zygote (pid {self.pid}) exited ({_describe(code)}) while {doing}"
+            )
+        reply: dict[str, Any] = json.loads(data)
+        return reply
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.kill()
+        _wait_popen(self.proc, CLOSE_TIMEOUT_S)
+        self._sock.close()
+
+    def close(self) -> None:
+        """Blocking (briefly): EOF ends the zygote; SIGKILL if it lingers."""
+        self._sock.close()
+        if _wait_popen(self.proc, CLOSE_TIMEOUT_S) is None:
+            self.kill()
+
+
+class ZygoteSpawner:
+    name = "zygote"
+
+    def __init__(self, preload: Sequence[str] = ()) -> None:
+        self._preload = tuple(dict.fromkeys((*DEFAULT_PRELOAD, *preload)))
+        self._fallback = PContextSpawner()
+        self._lock = threading.Lock()
+        self._disabled: str | None = None
+        self._last_reason: str | None = None
+        self._closed = False
+        self._eager_restarts = 1
+        self._zygote: Zygote | None = self._launch()
+
+    def _launch(self) -> Zygote:
+        zygote = Zygote(self._preload)
+        log.info("zygote (pid %d) started: preloading %s", zygote.pid, ", ".join(self._preload))
+        threading.Thread(
+            target=self._watch, args=(zygote,), name=f"ftd-zygote-{zygote.pid}", daemon=True
+        ).start()
+        return zygote
+
+    def _watch(self, zygote: Zygote) -> None:
+        """Start a new zygote as soon as this one dies, so that the next restart is warm;
+        once per attempt at most (a zygote that keeps dying is started again by `start`)."""
+        with contextlib.suppress(ProcessLookupError):
+            fd = os.pidfd_open(zygote.pid)
+            try:
+                select.select([fd], [], [])
+            finally:
+                os.close(fd)
+        with self._lock:
+            if self._closed or zygote is not self._zygote or not self._eager_restarts:
+                return
+            self._eager_restarts -= 1
+            self._zygote = self._replace_dead(zygote)
+
+    def start(self, spec: LaunchSpec) -> StartedGroup:
+        with self._lock:
+            self._eager_restarts = 1
+            try:
+                return self._start_forked(spec)
+            except ZygoteUnavailable as error:
+                if error.permanent:
+                    self._disable(error.reason)
+                self._log_fallback(error.reason)
+                return self._fallback.start(spec)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            if self._zygote is not None:
+                self._zygote.close()
+                self._zygote = None
+            self._fallback.close()
+
+    def _disable(self, reason: str) -> None:
+        self._disabled = reason
+        if self._zygote is not None:
+            self._zygote.kill()
+            self._zygote = None
+
+    def _log_fallback(self, reason: str) -> None:
+        # A change of state is logged once; the same reason again at the next attempt is not.
+        if reason != self._last_reason:
+            log.warning("start method zygote: %s; starting the ranks the ordinary way", reason)
+            self._last_reason = reason
+        else:
+            log.debug("start method zygote: %s; starting the ranks the ordinary way", reason)
+
+    def _command(self, cmd: tuple[str, ...]) -> tuple[bool, str, list[str]]:
+        """(module, target, args) of `python -u [-m] target args`; ZygoteUnavailable if the
+        command is anything else."""
+        if len(cmd) < 3 or cmd[1] != "-u":
+            raise ZygoteUnavailable(
+                f"{cmd[0]!r} is not a Python script (--no-python); a binary cannot be forked "
+                "from the zygote",
+                permanent=True,
+            )
+        if cmd[0] != sys.executable:
+            raise ZygoteUnavailable(
+                f"the ranks' interpreter {cmd[0]!r} (PYTHON_EXEC) is not the daemon's "
+                f"{sys.executable!r}",
+                permanent=True,
+            )
+        module = cmd[2] == "-m"
+        rest = list(cmd[3:] if module else cmd[2:])
+        if not rest:
+            raise ZygoteUnavailable(f"cannot parse the command {cmd!r}", permanent=True)
+        return module, rest[0], rest[1:]
+
+    def _ready_zygote(self) -> Zygote:
+        if self._disabled is not None:
+            raise ZygoteUnavailable(self._disabled)
+        if not _is_subreaper():
+            raise ZygoteUnavailable(
+                "the daemon is not a child subreaper, so forked ranks would not be its children",
+                permanent=True,
+            )
+        zygote = self._zygote
+        if zygote is not None and not zygote.alive():
+            zygote = self._zygote = self._replace_dead(zygote)
+        if zygote is None:
+            zygote = self._zygote = self._launch()
+        try:
+            zygote.wait_ready()
+        except ZygoteUnavailable:
+            if not zygote.alive() or zygote is not self._zygote:
+                self._zygote = None
+            raise
+        return zygote
+
+    def _replace_dead(self, zygote: Zygote) -> Zygote:
+        zygote.kill()  # reaps it, closes our end
+        log.warning(
+            "zygote (pid %d) died (%s); starting a new one",
+            zygote.pid,
+            _describe(zygote.proc.returncode),
+        )
+        return self._launch()
+
+    def _start_forked(self, spec: LaunchSpec) -> ZygoteGroup:
+        module, target, args = self._command(spec.cmd)
+        zygote = self._ready_zygote()
+        from torch.distributed.elastic.multiprocessing.tail_log import TailLog
+
+        logs = make_logs_specs(
+            spec.log_dir,
+            spec.redirects,
+            spec.tee,
+            set(spec.local_ranks_filter) if spec.local_ranks_filter else None,
+        ).reify(spec.envs)
+        started = time.monotonic()
+        cwd = os.getcwd()
+        argv = ["-m", *args] if module else [target, *args]
+        local_ranks = sorted(spec.envs)
+        common = {
+            "argv": argv,
+            "orig_argv": list(spec.cmd),
+            "module": module,
+            "target": target,
+            "env": dict(os.environ),  # each rank: this updated with its own, as Popen does
+            "cwd": cwd,
+        }
+        streams = [(logs.stdouts[lr], logs.stderrs[lr]) for lr in local_ranks]
+        pids: list[int] = []
+        try:
+            for first in range(0, len(local_ranks), MAX_RANKS_PER_REQUEST):
+                chunk = slice(first, first + MAX_RANKS_PER_REQUEST)
+                envs = [spec.envs[local_rank] for local_rank in local_ranks[chunk]]
+                with _stdio(streams[chunk]) as fds:
+                    pids += zygote.spawn(common, envs, fds)
+        except BaseException as error:
+            forked = pids + (error.pids if isinstance(error, ZygoteUnavailable) else [])
+            for pid in forked:  # a partial group goes; the fallback starts them all
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
+                _wait_child(pid, CLOSE_TIMEOUT_S)
+            raise
+        ranks = {
+            local_rank: RankHandle(
+                local_rank=local_rank,
+                pid=pid,
+                error_file=logs.error_files[local_rank],
+                stdout=logs.stdouts[local_rank],
+                stderr=logs.stderrs[local_rank],
+            )
+            for local_rank, pid in zip(local_ranks, pids, strict=True)
+        }
+        self._last_reason = None
+        log.debug(
+            "forked %d ranks from the zygote in %.1f ms",
+            len(ranks),
+            (time.monotonic() - started) * 1000,
+        )
+        tails = [
+            TailLog(spec.name, logs.tee_stdouts, sys.stdout, spec.log_line_prefixes).start(),
+            TailLog(spec.name, logs.tee_stderrs, sys.stderr, spec.log_line_prefixes).start(),
+        ]
+        run_id = spec.envs[0].get("TORCHELASTIC_RUN_ID", "none")
+        attempt = spec.envs[0].get("TORCHELASTIC_RESTART_COUNT", "0")
+        return ZygoteGroup(ranks, os.path.join(spec.log_dir, run_id, f"attempt_{attempt}"), tails)
+
+
+@contextlib.contextmanager
+def _stdio(streams: list[tuple[str, str]]) -> Iterator[list[int]]:
+    """Each rank's fds 0, 1 and 2 as Popen would give them: the daemon's own stdin, and the
+    daemon's stdout/stderr unless a log file (or /dev/null) is named."""
+    opened: list[IO[bytes]] = []
+
+    def target(path: str, inherited: int) -> int:
+        if not path:
+            return inherited
+        file = open(path, "wb")  # noqa: SIM115 - closed below, once sent
+        opened.append(file)
+        return file.fileno()
+
+    try:
+        stdin = 0 if _valid_fd(0) else target(os.devnull, 0)
+        fds = []
+        for stdout, stderr in streams:
+            fds += [stdin, target(stdout, 1), target(stderr, 2)]
+        yield fds
+    finally:
+        for file in opened:
+            file.close()
+
+
+def _valid_fd(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
+
+
+def _is_subreaper() -> bool:
+    libc = ctypes.CDLL(None, use_errno=True)
+    value = ctypes.c_int(0)
+    if libc.prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(value), 0, 0, 0) != 0:
+        return False
+    return value.value != 0
+
+
+def _wait_child(pid: int, timeout_s: float) -> int | None:
+    """Reap a child of ours within the timeout; its status, or None."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            reaped, status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return None
+        if reaped:
+            return os.waitstatus_to_exitcode(status)
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.01)
+
+
+def _wait_popen(proc: subprocess.Popen[bytes], timeout_s: float) -> int | None:
+    try:
+        return proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def _describe(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"signal {signal.Signals(-code).name}"
+    return f"exit code {code}"
