@@ -1,6 +1,6 @@
-"""torch c10d plumbing for the fault-tolerant groups: store clients, plain groups built
-without torch's global state, the canonical form of each collective's arguments, and Works
-that are already done or that swallow errors.
+"""torch c10d plumbing for the fault-tolerant groups: the `ProcessGroup` base class, store
+clients, plain groups built without torch's global state, the canonical form of each
+collective's arguments, and Works that are already done or that swallow errors.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ from torch._C._distributed_c10d import (
     Store,
     TCPStore,
     Work,
+    _register_process_group,
+    _unregister_process_group,
 )
 from torch._C._distributed_c10d import ProcessGroup as BaseProcessGroup
 from torch.futures import Future
@@ -179,17 +181,17 @@ class SwallowingWork(Work):
         return self._work.get_future().then(settle)
 
 
-def retire(pg: BaseProcessGroup | None) -> None:
-    """Drop the last reference to `pg` on a daemon thread: a gloo group's destructor waits for
-    its pending collectives, up to their timeout."""
-    if pg is None:
-        return
-    box = [pg]
-    del pg
-    threading.Thread(target=box.clear, name="ftd-pg-retire", daemon=True).start()
+def retire(box: list[BaseProcessGroup]) -> None:
+    """Empty `box` on a daemon thread: a gloo group's destructor waits for its pending
+    collectives, up to their timeout. The caller must reach the groups only through `box`, so
+    that the last reference really is dropped on that thread."""
+    if box:
+        threading.Thread(target=box.clear, name="ftd-pg-retire", daemon=True).start()
 
 
-def new_gloo_group(store: Store, rank: int, world_size: int, timeout: timedelta) -> Any:
+def new_gloo_group(
+    store: Store, rank: int, world_size: int, timeout: timedelta
+) -> BaseProcessGroup:
     """A plain c10d ProcessGroup with a gloo backend, without the global default group."""
     backend = dist.ProcessGroupGloo(store, rank, world_size, timeout)
     pg = BaseProcessGroup(store, rank, world_size)
@@ -205,7 +207,9 @@ def require_nccl(what: str) -> None:
         raise RuntimeError(f"{what} needs NCCL, and this torch build has none")
 
 
-def new_nccl_group(store: Store, rank: int, world_size: int, timeout: timedelta) -> Any:
+def new_nccl_group(
+    store: Store, rank: int, world_size: int, timeout: timedelta
+) -> BaseProcessGroup:
     """A plain c10d ProcessGroup with an NCCL backend (CUDA tensors only)."""
     require_nccl("an NCCL group")
     opts = dist.ProcessGroupNCCL.Options()
@@ -216,3 +220,86 @@ def new_nccl_group(store: Store, rank: int, world_size: int, timeout: timedelta)
     backend._set_sequence_number_for_group()
     pg._register_backend(torch.device("cuda"), BaseProcessGroup.BackendType.NCCL, backend)
     return pg
+
+
+# --- the base class ----------------------------------------------------------------------------
+
+
+class ProcessGroup(BaseProcessGroup):
+    """A torch ProcessGroup whose membership `configure` can replace.
+
+    Subclasses implement `configure`, the collectives they support, `getRank`, `getSize` and
+    `getBackendName`. torch's C++ side calls `getRank`/`getSize`/`getGroupName` through its
+    Python trampoline, so `pg.rank()`, `pg.size()` and `pg.group_name` follow them.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(0, 1)  # type: ignore[call-arg]  # the stub lacks (rank, size)
+        self._group_name = ""
+        self._registered = False
+
+    def configure(self, store_addr: str, rank: int, world_size: int) -> None:
+        """Replace the membership: `store_addr` is `host:port/prefix`, a new prefix each time.
+
+        Blocks until the new group exists on every member; raises if it cannot be built.
+        """
+        raise NotImplementedError
+
+    def allreduce(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} does not implement allreduce")
+
+    def allgather(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} does not implement allgather")
+
+    def broadcast(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} does not implement broadcast")
+
+    def barrier(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} does not implement barrier")
+
+    def broadcast_one(self, tensor: torch.Tensor, root: int) -> Any:
+        """Broadcast one tensor from group rank `root`."""
+        opts = BroadcastOptions()
+        opts.rootRank = root
+        return self.broadcast([tensor], opts)
+
+    def getRank(self) -> int:
+        raise NotImplementedError
+
+    def getSize(self) -> int:
+        raise NotImplementedError
+
+    def getBackendName(self) -> str:
+        raise NotImplementedError
+
+    def rank(self) -> int:
+        return self.getRank()
+
+    def size(self) -> int:
+        return self.getSize()
+
+    def getGroupName(self) -> str:
+        return self._group_name
+
+    def setGroupName(self, name: str) -> None:
+        self._group_name = name
+
+    def register(self, name: str) -> ProcessGroup:
+        """Name this group in torch's c10d registry, where functional collectives and
+        DeviceMesh look groups up. Once per group; `unregister` undoes it."""
+        if self._registered:
+            raise RuntimeError(f"process group already registered as {self._group_name!r}")
+        self._set_group_name(name)
+        _register_process_group(name, self)
+        self._registered = True
+        return self
+
+    def unregister(self) -> None:
+        """Remove this group from torch's c10d registry."""
+        if not self._registered:
+            raise RuntimeError("process group is not registered")
+        _unregister_process_group(self._group_name)
+        self._registered = False
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"

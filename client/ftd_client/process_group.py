@@ -16,6 +16,10 @@ What gloo does when things go wrong (measured with torch 2.13, CPU, loopback):
   destroys its group; dropping the last reference even blocks that thread until the collective
   times out. It is released within about 0.5 s when a *peer* destroys its group (its sockets
   close) or dies.
+- Only a rank waiting on the dead peer itself is released that fast. One waiting on a live
+  peer, whose own collective has already failed, waits for the gloo timeout: a failed
+  collective does not close the group's sockets. Keep gloo's timeout short where failures
+  must be noticed quickly.
 So a rank cannot abandon its own pending gloo collective. `ProcessGroupGloo.configure` drops the
 old group on a background thread (it may linger there until its timeout); the Baby groups run
 the real group in a child process that `configure`, or a `Work.wait` that times out, kills.
@@ -36,20 +40,15 @@ from datetime import timedelta
 from typing import Any, Protocol
 
 import torch
-from torch._C._distributed_c10d import (
-    BroadcastOptions,
-    Store,
-    Work,
-    _register_process_group,
-    _unregister_process_group,
-)
 from torch._C._distributed_c10d import ProcessGroup as BaseProcessGroup
-from torch.futures import Future
+from torch._C._distributed_c10d import Store
 
-from ftd_client._baby import BabyChild, BabyDiedError, CollectiveError, Outcome
+from ftd_client._baby import BabyDiedError, CollectiveError
+from ftd_client._baby_group import ProcessGroupBaby, ProcessGroupBabyGloo, ProcessGroupBabyNCCL
 from ftd_client._c10d import (
     DEFAULT_TIMEOUT,
     DummyWork,
+    ProcessGroup,
     StoreAddress,
     SwallowingWork,
     allgather_args,
@@ -84,89 +83,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("ftd_client.process_group")
-
-# --- the base class ----------------------------------------------------------------------------
-
-
-class ProcessGroup(BaseProcessGroup):
-    """A torch ProcessGroup whose membership `configure` can replace.
-
-    Subclasses implement `configure`, the collectives they support, `getRank`, `getSize` and
-    `getBackendName`. torch's C++ side calls `getRank`/`getSize`/`getGroupName` through its
-    Python trampoline, so `pg.rank()`, `pg.size()` and `pg.group_name` follow them.
-    """
-
-    def __init__(self) -> None:
-        super().__init__(0, 1)  # type: ignore[call-arg]  # the stub lacks (rank, size)
-        self._group_name = ""
-        self._registered = False
-
-    def configure(self, store_addr: str, rank: int, world_size: int) -> None:
-        """Replace the membership: `store_addr` is `host:port/prefix`, a new prefix each time.
-
-        Blocks until the new group exists on every member; raises if it cannot be built.
-        """
-        raise NotImplementedError
-
-    def allreduce(self, *args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError(f"{type(self).__name__} does not implement allreduce")
-
-    def allgather(self, *args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError(f"{type(self).__name__} does not implement allgather")
-
-    def broadcast(self, *args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError(f"{type(self).__name__} does not implement broadcast")
-
-    def barrier(self, *args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError(f"{type(self).__name__} does not implement barrier")
-
-    def broadcast_one(self, tensor: torch.Tensor, root: int) -> Any:
-        """Broadcast one tensor from group rank `root`."""
-        opts = BroadcastOptions()
-        opts.rootRank = root
-        return self.broadcast([tensor], opts)
-
-    def getRank(self) -> int:
-        raise NotImplementedError
-
-    def getSize(self) -> int:
-        raise NotImplementedError
-
-    def getBackendName(self) -> str:
-        raise NotImplementedError
-
-    def rank(self) -> int:
-        return self.getRank()
-
-    def size(self) -> int:
-        return self.getSize()
-
-    def getGroupName(self) -> str:
-        return self._group_name
-
-    def setGroupName(self, name: str) -> None:
-        self._group_name = name
-
-    def register(self, name: str) -> ProcessGroup:
-        """Name this group in torch's c10d registry, where functional collectives and
-        DeviceMesh look groups up. Once per group; `unregister` undoes it."""
-        if self._registered:
-            raise RuntimeError(f"process group already registered as {self._group_name!r}")
-        self._set_group_name(name)
-        _register_process_group(name, self)
-        self._registered = True
-        return self
-
-    def unregister(self) -> None:
-        """Remove this group from torch's c10d registry."""
-        if not self._registered:
-            raise RuntimeError("process group is not registered")
-        _unregister_process_group(self._group_name)
-        self._registered = False
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}()"
-
 
 # --- wrappers ----------------------------------------------------------------------------------
 
@@ -215,27 +131,26 @@ class ProcessGroupWrapper(ProcessGroup):
         return f"{type(self).__name__}(pg={self._pg!r})"
 
 
-class ProcessGroupGloo(ProcessGroupWrapper):
-    """Gloo, rebuilt by each `configure` over `create_store_client(store_addr)`.
+class _RebuiltGroup(ProcessGroupWrapper):
+    """A plain c10d group that each `configure` replaces with a new one built over
+    `create_store_client(store_addr)`."""
 
-    The previous group is dropped on a background thread: if one of its collectives is still
-    pending, it lingers there until that collective times out (gloo cannot abort it).
-    """
-
-    def __init__(self, timeout: timedelta = DEFAULT_TIMEOUT) -> None:
+    def __init__(self, timeout: timedelta) -> None:
         super().__init__()
         self._timeout = timeout
 
-    def _new_group(self, store: Store, rank: int, world_size: int) -> Any:
-        return new_gloo_group(store, rank, world_size, self._timeout)
+    def _new_group(self, store: Store, rank: int, world_size: int) -> BaseProcessGroup:
+        raise NotImplementedError
 
-    def _drop(self, pg: Any) -> None:
-        retire(pg)
+    def _release(self, pg: BaseProcessGroup) -> None:
+        """Called on the old group before it is dropped."""
 
     def configure(self, store_addr: str, rank: int, world_size: int) -> None:
-        old, self._pg = self._pg, None
-        self._drop(old)
-        del old
+        old = [] if self._pg is None else [self._pg]
+        self._pg = None
+        if old:
+            self._release(old[0])
+        retire(old)  # the last reference goes on a daemon thread; see `retire`
         store = create_store_client(store_addr, self._timeout)
         self._pg = self._new_group(store, rank, world_size)
         log.info(
@@ -246,28 +161,41 @@ class ProcessGroupGloo(ProcessGroupWrapper):
             store_addr,
         )
 
+
+class ProcessGroupGloo(_RebuiltGroup):
+    """Gloo, rebuilt by each `configure`; `timeout` bounds building the group and every
+    collective.
+
+    The previous group is dropped on a background thread: if one of its collectives is still
+    pending, it lingers there until that collective times out (gloo cannot abort it).
+    """
+
+    def __init__(self, timeout: timedelta = DEFAULT_TIMEOUT) -> None:
+        super().__init__(timeout)
+
+    def _new_group(self, store: Store, rank: int, world_size: int) -> BaseProcessGroup:
+        return new_gloo_group(store, rank, world_size, self._timeout)
+
     def getBackendName(self) -> str:
         return "ftd-gloo"
 
 
-class ProcessGroupNCCL(ProcessGroupGloo):
+class ProcessGroupNCCL(_RebuiltGroup):
     """NCCL, rebuilt by each `configure`; the old communicator is aborted first.
 
-    Constructing it without CUDA and NCCL raises. Untested in ftd's CI (no GPU there); NCCL's
-    own error handling may still deadlock a rank, which is what the Baby groups are for.
+    Constructing it without CUDA and NCCL raises. NCCL's own error handling may still deadlock
+    a rank, which is what `ProcessGroupBabyNCCL` is for.
     """
 
     def __init__(self, timeout: timedelta = DEFAULT_TIMEOUT) -> None:
         require_nccl("ProcessGroupNCCL")
         super().__init__(timeout)
 
-    def _new_group(self, store: Store, rank: int, world_size: int) -> Any:
+    def _new_group(self, store: Store, rank: int, world_size: int) -> BaseProcessGroup:
         return new_nccl_group(store, rank, world_size, self._timeout)
 
-    def _drop(self, pg: Any) -> None:
-        if pg is not None:
-            pg.abort()
-        retire(pg)
+    def _release(self, pg: BaseProcessGroup) -> None:
+        pg.abort()
 
     def getBackendName(self) -> str:
         return "ftd-nccl"
@@ -427,166 +355,6 @@ class ProcessGroupDummy(ProcessGroup):
 
     def getBackendName(self) -> str:
         return "ftd-dummy"
-
-
-# --- baby groups -------------------------------------------------------------------------------
-
-
-def _timeout_s(timeout: float | timedelta) -> float:
-    return timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
-
-
-class _BabyWork(Work):
-    """A collective running in the baby process. `wait` gives up after the group's timeout (or
-    the one given) and then kills the baby: its group cannot be trusted afterwards."""
-
-    def __init__(self, child: BabyChild, done: Outcome, result: object, timeout_s: float) -> None:
-        super().__init__()
-        self._child = child
-        self._op = done.op
-        self._done = done
-        self._result = result
-        self._timeout_s = timeout_s
-        self._torch_future: Future[object] | None = None
-
-    def wait(self, timeout: timedelta | None = None) -> bool:
-        limit = self._timeout_s
-        if timeout is not None and timeout > timedelta(0):
-            limit = timeout.total_seconds()
-        if not self._done.wait(limit):
-            self._child.kill(f"was killed: {self._op} not done after {limit:g} s")
-            raise TimeoutError(
-                f"{self._op} did not finish within {limit:g} s; killed baby process "
-                f"{self._child.pid}: call configure() to start a fresh group"
-            )
-        self._done.result()
-        return True
-
-    def is_completed(self) -> bool:
-        return self._done.is_set()
-
-    def get_future(self) -> Future[object]:
-        if self._torch_future is None:
-            fut: Future[object] = Future()
-            result = self._result
-
-            def settle() -> None:
-                error = self._done.error
-                if error is None:
-                    fut.set_result(result)
-                else:
-                    fut.set_exception(error)
-
-            self._done.on_done(settle)
-            self._torch_future = fut
-        return self._torch_future
-
-
-class ProcessGroupBaby(ProcessGroup):
-    """The real group lives in a child ("baby") process, so a hung collective can be abandoned
-    by killing it. `configure` kills the previous baby and spawns a fresh one. CPU tensors are
-    moved to shared memory (`share_memory_()`, in place) before they are handed over; the baby
-    reduces into the same pages. A killed or dead baby fails every pending Work at once."""
-
-    BACKEND = ""
-
-    def __init__(self, timeout: float | timedelta = 60.0) -> None:
-        super().__init__()
-        self._timeout_s = _timeout_s(timeout)
-        self._child: BabyChild | None = None
-        self._rank = 0
-        self._world = 1
-
-    @property
-    def child_pid(self) -> int | None:
-        """The baby's pid, None before the first configure."""
-        return None if self._child is None else self._child.pid
-
-    def configure(self, store_addr: str, rank: int, world_size: int) -> None:
-        parse_store_addr(store_addr)
-        old, self._child = self._child, None
-        if old is not None:
-            old.kill("was replaced by configure()")
-        self._child = BabyChild.start(self.BACKEND, store_addr, rank, world_size, self._timeout_s)
-        self._rank, self._world = rank, world_size
-        log.info(
-            "%s configured: rank %d of %d at %s in baby process %d",
-            self.getBackendName(),
-            rank,
-            world_size,
-            store_addr,
-            self._child.pid,
-        )
-
-    def shutdown(self) -> None:
-        """Kill the baby process; collectives fail until the next configure."""
-        if self._child is not None:
-            self._child.kill("was shut down")
-
-    def _submit(self, op: str, tensors: list[Any], payload: tuple[Any, ...], result: object) -> Any:
-        if self._child is None:
-            raise RuntimeError(f"{type(self).__name__} is not configured: call configure() first")
-        for tensor in tensors:
-            self._prepare(tensor)
-        done = self._child.submit(op, payload)
-        return _BabyWork(self._child, done, result, self._timeout_s)
-
-    def _prepare(self, tensor: torch.Tensor) -> None:
-        if tensor.device.type == "cpu" and not tensor.is_shared():
-            tensor.share_memory_()
-
-    def allreduce(self, *args: Any, **kwargs: Any) -> Any:
-        tensors, opts = allreduce_args(args, kwargs)
-        return self._submit("allreduce", tensors, (tensors, opts.reduceOp), tensors)
-
-    def allgather(self, *args: Any, **kwargs: Any) -> Any:
-        outputs, inputs, _ = allgather_args(args, kwargs)
-        flat = [o for out in outputs for o in out] + inputs
-        return self._submit("allgather", flat, (outputs, inputs), outputs)
-
-    def broadcast(self, *args: Any, **kwargs: Any) -> Any:
-        tensors, opts = broadcast_args(args, kwargs)
-        return self._submit("broadcast", tensors, (tensors, opts.rootRank), tensors)
-
-    def barrier(self, *args: Any, **kwargs: Any) -> Any:
-        return self._submit("barrier", [], (), None)
-
-    def getRank(self) -> int:
-        return self._rank
-
-    def getSize(self) -> int:
-        return self._world
-
-
-class ProcessGroupBabyGloo(ProcessGroupBaby):
-    """Gloo in a killable child process."""
-
-    BACKEND = "gloo"
-
-    def getBackendName(self) -> str:
-        return "ftd-baby-gloo"
-
-
-class ProcessGroupBabyNCCL(ProcessGroupBaby):
-    """NCCL in a killable child process. CUDA tensors reach the child through CUDA IPC; the
-    caller's stream is synchronized before a collective is handed over and the child
-    synchronizes before it reports completion, so `wait()` is CPU-synchronous. Untested in
-    ftd's CI (no GPU there). The child costs its own CUDA context (about 1 GB)."""
-
-    BACKEND = "nccl"
-
-    def __init__(self, timeout: float | timedelta = 60.0) -> None:
-        require_nccl("ProcessGroupBabyNCCL")
-        super().__init__(timeout)
-
-    def _prepare(self, tensor: torch.Tensor) -> None:
-        if tensor.device.type == "cuda":
-            torch.cuda.current_stream(tensor.device).synchronize()
-        else:
-            super()._prepare(tensor)
-
-    def getBackendName(self) -> str:
-        return "ftd-baby-nccl"
 
 
 # --- device mesh -------------------------------------------------------------------------------

@@ -8,14 +8,13 @@ Values are float tensors of length 2 filled with the request's "value".
 from __future__ import annotations
 
 import json
-from datetime import timedelta
 import sys
 import time
+from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
-
 from ftd_client.process_group import (
     ErrorSwallowingProcessGroupWrapper,
     ManagedProcessGroup,
@@ -89,6 +88,9 @@ class Worker:
             return {}
         if op == "info":
             return self.info(req["name"], pg)
+        if op == "abandon_allreduce":  # start one, never wait for it
+            pg.allreduce([full(req["value"])], dist.ReduceOp.SUM)
+            return {}
         if op == "allreduce":
             tensor = full(req["value"])
             finish(pg.allreduce([tensor], dist.ReduceOp.SUM), req)
