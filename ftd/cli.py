@@ -65,7 +65,7 @@ def _add_serve(subparsers: argparse._SubParsersAction[_Parser]) -> None:
     )
     add(
         *_flag("--start-method"),
-        default="spawn",
+        default="zygote",
         choices=["spawn", "fork", "forkserver", "subprocess", "zygote"],
         help="how ranks are started: as subprocesses, as under torchrun (spawn, fork, "
         "forkserver, subprocess), or forked from a zygote that imported torch once (zygote)",
