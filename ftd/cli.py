@@ -151,6 +151,7 @@ FT_HELP = {
     "rank_section_timeouts": "per-section seconds, e.g. setup:600,step:180,checkpointing:420",
     "rank_out_of_section_timeout": "seconds allowed outside any section",
     "safety_factor": "learned timeout = longest observed interval x this",
+    "min_learned_timeout": "seconds no learned timeout goes below (default 1)",
     "rank_termination_signal": "signal for a hung rank (after its stacks are dumped)",
     "log_level": "log level of the rank-health components",
     "calc_timeouts": "learn timeouts automatically at the end of every attempt",
