@@ -6,8 +6,8 @@ launcher, from the failing rank's death to the moment every rank of attempt 1 ha
 first allreduce, broken down by phase. Phases are the latest rank's (max over ranks), since the
 job can go on only when the last one is there.
 
-    PYTHONPATH=.:client python bench/restart_latency.py --pairs 5
-    PYTHONPATH=.:client python bench/restart_latency.py --ftd-args="--start-method zygote"
+    PYTHONPATH=.:client python bench/restart_latency.py --pairs 5 --ftd-args="--start-method spawn"
+    PYTHONPATH=.:client python bench/restart_latency.py --pairs 5   # the default: zygote
 
 Each pair runs both launchers, the order alternating from pair to pair; each run has its own
 temporary directory. Every timestamp is wall-clock `time.time()` on this machine, so the ranks'

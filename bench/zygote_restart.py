@@ -9,7 +9,12 @@ attempt 1 every rank allreduces once and exits 0. Measured per run:
 - start-up: from launching the launcher to the last rank of attempt 0 done with its allreduce.
 
     PYTHONPATH=.:client python bench/zygote_restart.py --runs 5
-    PYTHONPATH=.:client python bench/zygote_restart.py --methods zygote,subprocess,torchrun
+    PYTHONPATH=.:client python bench/zygote_restart.py --methods zygote,subprocess,torchrun,floor
+
+`floor` is no launcher: the issue's lower bound, measured the same way in the same run. A
+process that has imported torch forks the ranks, and each joins a gloo group through a TCPStore
+that another process already hosts and finishes an allreduce; its "restart" is from just before
+the first fork to the last rank's allreduce, its "start-up" from launching it to the same point.
 
 Every timestamp is wall-clock `time.time()` on this machine. The same file is the rank script
 (`--as-rank OUT`).
@@ -52,11 +57,55 @@ def rank(out: Path) -> None:
     dist.destroy_process_group()
 
 
+def floor(out: Path, nproc: int) -> None:
+    """Fork `nproc` gloo ranks from this process, which has imported torch (the floor)."""
+    import torch
+    import torch.distributed as dist
+
+    # The store lives in another process: forking while a TCPStore server thread runs deadlocks.
+    store_host = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, torch.distributed as d\n"
+            "s = d.TCPStore('127.0.0.1', 0, is_master=True, wait_for_workers=False)\n"
+            "print(s.port, flush=True)\n"
+            "sys.stdin.read()",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert store_host.stdout is not None
+    port = int(store_host.stdout.readline())
+    forked = time.time()
+    children = []
+    for me in range(nproc):
+        pid = os.fork()
+        if pid == 0:
+            store = dist.TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False)
+            dist.init_process_group("gloo", store=store, rank=me, world_size=nproc)
+            dist.all_reduce(torch.ones(1))
+            (out / f"allreduce_a1_r{me}").write_text(repr(time.time()))
+            os._exit(0)
+        children.append(pid)
+    codes = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in children]
+    store_host.kill()
+    store_host.wait()
+    if any(codes):
+        raise SystemExit(f"floor ranks exited {codes}")
+    (out / "crash").write_text(repr(forked))
+    for me in range(nproc):
+        (out / f"allreduce_a0_r{me}").write_text((out / f"allreduce_a1_r{me}").read_text())
+
+
 def command(method: str, nproc: int, out: Path, log_dir: Path) -> list[str]:
     script = [str(Path(__file__).resolve()), "--as-rank", str(out)]
     common = ["--nproc-per-node", str(nproc), "--max-restarts", "1"]
     if method == "torchrun":
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", *common, *script]
+    if method == "floor":
+        return [sys.executable, str(Path(__file__).resolve()), "--as-floor", str(out), str(nproc)]
     return [
         sys.executable,
         "-m",
@@ -108,13 +157,17 @@ def one_run(method: str, nproc: int) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--as-rank", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--as-floor", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--runs", type=int, default=5, help="runs per method")
     parser.add_argument("--nproc", type=int, default=4)
-    parser.add_argument("--methods", default="zygote,subprocess,torchrun")
+    parser.add_argument("--methods", default="zygote,subprocess,torchrun,floor")
     parser.add_argument("--json", type=Path, help="write every run here")
     args = parser.parse_args()
     if args.as_rank is not None:
         rank(args.as_rank)
+        return
+    if args.as_floor is not None:
+        floor(Path(args.as_floor[0]), int(args.as_floor[1]))
         return
     methods = args.methods.split(",")
     results: dict[str, list[dict[str, float]]] = {m: [] for m in methods}

@@ -65,7 +65,7 @@ def _add_serve(subparsers: argparse._SubParsersAction[_Parser]) -> None:
     )
     add(
         *_flag("--start-method"),
-        default="spawn",
+        default="zygote",
         choices=["spawn", "fork", "forkserver", "subprocess", "zygote"],
         help="how ranks are started: as subprocesses, as under torchrun (spawn, fork, "
         "forkserver, subprocess), or forked from a zygote that imported torch once (zygote)",
@@ -166,6 +166,7 @@ FT_HELP = {
     "rank_section_timeouts": "per-section seconds, e.g. setup:600,step:180,checkpointing:420",
     "rank_out_of_section_timeout": "seconds allowed outside any section",
     "safety_factor": "learned timeout = longest observed interval x this",
+    "min_learned_timeout": "seconds no learned timeout goes below (default 1)",
     "rank_termination_signal": "signal for a hung rank (after its stacks are dumped)",
     "log_level": "log level of the rank-health components",
     "calc_timeouts": "learn timeouts automatically at the end of every attempt",

@@ -49,7 +49,7 @@ class ServeConfig(BaseModel):
     rdzv_join_timeout_s: float = Field(600.0, gt=0)
     """How long a round waits for MIN nodes before the job fails."""
     role: str = "default"
-    start_method: StartMethod = "spawn"
+    start_method: StartMethod = "zygote"
     preload: tuple[str, ...] = Field(
         (), description="modules the zygote imports besides torch (start_method zygote)"
     )

@@ -56,6 +56,8 @@ class RankTimeouts(BaseModel):
 
 class FaultToleranceConfig(RankTimeouts):
     safety_factor: float = Field(5.0, gt=0)
+    min_learned_timeout: float = Field(1.0, ge=0)
+    """A timeout learned from a fast, quiet run must not kill a rank on its first hiccup."""
     rank_termination_signal: str = "SIGKILL"
     log_level: str = "INFO"
     calc_timeouts: bool = False

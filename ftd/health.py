@@ -116,6 +116,7 @@ class HealthService:
             self.ft.safety_factor,
             sections,
             out_of_section,
+            floor=self.ft.min_learned_timeout,
         )
         self._apply(timeouts, by, learned=True)
         return timeouts

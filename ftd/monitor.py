@@ -124,15 +124,17 @@ def learn_timeouts(
     safety_factor: float,
     sections: list[str] | None = None,
     out_of_section: bool = True,
+    floor: float = 0.0,
 ) -> tuple[RankTimeouts, frozenset[str]]:
-    """ft_launcher's rule: timeout = longest observed interval * safety_factor, blended 50/50
-    with the previous value when that one was itself learned. Returns the new timeouts and the
-    names of those now learned (`sections` None: every observed section)."""
+    """ft_launcher's rule: timeout = longest observed interval * safety_factor (at least
+    `floor`), blended 50/50 with the previous value when that one was itself learned. Returns
+    the new timeouts and the names of those now learned (`sections` None: every observed
+    section)."""
     values = current.model_dump()
     now_learned = set(learned)
 
     def blend(key: str, previous: float | None, observed: float) -> float:
-        value = observed * safety_factor
+        value = max(observed * safety_factor, floor)
         if key in learned and previous is not None:
             value = (previous + value) / 2
         now_learned.add(key)

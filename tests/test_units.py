@@ -91,6 +91,15 @@ def test_learning_multiplies_then_blends_with_learned_values() -> None:
     assert third.rank_heartbeat_timeout == 20.0  # a configured value is replaced, not blended
 
 
+def test_learning_never_goes_below_the_floor() -> None:
+    seen = Observations()
+    seen.see("first_heartbeat", 0.0005)  # handshake, then a heartbeat at once
+    seen.see("heartbeats", 0.02)
+    learned, _ = learn_timeouts(RankTimeouts(), frozenset(), seen, 5.0, floor=1.0)
+    assert learned.initial_rank_heartbeat_timeout == 1.0
+    assert learned.rank_heartbeat_timeout == 1.0
+
+
 @pytest.mark.parametrize(
     ("outcome", "used", "expected"),
     [

@@ -333,7 +333,10 @@ async def test_cuda_in_a_forked_rank(serve: ServeFactory, tmp_path: Path) -> Non
     [
         (["--preload", "not a module", "x.py"], "preload: 'not a module' is not a module name"),
         (["--start-method", "zygot", "x.py"], "invalid choice: 'zygot'"),
-        (["--preload", "numpy", "x.py"], "preload: only --start-method zygote preloads"),
+        (
+            ["--start-method", "spawn", "--preload", "numpy", "x.py"],
+            "preload: only --start-method zygote preloads",
+        ),
     ],
 )
 async def test_bad_zygote_flags(argv: list[str], message: str, tmp_path: Path) -> None:

@@ -64,7 +64,11 @@ def unsafe_state() -> str | None:
 
 
 def _send(sock: socket.socket, message: dict[str, Any]) -> None:
-    sock.send(json.dumps(message).encode())
+    try:
+        sock.send(json.dumps(message).encode())
+    except (BrokenPipeError, ConnectionResetError):
+        # The daemon is gone (it may have failed its own start-up): nobody is left to serve.
+        os._exit(0)
 
 
 def _preload(modules: list[str]) -> None:
