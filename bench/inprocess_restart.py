@@ -6,7 +6,10 @@ from the fault to *training resumed*: every rank of the next round (in-process) 
 (process restart) has finished its first allreduce. Variants, the same worker in each:
 
   process     a RuntimeError in rank 1; `ftd serve` (restart mode process) stops every rank
-              and starts them again: the plain torchrun script, no Wrapper
+              and starts them again: the plain torchrun script, no Wrapper; ranks are forked
+              from the zygote (the default start method), torch already imported
+  spawn       the same with `--start-method spawn`: fresh interpreters import torch again,
+              as under torchrun
   inprocess   the same RuntimeError under ftd_client.inprocess.Wrapper and
               `--restart-mode inprocess`: every rank restarts the function in its process
   respawn     rank 1's process dies (os._exit); the daemon announces it, the others restart
@@ -38,6 +41,7 @@ WORKER = Path(__file__).resolve().parent / "inprocess_worker.py"
 VARIANTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     # name: (ftd serve flags, worker flags)
     "process": ((), ("--inject", "raise")),
+    "spawn": (("--start-method", "spawn"), ("--inject", "raise")),
     "inprocess": (("--restart-mode", "inprocess"), ("--wrap", "--inject", "raise")),
     "respawn": (("--restart-mode", "inprocess"), ("--wrap", "--inject", "exit")),
     "shrink": (
@@ -45,6 +49,7 @@ VARIANTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         ("--wrap", "--inject", "exit"),
     ),
 }
+PROCESS_RESTARTS = ("process", "spawn")
 PHASES = (
     ("detected", "fault -> seen by the daemon [1]"),
     ("restarted", "  -> new round decided / new ranks spawned [2]"),
@@ -52,10 +57,11 @@ PHASES = (
     ("allreduce", "  -> last rank's first allreduce (TOTAL)"),
 )
 FOOTNOTES = """\
-[1] process: rank_exited of the faulting pid; in-process: inprocess_fault (the leader daemon
-    woken by the fault's announcement, which the faulting rank or, for a death, the daemon wrote)
-[2] process: attempt_started of attempt 1; in-process: inprocess_round of round 1 (its members
-    and process-group store published)"""
+[1] process, spawn: rank_exited of the faulting pid; in-process: inprocess_fault (the leader
+    daemon woken by the fault's announcement, which the faulting rank or, for a death, the
+    daemon wrote)
+[2] process, spawn: attempt_started of attempt 1; in-process: inprocess_round of round 1 (its
+    members and process-group store published)"""
 
 
 @dataclass
@@ -105,7 +111,8 @@ def measure(variant: str, rep: int, args: argparse.Namespace) -> Run:
 def analyse(variant: str, rep: int, work: Path, out: Path) -> Run:
     fault = json.loads((out / "fault.json").read_text())
     t = float(fault["time"])
-    resumed = "a1_i0_s*.json" if variant == "process" else "a0_i1_s*.json"
+    restarts_processes = variant in PROCESS_RESTARTS
+    resumed = "a1_i0_s*.json" if restarts_processes else "a0_i1_s*.json"
     marks = [json.loads(p.read_text()) for p in sorted(out.glob(resumed))]
     if not marks:
         raise RunFailed(f"{variant}: no rank of the next round wrote its marks ({out})")
@@ -118,7 +125,7 @@ def analyse(variant: str, rep: int, work: Path, out: Path) -> Run:
                 return float(event["time"]) - t
         raise RunFailed(f"{variant}: no {kind} event matching {match} ({work})")
 
-    if variant == "process":
+    if restarts_processes:
         detected = first("rank_exited", attempt=0, pid=fault["pid"])
         restarted = first("attempt_started", attempt=1)
     else:
@@ -152,26 +159,27 @@ def report(runs: list[Run], variants: list[str]) -> dict[str, Any]:
     print(FOOTNOTES)
     totals = {v: statistics.median(r.phases["allreduce"] for r in by[v]) for v in variants}
     summary: dict[str, Any] = {"median_total_s": totals}
-    if "process" in totals:
+    if any(b in totals for b in PROCESS_RESTARTS):
         print()
-        for v in variants:
-            if v == "process":
-                continue
-            per_rep = [
-                a.phases["allreduce"] / b.phases["allreduce"]
-                for a in by[v]
-                for b in by["process"]
-                if a.rep == b.rep
-            ]
-            ratio = totals[v] / totals["process"]
-            summary[f"{v}/process"] = {
-                "ratio_of_medians": ratio,
-                "median_of_rep_ratios": statistics.median(per_rep),
-            }
-            print(
-                f"{v}/process: {ratio:.3f} (ratio of medians), "
-                f"{statistics.median(per_rep):.3f} (median of per-repetition ratios)"
-            )
+        for base in (b for b in PROCESS_RESTARTS if b in totals):
+            for v in variants:
+                if v in PROCESS_RESTARTS:
+                    continue
+                per_rep = [
+                    a.phases["allreduce"] / b.phases["allreduce"]
+                    for a in by[v]
+                    for b in by[base]
+                    if a.rep == b.rep
+                ]
+                ratio = totals[v] / totals[base]
+                summary[f"{v}/{base}"] = {
+                    "ratio_of_medians": ratio,
+                    "median_of_rep_ratios": statistics.median(per_rep),
+                }
+                print(
+                    f"{v}/{base}: {ratio:.3f} (ratio of medians), "
+                    f"{statistics.median(per_rep):.3f} (median of per-repetition ratios)"
+                )
     return summary
 
 

@@ -207,6 +207,11 @@ class _Runner:
         kwargs: dict[str, Any],
         wants_call_wrapper: bool,
     ) -> Any:
+        if gc.get_freeze_count() == 0:
+            # What exists before the first round (torch's modules, the model) lives for the
+            # whole process; frozen, release_frames' collection skips it (~200 ms less per
+            # restart at 4 ranks on 2 cores). Ranks forked by ftd's zygote come frozen.
+            gc.freeze()
         rnd = self.coordination.first_round()
         while True:
             members = self.coordination.join(rnd, self.members)
