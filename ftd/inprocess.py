@@ -332,7 +332,7 @@ class InprocessRounds:
                     return
                 seen = time.monotonic()
                 log.warning(
-                    "in-process round %d ended by a %s on rank %d (%s, by %s): opening round %d",
+                    "in-process round %d ended (%s on rank %d: %s; by %s): opening round %d",
                     rnd,
                     fault.kind,
                     fault.rank,

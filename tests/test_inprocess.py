@@ -199,6 +199,38 @@ async def test_a_fault_on_one_node_restarts_the_ranks_of_every_node(
     assert respawned["global_rank"] == FAULTY and respawned["local_rank"] == 0
 
 
+MANAGED = BIN / "managed_train.py"
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize(
+    ("inject", "flags", "world"),
+    [("sleep", (), 3), ("exit", ("--no-inprocess-respawn",), 2)],
+    ids=["swallowed-error-ends-the-round", "size-follows-the-round"],
+)
+async def test_a_managed_group_follows_the_rounds(
+    serve: ServeFactory, tmp_path: Path, inject: str, flags: tuple[str, ...], world: int
+) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    run = await serve(
+        "--nproc-per-node", "3", "--restart-mode", "inprocess", *flags,
+        script=MANAGED, script_args=("--out", str(out), "--inject", inject), env=ENV,
+    )  # fmt: skip
+    assert await run.wait(timeout=80) == 0, run.stderr.text[-3000:]
+    survivors = range(world) if inject == "exit" else range(3)
+    finals = [json.loads((out / f"final_s{slot}.json").read_text()) for slot in survivors]
+    expected_sum = float(sum(range(1, world + 1)))
+    assert [(f["iteration"], f["attempt"], f["size"], f["sum"]) for f in finals] == [
+        (1, "0", world, expected_sum)
+    ] * len(finals)
+    [fault] = events(run, "inprocess_fault")
+    if inject == "sleep":
+        # Rank 2 is asleep, not dead: only a peer's manager, given the swallowed gloo timeout,
+        # can have ended the round.
+        assert fault["kind"] == "exception" and fault["global_rank"] in (0, 1), fault
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -15,6 +15,7 @@ from ftd_client.inprocess.abort import Abort, AbortTorchDistributed, AbortTransf
 from ftd_client.inprocess.compose import Compose
 from ftd_client.inprocess.exceptions import HealthCheckError, RestartError, RestartInterrupt
 from ftd_client.inprocess.keys import Fault
+from ftd_client.inprocess.manager import RoundManager
 from ftd_client.inprocess.state import FrozenState
 from ftd_client.inprocess.wrap import CallWrapper, Wrapper
 
@@ -29,6 +30,7 @@ __all__ = [
     "HealthCheckError",
     "RestartError",
     "RestartInterrupt",
+    "RoundManager",
     "Wrapper",
     "abort",
 ]

@@ -218,10 +218,11 @@ class Coordination:
     def read_fault(self, rnd: int) -> Fault:
         return Fault.decode(self._store.get(self.keys.fault(rnd)))
 
-    def stop_watcher(self, rnd: int, who: int | str) -> None:
+    def stop_watcher(self, rnd: int, who: int | str) -> bool:
+        """Tell <who>'s watcher that round `rnd` ended well; False when a fault came first."""
         from ftd_client.inprocess.keys import STOP
 
-        self._store.compare_set(self.keys.wake(rnd, who), "", STOP)
+        return bytes(self._store.compare_set(self.keys.wake(rnd, who), "", STOP)) == STOP
 
     def close(self) -> None:
         self._round_stores.clear()

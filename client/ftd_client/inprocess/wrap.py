@@ -97,6 +97,12 @@ class CallWrapper:
         """Report progress: resets the soft timeout."""
         self._runner.watchdog.ping()
 
+    def report_fault(self, reason: str) -> None:
+        """End this round on every rank without raising here: the fault is announced (to the
+        daemon and every peer) and this function is interrupted like the others'. For errors
+        that training code swallowed, e.g. a ManagedProcessGroup's (see RoundManager)."""
+        self._runner.report_fault(reason)
+
 
 class Wrapper:
     """Decorator that restarts the wrapped training function in-process after a fault.
@@ -180,6 +186,8 @@ class _Runner:
         self._lock = threading.Lock()
         self._finished: set[int] = set()
         """Rounds whose call returned: a late fault must not abort what the caller goes on with."""
+        self._handling: set[int] = set()
+        """Rounds whose fault the watcher took on (interrupt, abort) before the call returned."""
         self._aborted: dict[int, threading.Event] = {}
         self.interrupter = Interrupter(wrapper.interrupt_signal)
         self.interrupter.install()
@@ -219,10 +227,12 @@ class _Runner:
             if wants_call_wrapper:
                 kwargs = {**kwargs, "call_wrapper": CallWrapper(self)}
             ok, value = self._call(fn, args, kwargs)
-            if ok:
-                self._finish(rnd)
+            if ok and self._finish(rnd):
                 return value
-            error: BaseException = value
+            error: BaseException = (
+                value if not ok else RestartInterrupt(f"round {rnd} had a fault before it returned")
+            )
+            value = None  # what a failed round returned holds nothing the next one may use
             if isinstance(error, (KeyboardInterrupt, SystemExit)):
                 self._finish(rnd)
                 raise error
@@ -273,10 +283,21 @@ class _Runner:
             self.watchdog.disarm()
             return False, late
 
-    def _finish(self, rnd: int) -> None:
+    def _finish(self, rnd: int) -> bool:
+        """The function returned from round `rnd`. False when the round had a fault first
+        (this rank reported one, or a peer's came before the return): the round failed here
+        too, and this rank joins the next one with the others."""
         with self._lock:
-            self._finished.add(rnd)
-        self.coordination.stop_watcher(rnd, self.slot)
+            handling = rnd in self._handling
+            if not handling:
+                self._finished.add(rnd)
+        if handling:
+            return False
+        if self.coordination.stop_watcher(rnd, self.slot):
+            return True
+        # The watcher skips a fault of a finished round: the abort is this thread's to run.
+        self._abort(rnd, self.coordination.read_fault(rnd))
+        return False
 
     def _recover(self, rnd: int, error: BaseException) -> None:
         members = self.members
@@ -296,7 +317,7 @@ class _Runner:
         fault = self.coordination.read_fault(rnd)
         self.state = self.state.replace(fault=fault)
         log.warning(
-            "ftd: round %d ended by a %s on rank %d (%s): restarting in-process",
+            "ftd: round %d ended (%s on rank %d: %s): restarting in-process",
             rnd,
             fault.kind,
             fault.rank,
@@ -312,6 +333,14 @@ class _Runner:
         if self.wrapper.health_check is not None:
             self.wrapper.health_check(self.state)
 
+    def report_fault(self, reason: str) -> None:
+        members = self.members
+        if members is None:
+            return
+        rnd = self.state.iteration
+        fault = Fault.now("exception", self.slot, reason, rnd, f"rank {self.slot}")
+        self.coordination.announce_here(rnd, fault, members)
+
     # -- the watcher and watchdog threads -------------------------------------------------
 
     def _on_fault(self, rnd: int, fault: Fault) -> None:
@@ -319,7 +348,11 @@ class _Runner:
         with self._lock:
             if rnd in self._finished:
                 return
+            self._handling.add(rnd)
         self.interrupter.interrupt()
+        self._abort(rnd, fault)
+
+    def _abort(self, rnd: int, fault: Fault) -> None:
         state = self.state.replace(fault=fault)
         try:
             self.wrapper.abort(state)
