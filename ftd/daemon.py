@@ -10,8 +10,11 @@ import logging
 import os
 import random
 import signal
+import sys
 import tempfile
+import threading
 import time
+import traceback
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -35,6 +38,7 @@ from ftd.launch import Placement, build_command, worker_envs
 from ftd.policy import Action, after_attempt
 from ftd.rendezvous import ClusterRequest, Rendezvous, RendezvousError, Round
 from ftd.spawn import LaunchSpec, get_spawner
+from ftd.spawn.rank_main import DAEMON_HANDLED_SIGNALS
 from ftd.state import DaemonState, Failure, NodeStatus, RankState, RankStatus
 from ftd.store import AttemptStores, host_tcp_store
 from ftd.summary import failure_summary
@@ -43,7 +47,9 @@ from ftd.workers import WorkerGroup
 log = logging.getLogger("ftd.daemon")
 
 PR_SET_CHILD_SUBREAPER = 36
-HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+TEARDOWN_STEP_TIMEOUT_S = 30.0
+"""A teardown step past this is logged with every thread's stack and left behind; the workers'
+stop is exempt (its kill escalation bounds it)."""
 
 
 def _become_subreaper() -> None:
@@ -110,7 +116,7 @@ class Daemon:
         self.health.start()
         self.status.timeouts = self.health.timeouts.model_dump()
         loop = asyncio.get_running_loop()
-        for sig in HANDLED_SIGNALS:
+        for sig in DAEMON_HANDLED_SIGNALS:
             loop.add_signal_handler(sig, self._on_signal, sig)
         self.events.emit(
             "daemon_started",
@@ -147,8 +153,6 @@ class Daemon:
         group, guard, api, health = self._group, self._guard, self._api, self.health
         rdzv = self._rdzv
         steps: list[tuple[str, Callable[[], Awaitable[object]]]] = []
-        if group is not None:
-            steps.append(("stopping the workers", lambda: self._stop_group(group)))
         if rdzv is not None:
             steps.append(("leaving the rendezvous", rdzv.close))
         if health is not None:
@@ -163,13 +167,25 @@ class Daemon:
             steps.append(("closing the API server", api.close))
         if guard is not None:
             steps.append(("closing the orphan guard", lambda: asyncio.to_thread(guard.close)))
+        if group is not None:  # not bounded here: its kill escalation bounds it
+            try:
+                await self._stop_group(group)
+            except Exception:
+                log.exception("error while stopping the workers")
         for what, step in steps:
             try:
-                await step()
+                await asyncio.wait_for(step(), TEARDOWN_STEP_TIMEOUT_S)
+            except TimeoutError:
+                log.error(
+                    "teardown gave up %s after %.0f s; threads:\n%s",
+                    what,
+                    TEARDOWN_STEP_TIMEOUT_S,
+                    _thread_stacks(),
+                )
             except Exception:
                 log.exception("error while %s", what)
         loop = asyncio.get_running_loop()
-        for sig in HANDLED_SIGNALS:
+        for sig in DAEMON_HANDLED_SIGNALS:
             loop.remove_signal_handler(sig)
         self.events.emit("daemon_stopped", state=self.status.state.value)
         self.events.close()
@@ -791,6 +807,16 @@ def _log_line_prefixes(role: str, placement: Placement, nprocs: int) -> dict[int
         )
         for lr in range(nprocs)
     }
+
+
+def _thread_stacks() -> str:
+    """Every thread's stack, for a log line that says where teardown is stuck."""
+    frames = sys._current_frames()
+    names = {t.ident: t.name for t in threading.enumerate()}
+    return "\n".join(
+        f"--- {names.get(ident, ident)}\n" + "".join(traceback.format_stack(frame))
+        for ident, frame in frames.items()
+    )
 
 
 async def _run_sync(step: Callable[[], object]) -> None:

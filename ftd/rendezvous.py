@@ -231,6 +231,7 @@ class Rendezvous:
         self._ka_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ftd-ka")
         self._closing = threading.Event()
         self._keepalive_task: asyncio.Task[None] | None = None
+        self._keepalive_stopped = False
         self._watched: dict[str, tuple[int, float]] = {}
         self._declared: set[str] = set()
         self._done = False
@@ -312,6 +313,9 @@ class Rendezvous:
     async def close(self) -> None:
         self._closing.set()
         if self._keepalive_task is not None:
+            # The flag, not only the cancel: Python 3.11's wait_for drops a cancellation that
+            # lands as the store call completes, and the loop would go on for ever.
+            self._keepalive_stopped = True
             self._keepalive_task.cancel()
             await asyncio.gather(self._keepalive_task, return_exceptions=True)
         if not self.lost.is_set() and self._store is not None and not self._done:
@@ -620,7 +624,7 @@ class Rendezvous:
         loop = asyncio.get_running_loop()
         store = self._keepalive_store
         assert store is not None
-        while not self.lost.is_set():
+        while not self.lost.is_set() and not self._keepalive_stopped:
             watched = list(self._watched)
             try:
                 values: list[bytes] = await asyncio.wait_for(

@@ -84,7 +84,11 @@ class Serve:
         return data
 
     async def wait(self, timeout: float = 90.0) -> int:
-        code = await asyncio.wait_for(self.proc.wait(), timeout)
+        try:
+            code = await asyncio.wait_for(self.proc.wait(), timeout)
+        except TimeoutError:
+            tail = self.stderr.text[-6000:]
+            raise AssertionError(f"ftd serve still runs after {timeout:.0f} s:\n{tail}") from None
         await asyncio.wait_for(asyncio.gather(*self.pumps), 10)
         return code
 
@@ -154,6 +158,8 @@ async def serve(tmp_path: Path) -> AsyncIterator[ServeFactory]:
             await run.proc.wait()
         for pump in run.pumps:
             pump.cancel()
+    stuck = [line for run in started for line in run.stderr.lines if "teardown gave up" in line]
+    assert not stuck, f"a daemon's teardown got stuck: {stuck}"
 
 
 async def wait_pids_gone(pids: list[int], timeout: float) -> list[int]:

@@ -40,6 +40,32 @@ INITIAL_PATH0: str | None = None
 ZYGOTE_ENV: dict[str, str] = dict(os.environ)
 """The zygote's environment at exec: what the preloaded libraries initialised from."""
 
+DAEMON_HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+"""Caught by the daemon while its ranks run; exec resets a caught signal to the default."""
+
+INHERITED_SIGNALS: dict[int, Any] = {}
+"""The zygote's dispositions at exec, before it changed any: what a rank exec'd by the daemon
+would start with (a signal ignored by whoever started the daemon stays ignored, as across exec)."""
+
+
+def inherited_signals() -> dict[int, Any]:
+    """This interpreter's current dispositions, for the signals a rank can be handed, with those
+    the daemon catches at what exec gives them (SIGINT: KeyboardInterrupt, as Python sets it)."""
+    fresh = (signal.SIG_IGN, signal.SIG_DFL, signal.default_int_handler)
+    dispositions: dict[int, Any] = {}
+    for sig in signal.valid_signals():
+        if sig in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        try:
+            handler = signal.getsignal(sig)
+        except (OSError, ValueError):
+            continue
+        dispositions[sig] = handler if handler in fresh else signal.SIG_DFL
+    for sig in DAEMON_HANDLED_SIGNALS:
+        dispositions[sig] = signal.SIG_DFL
+    dispositions[signal.SIGINT] = signal.default_int_handler
+    return dispositions
+
 
 def become_rank(request: dict[str, Any]) -> NoReturn:
     """Turn this forked process into the rank and run the script; never returns."""
@@ -55,21 +81,30 @@ def become_rank(request: dict[str, Any]) -> NoReturn:
 
 
 def _reset_signals() -> None:
-    """A fresh interpreter's dispositions: SIGINT raises KeyboardInterrupt, SIGPIPE and SIGXFSZ
-    are ignored, everything else is the default; nothing blocked, no wakeup fd."""
+    """A fresh interpreter's dispositions: those the zygote was exec'd with (SIGINT raises
+    KeyboardInterrupt unless it was ignored, SIGPIPE and SIGXFSZ are ignored, the rest as
+    inherited); nothing blocked, no wakeup fd."""
     signal.pthread_sigmask(signal.SIG_SETMASK, ())
     signal.set_wakeup_fd(-1)
-    ignored = {signal.SIGPIPE, signal.SIGXFSZ}
-    for sig in signal.valid_signals():
-        if sig in (signal.SIGKILL, signal.SIGSTOP):
-            continue
-        handler: Any = signal.SIG_IGN if sig in ignored else signal.SIG_DFL
-        if sig == signal.SIGINT:
-            handler = signal.default_int_handler
+    dispositions = INHERITED_SIGNALS or _fresh_defaults()
+    for sig, handler in dispositions.items():
         try:
             signal.signal(sig, handler)
         except (OSError, ValueError, RuntimeError):
             continue
+
+
+def _fresh_defaults() -> dict[int, Any]:
+    """A fresh interpreter's dispositions when nothing was inherited: the defaults, except that
+    SIGINT raises KeyboardInterrupt and SIGPIPE and SIGXFSZ are ignored."""
+    ignored = {signal.SIGPIPE, signal.SIGXFSZ}
+    dispositions: dict[int, Any] = {}
+    for sig in signal.valid_signals():
+        if sig in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        dispositions[sig] = signal.SIG_IGN if sig in ignored else signal.SIG_DFL
+    dispositions[signal.SIGINT] = signal.default_int_handler
+    return dispositions
 
 
 def _await_reparenting(intermediate: int, daemon: int) -> None:

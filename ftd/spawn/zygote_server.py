@@ -204,6 +204,7 @@ if __name__ == "__main__":
     from ftd.spawn import rank_main
 
     rank_main.INITIAL_PATH0 = sys.path[0] if sys.path else None
+    rank_main.INHERITED_SIGNALS = rank_main.inherited_signals()
     _request = main(sys.argv[1:])
     if _request is not None:
         rank_main.become_rank(_request)  # in a forked rank: never returns
