@@ -464,6 +464,9 @@ class Rendezvous:
         store wait in a thread of its own (its own connection), no polling."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[ClusterRequest] = loop.create_future()
+        # A lost store is also reported through `lost`, which the daemon may see first: the
+        # exception here needs no reader.
+        future.add_done_callback(lambda done: done.cancelled() or done.exception())
 
         def resolve(value: ClusterRequest | BaseException) -> None:
             if future.done():

@@ -202,9 +202,27 @@ async def test_two_jobs_on_one_store_do_not_meet(serve: ServeFactory, tmp_path: 
         await asyncio.wait_for(store.wait(), 10)
 
 
-@pytest.mark.skip(reason="needs network namespaces (CAP_NET_ADMIN) to partition a node")
-async def test_partitioned_node_is_declared_dead() -> None:
-    """A node cut off by the network (not killed) is declared dead like a SIGKILLed one."""
+async def test_frozen_node_is_declared_dead_and_leaves_when_it_wakes(serve: ServeFactory) -> None:
+    """A node that goes silent with its connections open (SIGSTOP: what the others see of a
+    partitioned node, short of network namespaces) is dropped like a dead one; when it wakes
+    after the job has moved on, it stops its ranks and leaves."""
+    cluster = Cluster(serve, "1:2")
+    a = await cluster.node("a", "--hang-attempts", "1")
+    await a.stderr.expect("hosting the rendezvous store")
+    b = await cluster.node("b", "--hang-attempts", "1")
+    await b.stdout.expect("ready a0 r1")
+    await a.stdout.expect("ready a0 r0")
+    b_ranks = ranks_of(b, "b")
+    b.signal(signal.SIGSTOP)
+    try:
+        assert await a.wait(timeout=30) == 0
+    finally:
+        b.signal(signal.SIGCONT)
+    assert "node b lost: no keepalive for" in a.stderr.text
+    assert "ready a1 r0" in a.stdout.text  # round 1: a alone, the job finished
+    assert await b.wait(timeout=30) != 0
+    assert await wait_pids_gone(b_ranks, timeout=10) == []
+    assert json.loads((run_dir(b, "b") / "status.json").read_text())["state"] == "failed"
 
 
 @pytest.mark.parametrize("nodes", [2, 4, 8])
