@@ -91,13 +91,19 @@ async def test_rank_crash_on_one_node_restarts_every_node(serve: ServeFactory) -
     assert {e["data"]["members"] == ["a", "b"] for e in events(a, "a", "round_closed")} == {True}  # type: ignore[index]
 
 
-async def test_sigkill_of_a_node_the_others_go_on(serve: ServeFactory) -> None:
+async def two_nodes_in_a_round(serve: ServeFactory) -> tuple[Serve, Serve]:
+    """Nodes a (the store's host) and b of a 1:2 job, their ranks up and hanging in attempt 0."""
     cluster = Cluster(serve, "1:2")
     a = await cluster.node("a", "--hang-attempts", "1")
     await a.stderr.expect("hosting the rendezvous store")
     b = await cluster.node("b", "--hang-attempts", "1")
     await b.stdout.expect("ready a0 r1")
     await a.stdout.expect("ready a0 r0")
+    return a, b
+
+
+async def test_sigkill_of_a_node_the_others_go_on(serve: ServeFactory) -> None:
+    a, b = await two_nodes_in_a_round(serve)
     b_ranks = ranks_of(b, "b")
     b.signal(signal.SIGKILL)
     assert await a.wait(timeout=30) == 0
@@ -206,12 +212,7 @@ async def test_frozen_node_is_declared_dead_and_leaves_when_it_wakes(serve: Serv
     """A node that goes silent with its connections open (SIGSTOP: what the others see of a
     partitioned node, short of network namespaces) is dropped like a dead one; when it wakes
     after the job has moved on, it stops its ranks and leaves."""
-    cluster = Cluster(serve, "1:2")
-    a = await cluster.node("a", "--hang-attempts", "1")
-    await a.stderr.expect("hosting the rendezvous store")
-    b = await cluster.node("b", "--hang-attempts", "1")
-    await b.stdout.expect("ready a0 r1")
-    await a.stdout.expect("ready a0 r0")
+    a, b = await two_nodes_in_a_round(serve)
     b_ranks = ranks_of(b, "b")
     b.signal(signal.SIGSTOP)
     try:
