@@ -4,17 +4,20 @@ The ranks run their training function under `ftd_client.inprocess.Wrapper`; each
 a *round*. The protocol (keys and records) is ftd_client/inprocess/keys.py, shared with the
 ranks. One `InprocessRounds` per attempt and node; every node's daemon:
 
-- on a local rank's failed exit, writes it out of the rounds it could be waited for in, announces
-  a `rank_exit` fault to every rank of the job when it was a member of a running round (the
-  round's fault key, then every rank's wake key: the store reaches every node), and starts a new
-  process in its place (`--inprocess-respawn`, counted against --max-restarts), which joins the
-  open round; or, without respawn, writes the slot off for good so later rounds go on without it.
+- on a local rank's failed exit after the rounds ended well, fails the attempt (a process
+  restart follows, as under torchrun); before that, writes it out of the rounds it could be
+  waited for in, announces a `rank_exit` fault to every rank of the job when it was a member
+  of a running round (the round's fault key, then every rank's wake key: the store reaches
+  every node), and starts a new process in its place (`--inprocess-respawn`, counted against
+  --max-restarts), which joins the open round; or, without respawn, writes the slot off for
+  good so later rounds go on without it.
 
 The leader (node rank 0; the only daemon on a single node) also runs the rounds:
 
 - once every slot arrived at round k's barrier (or was written off), it decides the members and
   gives them a fresh process-group store (MASTER_ADDR:MASTER_PORT), hosted here;
-- it waits for round k's fault (its own wake key) and opens round k+1;
+- it waits for round k's fault (its own wake key) and opens round k+1, or stops once every
+  member's function returned (the round's `completed` record);
 - the members of round k then have the longest hard timeout they announced to arrive at round
   k+1. A straggler (hung in C code, out of reach of its Wrapper) fails the attempt, naming it,
   and the usual process restart follows: every rank is stopped and started again.
@@ -228,6 +231,10 @@ class InprocessRounds:
         assert failure.local_rank is not None
         local_rank = failure.local_rank
         slot = self.local_slots[local_rank]
+        if await self._op(self._rounds_completed):  # nothing left to rejoin
+            log.error("%s after the in-process rounds ended well", failure.reason)
+            self.group.fail(failure)
+            return
         respawn = self.respawn and await self.respawn_budget(failure)
         if self.respawn and not respawn:
             log.error("%s: no restarts left for a respawn", failure.reason)
@@ -263,6 +270,15 @@ class InprocessRounds:
         )
         if self.on_respawned is not None:
             self.on_respawned(local_rank, old_pid)
+
+    def _rounds_completed(self) -> bool:
+        """Blocking: whether the open round ended with every member's function returned."""
+        store, keys = self.store, self.keys
+        rnd = int(store.get(keys.open))
+        return (
+            bool(store.check([keys.fault(rnd)]))
+            and Fault.decode(store.get(keys.fault(rnd))).completed
+        )
 
     def _write_off(self, slot: int, respawn: bool, reason: str) -> tuple[int, bool]:
         """Blocking. Take the slot's arrival out of the open round and the next (survivors may
@@ -434,14 +450,19 @@ class InprocessRounds:
         return changed
 
     def _await_fault(self, store: TCPStore, rnd: int) -> Fault | None:
-        """Blocking: round `rnd`'s fault once announced; None when the watch was stopped."""
+        """Blocking: round `rnd`'s fault once announced; None when the watch was stopped or
+        the round ended well (no round follows)."""
         key = self.keys.wake(rnd, DAEMON)
         while not _wait(store, [key], IDLE_WAIT_S):
             if self._closing.is_set():
                 return None
         if store.get(key) == STOP or self._closing.is_set():
             return None
-        return Fault.decode(store.get(self.keys.fault(rnd)))
+        fault = Fault.decode(store.get(self.keys.fault(rnd)))
+        if fault.completed:
+            log.info("in-process round %d: every member's function returned", rnd)
+            return None
+        return fault
 
     def _stop_waits(self, rnd: int) -> None:
         self.store.compare_set(self.keys.wake(rnd, DAEMON), "", STOP)

@@ -99,6 +99,23 @@ async def test_a_raising_rank_restarts_every_rank_in_process(
 
 
 @pytest.mark.timeout(90)
+async def test_ranks_that_returned_restart_with_a_peer_that_faults_after(
+    serve: ServeFactory, tmp_path: Path
+) -> None:
+    """A round ends well only when every member returned: the three ranks whose function
+    already returned come back for the next round when the fourth then raises."""
+    run = await train(serve, tmp_path, "late")
+    assert await run.wait(timeout=80) == 0, run.stderr.text[-3000:]
+    assert_unblocked_in_process(run, SURVIVORS)
+    finals = assert_same_model(run, list(range(WORLD)), WORLD)
+    assert {f["iteration"] for f in finals} == {1} and {f["attempt"] for f in finals} == {0}
+    [fault] = events(run, "inprocess_fault")
+    assert fault["kind"] == "exception" and "after the others returned" in fault["reason"]
+    assert not events(run, "attempt_failed")
+    assert "in-process round 1: every member's function returned" in run.stderr.text
+
+
+@pytest.mark.timeout(90)
 async def test_a_dead_rank_is_respawned_and_rejoins(serve: ServeFactory, tmp_path: Path) -> None:
     run = await train(serve, tmp_path, "exit", "--max-restarts", "1")
     assert await run.wait(timeout=80) == 0, run.stderr.text[-3000:]

@@ -33,7 +33,8 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--out", type=Path, required=True)
 parser.add_argument("--steps", type=int, default=20)
 parser.add_argument("--step-time", type=float, default=0.0, help="seconds of 'compute' a step")
-parser.add_argument("--inject", default="none", choices=["none", "raise", "exit", "sleep", "gil"])
+INJECTIONS = ["none", "raise", "exit", "sleep", "gil", "late"]
+parser.add_argument("--inject", default="none", choices=INJECTIONS)
 parser.add_argument("--inject-rank", type=int, default=2, help="initial rank that faults")
 parser.add_argument("--inject-step", type=int, default=5)
 parser.add_argument("--soft-timeout", type=float, default=60.0)
@@ -57,9 +58,11 @@ def mark(name: str, payload: object) -> None:
     tmp.replace(args.out / name)
 
 
-def inject(iteration: int) -> None:
+def inject(iteration: int, late: bool = False) -> None:
     global faulted
     if args.inject == "none" or faulted or ATTEMPT > 0 or RESPAWNED or args.inject_rank != SLOT:
+        return
+    if late != (args.inject == "late"):
         return
     faulted = True
     mark(f"fault_s{SLOT}", {"time": time.time(), "kind": args.inject, "iteration": iteration})
@@ -72,6 +75,20 @@ def inject(iteration: int) -> None:
         time.sleep(3600)
     if args.inject == "gil":  # a C call that keeps the GIL: nothing in this process can run
         ctypes.PyDLL(None).sleep(3600)
+    if args.inject == "late":  # once every other member's function has returned
+        await_returned(iteration, dist.get_world_size() - 1)
+        raise RuntimeError(f"injected late failure on rank {SLOT} after the others returned")
+
+
+def await_returned(iteration: int, count: int) -> None:
+    """Until `count` members' functions returned from this round (the Wrapper's done counter)."""
+    from ftd_client.inprocess.keys import ENV_PREFIX, ENV_STORE_ADDR, Keys
+
+    host, port = os.environ[ENV_STORE_ADDR].rsplit(":", 1)
+    store = dist.TCPStore(host, int(port), is_master=False)
+    key = Keys(os.environ[ENV_PREFIX]).done(iteration)
+    while store.add(key, 0) < count:  # a counter cannot be waited for: polled
+        time.sleep(0.01)
 
 
 def aborted(state: inprocess.FrozenState) -> None:
@@ -121,6 +138,7 @@ def train(call_wrapper: inprocess.CallWrapper | None = None) -> None:
         params -= 0.1 * grad.cpu() / world
         step += 1
     dist.barrier()
+    inject(iteration, late=True)
     mark(
         f"final_s{SLOT}",
         {

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 import warnings
 from dataclasses import dataclass
 from datetime import timedelta
@@ -23,6 +24,7 @@ from typing import Any
 
 from ftd_client.inprocess.exceptions import RestartError
 from ftd_client.inprocess.keys import (
+    COMPLETED,
     DAEMON,
     DEAD,
     ENV_PREFIX,
@@ -215,6 +217,34 @@ class Coordination:
     def announce_here(self, rnd: int, fault: Fault, members: Members) -> Fault:
         return self.announce(self._store, rnd, fault, members)
 
+    def complete(self, rnd: int, members: Members) -> Fault | None:
+        """This member's function returned from round `rnd`: wait for the round's end. None
+        when every member returned (the last to return says so); the round's fault when one
+        came first, and this rank goes on to the next round with the others.
+
+        Under a daemon the wait has no end of its own (the daemon announces a member that
+        dies); without one, a member that never returns is given up on after barrier_timeout.
+        """
+        store, keys = self._store, self.keys
+        if int(store.add(keys.done(rnd), 1)) >= len(members.slots):
+            by = f"rank {self.slot}"
+            ended = Fault.now(COMPLETED, self.slot, "every member returned", rnd, by)
+            self.announce(store, rnd, ended, members)
+        wake = keys.wake(rnd, self.slot)
+        started = time.monotonic()
+        while not _wait(store, wake, self.barrier_timeout_s):
+            if not self.endpoint.daemon:
+                log.warning(
+                    "ftd: round %d: not every member returned within %.0fs (barrier_timeout); "
+                    "this rank returns",
+                    rnd,
+                    time.monotonic() - started,
+                )
+                self.stop_watcher(rnd, self.slot)
+                return None
+        fault = self.read_fault(rnd)
+        return None if fault.completed else fault
+
     def read_fault(self, rnd: int) -> Fault:
         return Fault.decode(self._store.get(self.keys.fault(rnd)))
 
@@ -227,6 +257,17 @@ class Coordination:
     def close(self) -> None:
         self._round_stores.clear()
         self._store = None
+
+
+def _wait(store: Any, key: str, timeout_s: float) -> bool:
+    """Blocking: whether `key` was set within `timeout_s`."""
+    try:
+        store.wait([key], timedelta(seconds=timeout_s))
+    except RuntimeError as error:  # DistStoreError
+        if "timeout" not in str(error).lower():
+            raise
+        return False
+    return True
 
 
 def _local_address(host: str, port: int) -> str:

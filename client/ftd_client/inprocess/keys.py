@@ -12,7 +12,11 @@ process-level attempt) the store holds:
                                 write-off: what wakes the daemon deciding the members
     round/<k>/count             arrivals so far (add counter; without a daemon)
     round/<k>/members           Members: who runs round k, and its process group's store
-    round/<k>/fault             the first Fault of round k (compare_set: the first writer wins)
+    round/<k>/done              members whose function returned from round k (add counter)
+    round/<k>/fault             the first Fault of round k (compare_set: the first writer wins);
+                                the last member to return writes a COMPLETED one, so a fault
+                                after that loses and a fault before it restarts every member,
+                                those that had returned included
     round/<k>/wake/<who>        set to FAULT once round k's fault is written, or to STOP by
                                 <who> itself; <who> is a slot or DAEMON. Each watcher blocks
                                 on its own wake key: a TCPStore wait is for all keys, never any.
@@ -38,6 +42,8 @@ INPROCESS = "inprocess"
 DAEMON = "daemon"
 FAULT = b"fault"
 STOP = b"stop"
+COMPLETED = "completed"
+"""The kind of the Fault that ends a round well: every member's function returned."""
 DEAD = b"dead"
 """An arrival written by the daemon for a slot whose process died (the job goes on without it)."""
 
@@ -68,6 +74,9 @@ class Keys:
     def members(self, rnd: int) -> str:
         return f"{self.prefix}/round/{rnd}/members"
 
+    def done(self, rnd: int) -> str:
+        return f"{self.prefix}/round/{rnd}/done"
+
     def fault(self, rnd: int) -> str:
         return f"{self.prefix}/round/{rnd}/fault"
 
@@ -97,8 +106,9 @@ class Fault:
     """Why a round ended: the first fault written for it.
 
     kind: `exception` (raised by the training function), `soft_timeout` (no progress),
-    `rank_exit` (the process died; written by the daemon) or `interrupted` (the rank was
-    told to restart by someone else; never written as a round's first fault by the Wrapper).
+    `rank_exit` (the process died; written by the daemon), `interrupted` (the rank was
+    told to restart by someone else; never written as a round's first fault by the Wrapper),
+    or `completed` (not a fault: every member returned, and the round ended well).
     """
 
     kind: str
@@ -114,6 +124,10 @@ class Fault:
     @classmethod
     def now(cls, kind: str, rank: int, reason: str, iteration: int, by: str) -> Fault:
         return cls(kind, rank, reason[:2000], iteration, time.time(), by)
+
+    @property
+    def completed(self) -> bool:
+        return self.kind == COMPLETED
 
     def encode(self) -> bytes:
         return json.dumps(asdict(self)).encode()

@@ -234,7 +234,8 @@ class _Runner:
             )
             value = None  # what a failed round returned holds nothing the next one may use
             if isinstance(error, (KeyboardInterrupt, SystemExit)):
-                self._finish(rnd)
+                if self._stop(rnd):  # the watcher must leave its wait before the process exits
+                    self.coordination.stop_watcher(rnd, self.slot)
                 raise error
             self._recover(rnd, error)
             rnd += 1
@@ -284,20 +285,27 @@ class _Runner:
             return False, late
 
     def _finish(self, rnd: int) -> bool:
-        """The function returned from round `rnd`. False when the round had a fault first
-        (this rank reported one, or a peer's came before the return): the round failed here
-        too, and this rank joins the next one with the others."""
-        with self._lock:
-            handling = rnd in self._handling
-            if not handling:
-                self._finished.add(rnd)
-        if handling:
+        """The function returned from round `rnd`; wait for the other members. False when the
+        round had a fault first (this rank reported one, or a peer's came before every member
+        returned): the round failed here too, and this rank joins the next one with the others."""
+        if not self._stop(rnd):
             return False
-        if self.coordination.stop_watcher(rnd, self.slot):
+        members = self.members
+        assert members is not None
+        fault = self.coordination.complete(rnd, members)
+        if fault is None:
             return True
         # The watcher skips a fault of a finished round: the abort is this thread's to run.
-        self._abort(rnd, self.coordination.read_fault(rnd))
+        self._abort(rnd, fault)
         return False
+
+    def _stop(self, rnd: int) -> bool:
+        """Take round `rnd` from the watcher; False when it took on a fault first."""
+        with self._lock:
+            if rnd in self._handling:
+                return False
+            self._finished.add(rnd)
+            return True
 
     def _recover(self, rnd: int, error: BaseException) -> None:
         members = self.members
@@ -346,7 +354,7 @@ class _Runner:
     def _on_fault(self, rnd: int, fault: Fault) -> None:
         """Watcher thread: round `rnd` has a fault. Interrupt the function, then abort."""
         with self._lock:
-            if rnd in self._finished:
+            if rnd in self._finished or fault.completed:
                 return
             self._handling.add(rnd)
         self.interrupter.interrupt()
