@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from ftd_client.inprocess.coordination import wait_keys
 from ftd_client.inprocess.keys import (
     DAEMON,
     DEAD,
@@ -99,19 +100,6 @@ def connect(host: str, port: int, timeout_s: float = STORE_OP_TIMEOUT_S) -> TCPS
         timeout=timedelta(seconds=timeout_s),
         use_libuv=True,
     )
-
-
-def _wait(store: TCPStore, keys: list[str], timeout_s: float) -> bool:
-    """Whether every key exists within the timeout (DistNetworkError: the store is gone)."""
-    from torch.distributed import DistNetworkError, DistStoreError
-
-    try:
-        store.wait(keys, timedelta(seconds=timeout_s))
-    except DistNetworkError:
-        raise
-    except DistStoreError:
-        return False
-    return True
 
 
 @dataclass(frozen=True)
@@ -453,7 +441,7 @@ class InprocessRounds:
         """Blocking: round `rnd`'s fault once announced; None when the watch was stopped or
         the round ended well (no round follows)."""
         key = self.keys.wake(rnd, DAEMON)
-        while not _wait(store, [key], IDLE_WAIT_S):
+        while not wait_keys(store, [key], IDLE_WAIT_S):
             if self._closing.is_set():
                 return None
         if store.get(key) == STOP or self._closing.is_set():

@@ -86,25 +86,11 @@ def _reset_signals() -> None:
     inherited); nothing blocked, no wakeup fd."""
     signal.pthread_sigmask(signal.SIG_SETMASK, ())
     signal.set_wakeup_fd(-1)
-    dispositions = INHERITED_SIGNALS or _fresh_defaults()
-    for sig, handler in dispositions.items():
+    for sig, handler in (INHERITED_SIGNALS or inherited_signals()).items():
         try:
             signal.signal(sig, handler)
         except (OSError, ValueError, RuntimeError):
             continue
-
-
-def _fresh_defaults() -> dict[int, Any]:
-    """A fresh interpreter's dispositions when nothing was inherited: the defaults, except that
-    SIGINT raises KeyboardInterrupt and SIGPIPE and SIGXFSZ are ignored."""
-    ignored = {signal.SIGPIPE, signal.SIGXFSZ}
-    dispositions: dict[int, Any] = {}
-    for sig in signal.valid_signals():
-        if sig in (signal.SIGKILL, signal.SIGSTOP):
-            continue
-        dispositions[sig] = signal.SIG_IGN if sig in ignored else signal.SIG_DFL
-    dispositions[signal.SIGINT] = signal.default_int_handler
-    return dispositions
 
 
 def _await_reparenting(intermediate: int, daemon: int) -> None:

@@ -232,7 +232,7 @@ class Coordination:
             self.announce(store, rnd, ended, members)
         wake = keys.wake(rnd, self.slot)
         started = time.monotonic()
-        while not _wait(store, wake, self.barrier_timeout_s):
+        while not wait_keys(store, [wake], self.barrier_timeout_s):
             if not self.endpoint.daemon:
                 log.warning(
                     "ftd: round %d: not every member returned within %.0fs (barrier_timeout); "
@@ -259,13 +259,16 @@ class Coordination:
         self._store = None
 
 
-def _wait(store: Any, key: str, timeout_s: float) -> bool:
-    """Blocking: whether `key` was set within `timeout_s`."""
+def wait_keys(store: Any, keys: list[str], timeout_s: float) -> bool:
+    """Blocking: whether every key exists within the timeout (DistNetworkError: the store is
+    gone)."""
+    from torch.distributed import DistNetworkError, DistStoreError
+
     try:
-        store.wait([key], timedelta(seconds=timeout_s))
-    except RuntimeError as error:  # DistStoreError
-        if "timeout" not in str(error).lower():
-            raise
+        store.wait(keys, timedelta(seconds=timeout_s))
+    except DistNetworkError:
+        raise
+    except DistStoreError:
         return False
     return True
 

@@ -354,7 +354,7 @@ class _Runner:
     def _on_fault(self, rnd: int, fault: Fault) -> None:
         """Watcher thread: round `rnd` has a fault. Interrupt the function, then abort."""
         with self._lock:
-            if rnd in self._finished or fault.completed:
+            if rnd in self._finished:
                 return
             self._handling.add(rnd)
         self.interrupter.interrupt()
