@@ -13,6 +13,7 @@ import logging
 import os
 import shutil
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from ftd.errors import InvalidRequest
 from ftd.events import EventLog
 from ftd.ft_config import FaultToleranceConfig, RankTimeouts
 from ftd.ipc import RankSocketServer, parent_pid
-from ftd.monitor import Monitor, RankHealth, learn_timeouts
+from ftd.monitor import Monitor, RankHealth, Verdict, learn_timeouts
 from ftd.state import Failure, RankStatus
 from ftd.workers import WorkerGroup
 
@@ -65,6 +66,7 @@ class HealthService:
         timeouts = self._load_state(ft.timeouts())
         self.monitor = Monitor(timeouts, self._on_hang)
         self.server = RankSocketServer(socket_path, self._dispatch, self._authorize)
+        self.monitor.drain = self.server.drain
         self._group: WorkerGroup | None = None
         self._hang_tasks: set[asyncio.Task[None]] = set()
 
@@ -254,24 +256,44 @@ class HealthService:
 
     # -- hangs -------------------------------------------------------------------------------
 
-    def _on_hang(self, rank: RankHealth, reason: str) -> None:
+    def _on_hang(self, verdict: Verdict) -> None:
+        overdue = list(verdict.overdue)
         # Ranks waiting in a collective on an injected hang time out as well, and may do so first.
-        culprit = next((r for r in self.monitor.ranks() if r.simulated_hang), None)
-        if culprit is not None and not rank.simulated_hang:
-            reason = (
-                f"rank {culprit.global_rank} is carrying out a simulated hang; rank "
-                f"{rank.global_rank} was the first to time out waiting: {reason}"
-            )
-            rank = culprit
+        simulated = [r for r in self.monitor.ranks() if r.simulated_hang]
+        culprit = simulated[0] if simulated else overdue[0].rank
+        reason = _verdict_reason(verdict, culprit)
         log.error("%s", reason)
-        task = asyncio.create_task(self._explain_and_kill(rank, reason))
+        others = [item.rank for item in overdue if item.rank is not culprit]
+        task = asyncio.create_task(self._explain_and_kill(culprit, others, reason))
         self._hang_tasks.add(task)
         task.add_done_callback(self._hang_tasks.discard)
 
-    async def _explain_and_kill(self, rank: RankHealth, reason: str) -> None:
+    async def _explain_and_kill(
+        self, rank: RankHealth, others: list[RankHealth], reason: str
+    ) -> None:
+        """Stacks of every overdue rank first (bounded), then the kill and the attempt's end.
+        Nothing a rank sent or did can stop the kill: every step's error is a note."""
         group = self._group
         if group is None:
             return
+        notes: list[str] = []
+        try:
+            results = await asyncio.gather(
+                *(self._explain(group, r) for r in [rank, *others]), return_exceptions=True
+            )
+            for who, result in zip([rank, *others], results, strict=True):
+                if isinstance(result, BaseException):
+                    log.error("could not explain rank %d: %r", who.global_rank, result)
+                    notes.append(f"rank {who.global_rank}: no stacks ({result!r})")
+                else:
+                    prefix = "" if who is rank else f"rank {who.global_rank}: "
+                    notes.extend(prefix + note for note in result)
+        except Exception as error:  # never lose the kill to an explanation
+            notes.append(f"stacks not collected ({error!r})")
+        finally:
+            self._kill(group, rank, others, reason, notes)
+
+    async def _explain(self, group: WorkerGroup, rank: RankHealth) -> list[str]:
         stacks = Path(group.attempt_log_dir) / str(rank.local_rank)
         stacks_file = stacks / "stacks.txt"
         notes: list[str] = []
@@ -287,18 +309,37 @@ class HealthService:
                 notes.append("the rank wrote no stacks within 1s")
             if (native := await _native_dump(rank.pid, stacks / "stacks_native.txt")) is not None:
                 notes.append(f"native stacks in {native}")
+        return notes
+
+    def _kill(
+        self,
+        group: WorkerGroup,
+        rank: RankHealth,
+        others: list[RankHealth],
+        reason: str,
+        notes: list[str],
+    ) -> None:
         section = max(rank.open_sections, key=rank.open_sections.__getitem__, default=None)
-        event = self.events.emit(
-            "rank_hung",
-            local_rank=rank.local_rank,
-            global_rank=rank.global_rank,
-            pid=rank.pid,
-            reason=reason,
-            section=section,
-            notes=notes,
-        )
         signal_name = self.ft.rank_termination_signal
-        group.signal_rank(rank.local_rank, signal.Signals[signal_name])
+        try:
+            event = self.events.emit(
+                "rank_hung",
+                local_rank=rank.local_rank,
+                global_rank=rank.global_rank,
+                pid=rank.pid,
+                reason=reason,
+                section=section,
+                also_overdue=[r.global_rank for r in others],
+                notes=notes,
+            )
+            timestamp = event.time
+        except Exception:
+            log.exception("could not record the hang of rank %d", rank.global_rank)
+            timestamp = time.time()
+        try:
+            group.signal_rank(rank.local_rank, signal.Signals[signal_name])
+        except Exception:
+            log.exception("could not signal hung rank %d", rank.global_rank)
         full_reason = f"{reason}; {'; '.join(notes)}; terminated with {signal_name}"
         group.fail(
             Failure(
@@ -307,9 +348,33 @@ class HealthService:
                 local_rank=rank.local_rank,
                 global_rank=rank.global_rank,
                 pid=rank.pid,
-                timestamp=event.time,
+                timestamp=timestamp,
             )
         )
+
+
+def _verdict_reason(verdict: Verdict, culprit: RankHealth) -> str:
+    """The culprit's reason, then who else was overdue and who stopped first."""
+    by_rank = {id(item.rank): item for item in verdict.overdue}
+    own = by_rank.get(id(culprit))
+    if own is not None:
+        reason = own.reason(verdict.at)
+    else:  # an announced simulated hang that has not timed out itself
+        first = verdict.first
+        reason = (
+            f"rank {culprit.global_rank} is carrying out a simulated hang; rank "
+            f"{first.rank.global_rank} was the first to time out waiting: "
+            f"{first.reason(verdict.at)}"
+        )
+    others = [item.rank.global_rank for item in verdict.overdue if item.rank is not culprit]
+    if others and own is not None:
+        silent = culprit.last_seen if culprit.last_seen is not None else culprit.connected_at
+        since = f" (silent for {verdict.at - silent:.3f}s)" if silent is not None else ""
+        reason += (
+            f"; rank {culprit.global_rank} stopped first{since}, ranks {others} stopped "
+            "after it (waiting on it, most likely)"
+        )
+    return reason
 
 
 def _sections(patch: dict[str, Any]) -> list[str]:

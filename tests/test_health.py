@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import sys
@@ -49,6 +50,23 @@ async def test_rank_that_stops_heartbeating_is_explained_killed_and_replaced(
     # Killed with ft_launcher's default rank_termination_signal.
     [killed] = [e for e in events(run, "rank_exited") if e["data"]["pid"] == data["pid"]]  # type: ignore[index]
     assert killed["data"]["exit_code"] == -signal.SIGKILL  # type: ignore[index]
+
+
+async def test_subsequent_timeout_applies_after_a_longer_initial_one(serve: ServeFactory) -> None:
+    """NVRx's defaults and the README's pattern: initial >> subsequent. The hang is judged by
+    the subsequent timeout after the last heartbeat, not at the initial deadline."""
+    run = await run_mode(
+        serve,
+        "stop-heartbeats",
+        "--ft-param-initial_rank_heartbeat_timeout=60",
+        "--ft-param-rank_heartbeat_timeout=1",
+    )
+    assert await run.wait() == 0
+    [hang] = events(run, "rank_hung")
+    reason = str(hang["data"]["reason"])  # type: ignore[index]
+    assert "sent no heartbeat within rank_heartbeat_timeout (1s" in reason
+    overdue_ms = float(re.search(r"overdue by ([0-9.]+) ms", reason).group(1))  # type: ignore[union-attr]
+    assert overdue_ms < 1000, reason  # the old timer fired at the 60 s initial deadline
 
 
 async def test_rank_that_never_sends_its_first_heartbeat(serve: ServeFactory) -> None:
