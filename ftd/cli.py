@@ -10,6 +10,8 @@ import uuid
 from collections.abc import Sequence
 from typing import NoReturn
 
+from ftd.errors import format_validation_error
+
 EXIT_USAGE = 2
 DEFAULT_API_PORT = 29610  # ftd.config.DEFAULT_API_PORT, without importing pydantic for --help
 
@@ -128,6 +130,14 @@ def _add_serve(subparsers: argparse._SubParsersAction[_Parser]) -> None:
         help="process: stop and restart every rank after a fault; inprocess: announce the "
         "fault to every rank, whose ftd_client.inprocess.Wrapper restarts the training function "
         "in the same process (a rank past its hard timeout falls back to a process restart)",
+    )
+    add(
+        *_flag("--restart-backoff"),
+        default="1:60",
+        metavar="BASE:CAP[:RESET]",
+        help="after attempts that fail fast one after another, wait BASE seconds before the "
+        "next, doubling up to CAP (the first restart is immediate); an attempt that ran RESET "
+        "seconds (default 300) starts over; 0 turns it off",
     )
     add(
         *_flag("--inprocess-respawn"),
@@ -305,6 +315,7 @@ def serve_config_from_args(args: argparse.Namespace) -> object:
         "api_token_file": args.api_token_file,
         "termination_signal": args.termination_signal,
         "restart_mode": args.restart_mode,
+        **_restart_backoff(args.restart_backoff),
         "inprocess_respawn": args.inprocess_respawn,
     }
     if args.node_id:
@@ -320,6 +331,18 @@ def serve_config_from_args(args: argparse.Namespace) -> object:
         return ServeConfig.model_validate(fields)
     except ValidationError as error:
         raise UsageError(format_validation_error(error)) from None
+
+
+def _restart_backoff(value: str) -> dict[str, object]:
+    """`--restart-backoff BASE:CAP[:RESET]` (seconds) as ServeConfig fields."""
+    parts = value.split(":")
+    if not 1 <= len(parts) <= 3:
+        raise UsageError(f"--restart-backoff: expected BASE:CAP[:RESET] seconds, got {value!r}")
+    names = ("restart_backoff_base_s", "restart_backoff_cap_s", "restart_backoff_reset_s")
+    try:
+        return {name: float(part) for name, part in zip(names, parts, strict=False) if part}
+    except ValueError:
+        raise UsageError(f"--restart-backoff: not seconds: {value!r}") from None
 
 
 def _fault_tolerance_fields(args: argparse.Namespace) -> dict[str, object]:
@@ -357,19 +380,6 @@ def _fault_tolerance_fields(args: argparse.Namespace) -> dict[str, object]:
     return fields
 
 
-def format_validation_error(error: object) -> str:
-    """One line per problem, each naming the field: `nproc_per_node: must be >= 1`."""
-    from pydantic import ValidationError
-
-    assert isinstance(error, ValidationError)
-    problems = []
-    for item in error.errors():
-        field = ".".join(str(part) for part in item["loc"])
-        message = str(item["msg"]).removeprefix("Value error, ")
-        problems.append(f"{field}: {message}" if field else message)
-    return "; ".join(problems)
-
-
 def _configure_logging(level: str) -> None:
     logging.basicConfig(
         level=level.upper(),
@@ -399,10 +409,11 @@ def _run_serve(args: argparse.Namespace) -> int:
             return await daemon.run()
 
     from ftd.api import ApiStartupError
+    from ftd.errors import StartupError
 
     try:
         return uvloop.run(serve())
-    except ApiStartupError as error:  # raised before any rank started
+    except (ApiStartupError, StartupError) as error:  # raised before any rank started
         print(f"ftd serve: error: {error}", file=sys.stderr)
         return EXIT_USAGE
 
@@ -412,14 +423,14 @@ def _run_store(host: str, port: int) -> int:
     import signal
     import threading
 
-    from ftd.rendezvous import host_store
+    from ftd_client.store import tcp_store_server
 
     _configure_logging("INFO")
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        store = host_store(host, port)
+        store = tcp_store_server(host, port)
     except Exception as error:
         print(f"ftd store: error: cannot listen on {host}:{port}: {error}", file=sys.stderr)
         return 1

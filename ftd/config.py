@@ -68,6 +68,12 @@ class ServeConfig(BaseModel):
     """`inprocess`: a fault is announced to every rank, whose ftd_client.inprocess.Wrapper
     restarts the training function in the same process (docs/inprocess.md); `process`: every
     rank is stopped and started again."""
+    restart_backoff_base_s: float = Field(1.0, ge=0, le=3600)
+    """After the second attempt in a row that failed fast, wait this long before the next,
+    doubling each time (kubelet's CrashLoopBackOff); 0 turns the back-off off."""
+    restart_backoff_cap_s: float = Field(60.0, ge=0, le=86400)
+    restart_backoff_reset_s: float = Field(300.0, gt=0, le=86400 * 30)
+    """An attempt that ran this long ended no crash loop: the back-off starts over."""
     inprocess_respawn: bool = True
     """In-process mode: a rank whose process died is started again and joins the next round
     (counted against max_restarts); False: the others go on without it."""

@@ -52,3 +52,21 @@ class FeatureUnavailable(FtdError):
     status = 501
     title = "Not implemented"
     type = "https://ftd.dev/problems/not-implemented"
+
+
+def format_validation_error(error: object) -> str:
+    """One line per problem, each naming the field: `nproc_per_node: must be >= 1`."""
+    from pydantic import ValidationError
+
+    assert isinstance(error, ValidationError)
+    problems = []
+    for item in error.errors():
+        field = ".".join(str(part) for part in item["loc"])
+        message = str(item["msg"]).removeprefix("Value error, ")
+        problems.append(f"{field}: {message}" if field else message)
+    return "; ".join(problems)
+
+
+class StartupError(Exception):
+    """The daemon cannot start (its run directory is unsafe, its secret is unusable): one line
+    saying why, exit 2, nothing started."""

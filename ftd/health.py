@@ -21,11 +21,12 @@ from ftd_client import protocol
 from ftd_client.protocol import ProtocolError, WorkloadAction
 from pydantic import ValidationError
 
-from ftd.errors import InvalidRequest
+from ftd.errors import InvalidRequest, format_validation_error
 from ftd.events import EventLog
 from ftd.ft_config import FaultToleranceConfig, RankTimeouts
 from ftd.ipc import RankSocketServer, parent_pid
 from ftd.monitor import Monitor, RankHealth, Verdict, learn_timeouts
+from ftd.persist import Persistence
 from ftd.state import Failure, RankStatus
 from ftd.workers import WorkerGroup
 
@@ -57,10 +58,12 @@ class HealthService:
         socket_path: Path,
         state_file: Path,
         events: EventLog,
+        persist: Persistence | None = None,
     ) -> None:
         self.ft = ft
         self.state_file = state_file
         self.events = events
+        self.persist = persist or Persistence()
         self.workload_request: WorkloadRequest | None = None
         self._learned: frozenset[str] = frozenset()
         timeouts = self._load_state(ft.timeouts())
@@ -69,6 +72,9 @@ class HealthService:
         self.monitor.drain = self.server.drain
         self._group: WorkerGroup | None = None
         self._hang_tasks: set[asyncio.Task[None]] = set()
+        self._first_steps: asyncio.Future[float | None] | None = None
+        self._not_stepped: set[int] = set()
+        self.monitor.on_first_step = self._on_first_step
 
     @property
     def timeouts(self) -> RankTimeouts:
@@ -86,25 +92,46 @@ class HealthService:
     # -- attempts ----------------------------------------------------------------------------
 
     def attach(self, group: WorkerGroup, statuses: list[RankStatus]) -> None:
+        """Watch this attempt's ranks (the previous attempt's are forgotten)."""
         self._group = group
         self.monitor.attach(
             [(s.local_rank, s.global_rank, s.pid) for s in statuses if s.pid is not None]
         )
-        for status in statuses:
-            health = self.monitor.rank_of(status.pid) if status.pid is not None else None
-            status.health = health.snapshot if health is not None else None
+        self._first_steps = asyncio.get_running_loop().create_future()
+        self._not_stepped = {s.local_rank for s in statuses}
 
     def respawned(self, status: RankStatus, old_pid: int | None) -> None:
         """The rank's process was replaced (in-process mode): watch the new one."""
         if status.pid is not None:
-            health = self.monitor.replace(
-                old_pid, status.local_rank, status.global_rank, status.pid
-            )
-            status.health = health.snapshot
+            self.monitor.replace(old_pid, status.local_rank, status.global_rank, status.pid)
 
-    def detach(self) -> None:
+    def detach(self, group: WorkerGroup | None = None) -> None:
+        """Stop watching `group`'s ranks (any group's when None); a later attempt's ranks,
+        already attached, are left alone."""
+        if group is not None and group is not self._group:
+            return
         self._group = None
         self.monitor.detach()
+        if self._first_steps is not None and not self._first_steps.done():
+            self._first_steps.set_result(None)
+
+    def snapshot(self, pid: int | None) -> dict[str, Any] | None:
+        """The live view of the rank with this pid (heartbeat age, open section), if watched."""
+        rank = self.monitor.rank_of(pid) if pid is not None else None
+        return rank.snapshot(time.monotonic()) if rank is not None else None
+
+    async def first_steps(self, group: WorkerGroup) -> float | None:
+        """When every rank of `group` took its first step (wall clock): its first heartbeat,
+        section or resumed(); None when the attempt ended before."""
+        if group is not self._group or self._first_steps is None:
+            return None
+        return await asyncio.shield(self._first_steps)
+
+    def _on_first_step(self, rank: RankHealth, now: float) -> None:
+        self._not_stepped.discard(rank.local_rank)
+        stepped = self._first_steps
+        if not self._not_stepped and stepped is not None and not stepped.done():
+            stepped.set_result(time.time() - (time.monotonic() - now))
 
     # -- timeouts ----------------------------------------------------------------------------
 
@@ -129,8 +156,6 @@ class HealthService:
         try:
             timeouts = RankTimeouts.model_validate(merged)
         except ValidationError as error:
-            from ftd.cli import format_validation_error
-
             raise InvalidRequest(format_validation_error(error)) from None
         # Values set by hand are no longer learned ones.
         self._learned = self._learned - set(patch) - {f"section:{s}" for s in _sections(patch)}
@@ -169,11 +194,8 @@ class HealthService:
         return RankTimeouts.model_validate(values)
 
     def _save_state(self) -> None:
-        tmp = self.state_file.with_suffix(".tmp")
-        tmp.write_text(
-            json.dumps({"timeouts": self.timeouts.model_dump(), "learned": sorted(self._learned)})
-        )
-        tmp.replace(self.state_file)
+        state = {"timeouts": self.timeouts.model_dump(), "learned": sorted(self._learned)}
+        self.persist.write_json(self.state_file, state)
 
     # -- messages ----------------------------------------------------------------------------
 
@@ -208,6 +230,8 @@ class HealthService:
             return {"ok": True, "timeouts": self.timeouts.model_dump()}
         elif kind == protocol.GOODBYE:
             self.monitor.on_goodbye(rank)
+        elif kind == protocol.RESUMED:
+            self.monitor.on_resumed(rank, now)
         elif kind == protocol.FAULT:
             fault = str(message.get("kind"))[:16]
             rank.simulated_hang = rank.simulated_hang or fault == "hang"
@@ -341,6 +365,7 @@ class HealthService:
         except Exception:
             log.exception("could not signal hung rank %d", rank.global_rank)
         full_reason = f"{reason}; {'; '.join(notes)}; terminated with {signal_name}"
+        silent = rank.last_seen if rank.last_seen is not None else rank.connected_at
         group.fail(
             Failure(
                 kind="hang",
@@ -349,6 +374,7 @@ class HealthService:
                 global_rank=rank.global_rank,
                 pid=rank.pid,
                 timestamp=timestamp,
+                origin=time.time() - (time.monotonic() - silent) if silent is not None else None,
             )
         )
 

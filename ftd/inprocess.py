@@ -44,7 +44,6 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from ftd_client.inprocess.coordination import wait_keys
 from ftd_client.inprocess.keys import (
     DAEMON,
     DEAD,
@@ -59,6 +58,7 @@ from ftd_client.inprocess.keys import (
     Keys,
     Members,
 )
+from ftd_client.store import tcp_store_client, wait_keys
 
 from ftd.events import EventLog
 from ftd.state import Failure
@@ -90,16 +90,7 @@ def rank_env(store_addr: tuple[str, int], prefix: str) -> dict[str, str]:
 
 
 def connect(host: str, port: int, timeout_s: float = STORE_OP_TIMEOUT_S) -> TCPStore:
-    from torch.distributed import TCPStore
-
-    return TCPStore(
-        host_name=host,
-        port=port,
-        is_master=False,
-        wait_for_workers=False,
-        timeout=timedelta(seconds=timeout_s),
-        use_libuv=True,
-    )
+    return tcp_store_client(host, port, timeout_s)
 
 
 @dataclass(frozen=True)

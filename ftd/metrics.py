@@ -6,15 +6,15 @@ rather than ages; no pid or global rank is ever a label (local ranks are bounded
 --nproc-per-node).
 
 Other parts of the daemon record into module-level instruments that every registry built
-here exposes: `STORE_OPERATION_SECONDS` (time c10d store calls with `time_store_operation`).
+here exposes: `STORE_OPERATION_SECONDS` (the rendezvous store's operations, timed by
+`ftd.coordination.store_client.RecordStore`) and `RECOVERY_STAGE_SECONDS` (each restart's stages).
 """
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections import Counter as Tally
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from prometheus_client import (
@@ -29,6 +29,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
 from ftd.control import DaemonControl
+from ftd.event_kind import EventKind
 from ftd.state import DaemonState, RankState
 
 # The daemon's own process: `_created` series would only double the output.
@@ -42,21 +43,15 @@ STORE_OPERATION_SECONDS = Histogram(
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
 
+RECOVERY_STAGE_SECONDS = Histogram(
+    "ftd_recovery_stage_seconds",
+    "Each restart's stages: detect, stop, rendezvous, spawn, first_step",
+    ["stage"],
+    registry=None,
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+)
+
 KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
-FAILURE_EVENT = "attempt_failed"
-"""The event the daemon emits when an attempt ends badly: `failure` holds Failure.to_dict()."""
-HANG_EVENT = "rank_hung"
-"""The rank-health monitor's verdict on one rank."""
-
-
-@contextlib.contextmanager
-def time_store_operation(operation: str) -> Iterator[None]:
-    """`with time_store_operation("set"): store.set(...)` records the call's latency."""
-    start = time.perf_counter()
-    try:
-        yield
-    finally:
-        STORE_OPERATION_SECONDS.labels(operation).observe(time.perf_counter() - start)
 
 
 @dataclass
@@ -70,9 +65,9 @@ class _FailureTally:
     def update(self, control: DaemonControl) -> None:
         for event in control.events.since(self.cursor):
             self.cursor = event.id
-            if event.kind == HANG_EVENT:
+            if event.kind == EventKind.RANK_HUNG:
                 self.hangs += 1
-            elif event.kind == FAILURE_EVENT:
+            elif event.kind == EventKind.ATTEMPT_FAILED:
                 failure = event.data.get("failure")
                 kind = failure.get("kind") if isinstance(failure, dict) else None
                 if isinstance(kind, str) and kind != "request":
@@ -117,6 +112,11 @@ class DaemonCollector(Collector):
         yield GaugeMetricFamily(
             "ftd_restart_limit", "--max-restarts", value=control.config.max_restarts
         )
+        yield GaugeMetricFamily(
+            "ftd_restart_backoff_seconds",
+            "The wait before the next attempt after fast failures in a row (crash loop)",
+            value=status.backoff_s,
+        )
         ranks = GaugeMetricFamily("ftd_ranks", "Local ranks by state", labels=["state"])
         counts = Tally(rank.state for rank in status.ranks)
         for rank_state in RankState:
@@ -144,8 +144,9 @@ class DaemonCollector(Collector):
             labels=["local_rank"],
         )
         now = time.time()
+        health = status.rank_health or (lambda pid: None)
         for rank in status.ranks:
-            age = rank.to_dict().get("last_heartbeat_age_s")
+            age = (health(rank.pid) or {}).get("last_heartbeat_age_s")
             if isinstance(age, int | float):
                 heartbeat.add_metric([str(rank.local_rank)], now - age)
         yield heartbeat
@@ -159,6 +160,7 @@ class ApiMetrics:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(DaemonCollector(control))
         self.registry.register(STORE_OPERATION_SECONDS)
+        self.registry.register(RECOVERY_STAGE_SECONDS)
         self.requests = Counter(
             "ftd_api_requests",
             "API requests answered",

@@ -57,6 +57,8 @@ class RankHealth:
     last_heartbeat: float | None = None
     last_seen: float | None = None
     """The rank's last sign of life: its newest message of any kind."""
+    first_step_at: float | None = None
+    """Its first heartbeat, section start or resumed(): the rank is training."""
     open_sections: dict[str, float] = field(default_factory=dict)
     out_of_section_since: float | None = None
     hung: bool = False
@@ -278,6 +280,7 @@ class Monitor:
         self._clock = clock or LoopClock(asyncio.get_running_loop())
         self.drain = drain
         """Reads every queued rank message (the socket's), called before a verdict."""
+        self.on_first_step: Callable[[RankHealth, float], None] | None = None
         self._by_pid: dict[int, RankHealth] = {}
         self._recent_interval = 0.0
 
@@ -340,6 +343,8 @@ class Monitor:
             self.observed.see(HEARTBEATS, interval)
             self._recent_interval = interval
         rank.last_heartbeat = rank.last_seen = now
+        if rank.first_step_at is None:
+            self._first_step(rank, now)
         # Only the heartbeat limit moved (later, or from the initial to the subsequent one).
         limit = self.timeouts.rank_heartbeat_timeout
         if rank.armed_at is None or (limit is not None and now + limit < rank.armed_at):
@@ -351,6 +356,8 @@ class Monitor:
             self.observed.see(OUT_OF_SECTION, now - rank.out_of_section_since)
         rank.open_sections[name] = rank.last_seen = now
         rank.out_of_section_since = None
+        if rank.first_step_at is None:
+            self._first_step(rank, now)
         self._rearm_if_earlier(rank, now)
 
     def on_section_end(self, rank: RankHealth, name: str, now: float) -> None:
@@ -363,6 +370,18 @@ class Monitor:
         if not rank.open_sections:
             rank.out_of_section_since = now
         self._rearm_if_earlier(rank, now)
+
+    def on_resumed(self, rank: RankHealth, now: float) -> None:
+        """The rank says it is training again (after a restart): a first step, a sign of life."""
+        self._ensure_connected(rank, now)
+        rank.last_seen = now
+        if rank.first_step_at is None:
+            self._first_step(rank, now)
+
+    def _first_step(self, rank: RankHealth, now: float) -> None:
+        rank.first_step_at = now
+        if self.on_first_step is not None:
+            self.on_first_step(rank, now)
 
     def on_goodbye(self, rank: RankHealth) -> None:
         """The rank stopped monitoring itself (shutdown): nothing more is timed for it."""
@@ -439,9 +458,7 @@ class Monitor:
 
     def _judge(self, now: float, due: Deadline) -> None:
         """Every rank overdue now or within one heartbeat interval is judged together."""
-        window = min(
-            self._recent_interval, BLAME_WINDOW_MAX_S, BLAME_WINDOW_FRACTION * due.timeout
-        )
+        window = min(self._recent_interval, BLAME_WINDOW_MAX_S, BLAME_WINDOW_FRACTION * due.timeout)
         overdue: list[Overdue] = []
         for rank in self.ranks():
             deadline = next_deadline(rank, self.timeouts)

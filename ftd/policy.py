@@ -12,6 +12,7 @@ class Action(enum.StrEnum):
     SUCCEED = "succeed"
     RESTART = "restart"
     FAIL = "fail"
+    CONTINUE = "continue"
 
 
 @dataclass(frozen=True)
@@ -48,3 +49,25 @@ def after_attempt(
         Action.RESTART,
         f"{outcome.reason}; restart {restarts_used + 1}/{max_restarts}",
     )
+
+
+def after_node_lost(
+    reason: str, restart_policy: str, healthy_left: int, nnodes_min: int
+) -> Decision:
+    """What to do when a member of the round stopped answering (liveness.judge said so):
+    restart every node without it, unless --restart-policy min-healthy and enough healthy
+    nodes are left to go on."""
+    if restart_policy == "min-healthy" and healthy_left >= nnodes_min:
+        return Decision(
+            Action.CONTINUE,
+            f"{reason}; {healthy_left} healthy nodes left: no restart (min-healthy)",
+        )
+    return Decision(Action.RESTART, f"{reason}; restart not counted")
+
+
+def restart_backoff(fast_failures: int, base_s: float, cap_s: float) -> float:
+    """CrashLoopBackOff's shape: the first restart after a failure is immediate; each further
+    attempt in a row that failed fast waits twice as long as the one before, up to the cap."""
+    if fast_failures <= 1 or base_s <= 0:
+        return 0.0
+    return float(min(cap_s, base_s * 2 ** (fast_failures - 2)))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import enum
 import signal
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,7 +13,8 @@ class DaemonState(enum.StrEnum):
     """Lifecycle of a node daemon.
 
     INIT -> RENDEZVOUS -> RUNNING -> (RESTARTING -> RENDEZVOUS -> RUNNING)* -> terminal.
-    Any non-terminal state -> STOPPING on a termination signal.
+    Any non-terminal state -> STOPPING on a termination signal, or while the ranks are
+    stopped at the job's end.
     Terminal: SUCCEEDED (every rank exited 0), FAILED (restarts used up, or a fatal reason),
     STOPPED (ended by a signal or an operator).
     """
@@ -55,6 +55,8 @@ def describe_exit(code: int) -> str:
 
 @dataclass
 class RankStatus:
+    """One local rank of the current attempt; written by its WorkerGroup only."""
+
     local_rank: int
     global_rank: int
     pid: int | None = None
@@ -63,11 +65,10 @@ class RankStatus:
     started_at: float | None = None
     """Wall-clock time (time.time()) the process was started."""
     ended_at: float | None = None
-    health: Callable[[float], dict[str, Any]] | None = field(default=None, repr=False)
-    """The monitor's live view (heartbeat age, open section), read at snapshot time."""
 
-    def to_dict(self) -> dict[str, object]:
-        health = self.health(time.monotonic()) if self.health else {}
+    def to_dict(self, health: dict[str, Any] | None = None) -> dict[str, object]:
+        """With `health`, the health service's live view of the rank (heartbeat age, section)."""
+        health = health or {}
         return {
             "local_rank": self.local_rank,
             "global_rank": self.global_rank,
@@ -97,6 +98,9 @@ class Failure:
     timestamp: float = 0.0
     counted: bool = True
     """Whether the restart it causes counts against --max-restarts."""
+    origin: float | None = None
+    """When the fault began as far as the daemon can tell, if before `timestamp` (a hung
+    rank's last sign of life)."""
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -109,6 +113,7 @@ class Failure:
             "error_file": self.error_file,
             "timestamp": self.timestamp,
             "counted": self.counted,
+            "origin": self.origin,
         }
 
 
@@ -126,8 +131,21 @@ class NodeStatus:
     timeouts: dict[str, Any] = field(default_factory=dict)
     ipc: dict[str, Any] = field(default_factory=dict)
     """The rank socket's counters: messages received, dropped by cause."""
+    last_recovery: dict[str, Any] | None = None
+    """The last restart's stages (recovery.py), once its ranks resumed."""
+    backoff_s: float = 0.0
+    """The delay before the next attempt after attempts that failed fast (crash loop)."""
+    refresh: Callable[[NodeStatus], None] | None = field(default=None, repr=False)
+    """Brings the live parts (timeouts, socket counters) up to date before a snapshot."""
+    rank_health: Callable[[int | None], dict[str, Any] | None] | None = field(
+        default=None, repr=False
+    )
+    """The health service's live view of the rank with this pid."""
 
     def to_dict(self) -> dict[str, object]:
+        if self.refresh is not None:
+            self.refresh(self)
+        health = self.rank_health or (lambda pid: None)
         return {
             "node_id": self.node_id,
             "run_id": self.run_id,
@@ -138,6 +156,8 @@ class NodeStatus:
             "restart_policy": self.restart_policy,
             "timeouts": self.timeouts,
             "ipc": self.ipc,
-            "ranks": [rank.to_dict() for rank in self.ranks],
+            "ranks": [rank.to_dict(health(rank.pid)) for rank in self.ranks],
             "last_failure": self.last_failure.to_dict() if self.last_failure else None,
+            "last_recovery": self.last_recovery,
+            "backoff_s": self.backoff_s,
         }

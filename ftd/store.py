@@ -12,8 +12,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from datetime import timedelta
 from typing import TYPE_CHECKING
+
+from ftd_client.store import tcp_store_server
 
 if TYPE_CHECKING:
     from torch.distributed import TCPStore
@@ -21,20 +22,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("ftd.store")
 
 STORE_OP_TIMEOUT_S = 30.0
-
-
-def host_tcp_store(host: str, port: int, timeout_s: float = STORE_OP_TIMEOUT_S) -> TCPStore:
-    """Blocking: a listening TCPStore server (port 0 picks a free one)."""
-    from torch.distributed import TCPStore
-
-    return TCPStore(
-        host_name=host,
-        port=port,
-        is_master=True,
-        wait_for_workers=False,
-        timeout=timedelta(seconds=timeout_s),
-        use_libuv=True,
-    )
 
 
 class AttemptStores:
@@ -53,7 +40,8 @@ class AttemptStores:
 
     async def _host_store(self) -> TCPStore:
         return await asyncio.wait_for(
-            asyncio.to_thread(host_tcp_store, self._host, self._port), STORE_OP_TIMEOUT_S
+            asyncio.to_thread(tcp_store_server, self._host, self._port, STORE_OP_TIMEOUT_S),
+            STORE_OP_TIMEOUT_S,
         )
 
     async def fresh(self) -> tuple[str, int]:

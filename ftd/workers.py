@@ -140,8 +140,17 @@ class WorkerGroup:
             status.state = RankState.SUCCEEDED if code == 0 else RankState.FAILED
         log.debug("local rank %d (pid %d) exited: %s", local_rank, status.pid, describe_exit(code))
         self._exited[local_rank].set_result(code)
-        for listener in self.exit_listeners:
-            listener(status)
+        try:
+            self._resolve(local_rank, status, code)
+        finally:  # a listener that fails (a full disk under the event log) loses nothing
+            for listener in self.exit_listeners:
+                try:
+                    listener(status)
+                except Exception:
+                    log.exception("an exit listener failed for local rank %d", local_rank)
+
+    def _resolve(self, local_rank: int, status: RankStatus, code: int) -> None:
+        """A rank's exit decides the attempt's outcome (the first failure, or every rank 0)."""
         if self._outcome.done():
             return
         if code != 0 and not self._stopping:

@@ -21,6 +21,7 @@ Every message has `"v"` (PROTOCOL_VERSION) and `"t"` (its type):
 | `set` | `timeouts` (object) | yes | apply timeouts (load_state_dict) |
 | `bye` |  | no | the rank stops monitoring |
 | `fault` | `kind`, `sections` (open now) | no | a simulated fault is being carried out |
+| `up` |  | no | the rank is training again (`resumed()`): ends a restart's first step |
 
 Messages that are answered carry `"id"` (int); the daemon replies on the same connection
 with `{"v": 1, "t": "reply", "id": <id>, "ok": bool, "error": str?, "timeouts": {...}?}`.
@@ -45,16 +46,18 @@ CALCULATE_TIMEOUTS = "calc"
 SET_TIMEOUTS = "set"
 GOODBYE = "bye"
 FAULT = "fault"
+RESUMED = "up"
 REPLY = "reply"
 
 ANSWERED = frozenset({HELLO, WORKLOAD_CONTROL, CALCULATE_TIMEOUTS, SET_TIMEOUTS})
 TYPES = frozenset(
     {HELLO, HEARTBEAT, SECTION_START, SECTION_END, WORKLOAD_CONTROL}
-    | {CALCULATE_TIMEOUTS, SET_TIMEOUTS, GOODBYE, FAULT}
+    | {CALCULATE_TIMEOUTS, SET_TIMEOUTS, GOODBYE, FAULT, RESUMED}
 )
 
 # Pre-encoded: a heartbeat is a constant packet, so sending one costs one syscall.
 HEARTBEAT_BYTES = b'{"v":1,"t":"hb"}'
+RESUMED_BYTES = b'{"v":1,"t":"up"}'
 
 
 class WorkloadAction(enum.Enum):

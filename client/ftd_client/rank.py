@@ -93,6 +93,12 @@ class RankClient:
         except OSError as error:
             self._on_send_error(error)
 
+    def resumed(self) -> None:
+        """Tell the daemon this rank is training again (say, after its first collective of a
+        new attempt): the end of a restart's `first_step` stage. A heartbeat or a section start
+        counts too; this says it where neither fits."""
+        self._send(protocol.RESUMED_BYTES)
+
     def start_section(self, name: str) -> None:
         """Open section `name` (timed against its `rank_section_timeouts` entry)."""
         self._open_sections.append(name)

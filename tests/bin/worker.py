@@ -26,6 +26,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--record", action="store_true", help="wrap main in torch's @record")
     parser.add_argument("--hang", action="store_true", help="sleep forever once ready")
     parser.add_argument("--hang-attempts", type=int, default=0, help="hang while attempt < N")
+    parser.add_argument(
+        "--hang-while-paired",
+        action="store_true",
+        help="hang on the first attempt and whenever other nodes take part; finish alone",
+    )
     parser.add_argument("--sleep", type=float, default=0.0, help="seconds to sleep once ready")
     parser.add_argument("--ignore-sigterm", action="store_true")
     parser.add_argument("--children", action="store_true", help="start a child and a setsid one")
@@ -87,7 +92,12 @@ def main() -> None:
     print(f"ready a{ATTEMPT} r{RANK} pid {os.getpid()}", flush=True)
     if args.sleep:
         time.sleep(args.sleep)
-    if args.hang or args.hang_attempts > ATTEMPT:
+    paired = int(os.environ["WORLD_SIZE"]) > int(os.environ["LOCAL_WORLD_SIZE"])
+    if (
+        args.hang
+        or args.hang_attempts > ATTEMPT
+        or (args.hang_while_paired and (paired or not ATTEMPT))
+    ):
         while True:
             time.sleep(3600)
     if args.allreduce:

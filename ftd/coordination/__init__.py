@@ -1,0 +1,34 @@
+"""How daemons of one job meet: a `Coordinator` chosen by `--rdzv-backend` (see base.py)."""
+
+from __future__ import annotations
+
+import os
+
+from ftd.config import ServeConfig
+from ftd.coordination.base import CoordinationError, Coordinator, Round
+from ftd.coordination.local import LocalCoordinator
+from ftd.coordination.secret import SecretError, load_secret
+
+__all__ = ["CoordinationError", "Coordinator", "Round", "create_coordinator"]
+
+BACKENDS = ("c10d", "static")
+"""c10d: the TCPStore coordinator; `static` is torchrun's name for the same store-based
+rendezvous and is accepted as an alias."""
+
+
+def create_coordinator(config: ServeConfig) -> Coordinator:
+    """The coordinator for `config`: in memory for one node, else by --rdzv-backend. Takes
+    FTD_RDZV_SECRET out of this process's environment (no rank inherits it)."""
+    try:
+        secret = load_secret(config.rdzv_conf, os.environ)
+    except SecretError as error:
+        raise CoordinationError(str(error)) from None
+    if not config.multi_node:
+        return LocalCoordinator(config.node_id, config.master_addr or "127.0.0.1")
+    if config.rdzv_backend in BACKENDS:
+        from ftd.coordination.tcpstore import StoreCoordinator
+
+        return StoreCoordinator(config, secret)
+    raise CoordinationError(
+        f"--rdzv-backend {config.rdzv_backend!r}: not one of {', '.join(BACKENDS)}"
+    )

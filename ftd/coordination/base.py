@@ -1,0 +1,159 @@
+"""The seam between the attempt loop and the cluster: one `Coordinator` per daemon.
+
+The daemon's loop is the same on one node and on many: join a round, start the attempt, wait
+for the first outcome, decide, publish one request for the round, stop, join the next. What
+differs between backends (in memory for one node, c10d's TCPStore, etcd) lives behind this
+protocol, chosen by `--rdzv-backend` like torchelastic's rendezvous handlers.
+
+Rules every implementation keeps:
+- one request ends a round, decided once for every node (the first valid one wins);
+- restarts are counted in one place, from signed records (a raw write changes nothing);
+- everything read from the backend is parsed and verified (records.py) before use;
+- a lost backend sets `lost` (with `lost_reason`) and fails the calls in flight with
+  CoordinationError(code="store_lost"); it never raises into a task that does not await it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from ftd.coordination.records import Member, RequestRecord
+from ftd.launch import Placement
+
+ErrorCode = Literal["failed", "excluded", "store_lost", "stopped", "succeed", "fail"]
+NodeLost = Callable[[str, str], None]
+"""(node id, reason): a member stopped answering; the loop decides what to do."""
+
+
+class CoordinationError(Exception):
+    """The node cannot take part in the job any more; `reason` says why (shown as is)."""
+
+    def __init__(self, reason: str, code: ErrorCode = "failed") -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.code: ErrorCode = code
+
+
+@dataclass(frozen=True)
+class Round:
+    number: int
+    members: tuple[Member, ...]
+    restarts: int
+    """Restarts used before this round (the budget is counted across the cluster)."""
+    group_rank: int
+    excluded: Mapping[str, str]
+
+    @property
+    def node_ids(self) -> list[str]:
+        return [m.node_id for m in self.members]
+
+    @property
+    def store_host(self) -> tuple[str, int]:
+        """Where this round's workers' store listens: node rank 0's, ready before it joined."""
+        first = self.members[0]
+        return first.addr, first.store_port
+
+    def placement(self) -> Placement:
+        host, port = self.store_host
+        return Placement(
+            group_rank=self.group_rank,
+            group_world_size=len(self.members),
+            base_global_rank=sum(m.nproc for m in self.members[: self.group_rank]),
+            world_size=sum(m.nproc for m in self.members),
+            master_addr=host,
+            master_port=port,
+        )
+
+
+def new_request(
+    action: Literal["restart", "fail", "succeed"], reason: str, by: str, counted: bool = False
+) -> RequestRecord:
+    return RequestRecord(
+        action=action, reason=reason[:4000], by=by, counted=counted, nonce=uuid.uuid4().hex
+    )
+
+
+def order_members(joined: list[Member], previous: list[str]) -> list[Member]:
+    """Node ranks: nodes of the previous round keep their order, newcomers follow by id; a node
+    id joins once per round (the first record wins)."""
+    unique: dict[str, Member] = {}
+    for member in joined:
+        unique.setdefault(member.node_id, member)
+    rank = {node: i for i, node in enumerate(previous)}
+    return sorted(unique.values(), key=lambda m: (rank.get(m.node_id, len(rank)), m.node_id))
+
+
+class Coordinator(Protocol):
+    """One daemon's view of the job's membership; the attempt loop drives it round by round."""
+
+    lost: asyncio.Event
+    lost_reason: str
+    round: Round | None
+    excluded: dict[str, str]
+    """Excluded nodes (node id → reason) as last seen."""
+    describe: str
+    """Where the cluster meets, for the start-up log line."""
+
+    @property
+    def address(self) -> str:
+        """The address other nodes reach this node at (its workers' store listens there)."""
+        ...
+
+    async def start(self, on_node_lost: NodeLost) -> None:
+        """Connect (host what this node hosts), start liveness; CoordinationError when the
+        backend cannot be reached."""
+        ...
+
+    async def close(self) -> None: ...
+
+    async def join(self, me: Member) -> Round:
+        """Join the next round; returns once it closed with this node in it. CoordinationError:
+        excluded, too few nodes within the join timeout, the job is over, the backend lost."""
+        ...
+
+    def ended(self, rnd: Round) -> asyncio.Future[RequestRecord]:
+        """Resolves with the request that ends `rnd`, the moment it is made (no polling)."""
+        ...
+
+    async def request(self, rnd: Round, request: RequestRecord) -> RequestRecord:
+        """Make `request` end `rnd` unless another came first: the one in force. A counted
+        restart is charged to the budget by being the round's request."""
+        ...
+
+    async def restarts_used(self, rnd: Round) -> int: ...
+
+    async def count_restart(self, rnd: Round, reason: str) -> int:
+        """Charge one restart that ends no round (an in-process respawn): the restarts used,
+        this one included."""
+        ...
+
+    async def succeeded(self, rnd: Round) -> None:
+        """This node's ranks all exited 0; once every healthy member has, the round's request
+        is `succeed` (torchrun's exit barrier: a failure elsewhere still restarts this node)."""
+        ...
+
+    async def unhealthy(self, rnd: Round, node_id: str) -> int:
+        """--restart-policy min-healthy: mark `node_id` unhealthy; the healthy members left."""
+        ...
+
+    async def leave(self, rnd: Round) -> None:
+        """The job is over for this node: acknowledge it (bounded)."""
+        ...
+
+    async def exclude(self, node_id: str, reason: str) -> None: ...
+
+    async def readmit(self, node_id: str) -> None: ...
+
+    async def publish_status(self, summary: dict[str, Any]) -> None: ...
+
+    async def cluster(self) -> dict[str, Any]:
+        """Every member's summary, the round, the excluded nodes (GET /v1/cluster)."""
+        ...
+
+    def inprocess_store(self) -> Awaitable[tuple[str, int]]:
+        """Where ranks' in-process rounds meet (a TCPStore this daemon can reach)."""
+        ...

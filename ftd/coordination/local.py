@@ -1,0 +1,106 @@
+"""The coordinator of a one-node job (`--standalone`, `--nnodes 1`): no store, all in memory.
+
+Rounds are attempts: round N is the N-th attempt (TORCHELASTIC_RESTART_COUNT), its one member
+is this node, and its request is decided in memory, so the attempt loop is the same as on many
+nodes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+from ftd_client.store import tcp_store_server
+
+from ftd.coordination.base import NodeLost, Round, new_request
+from ftd.coordination.records import Member, RequestRecord
+
+if TYPE_CHECKING:
+    from torch.distributed import TCPStore
+
+log = logging.getLogger("ftd.coordination.local")
+
+
+class LocalCoordinator:
+    def __init__(self, node_id: str, store_host: str = "127.0.0.1") -> None:
+        self.node_id = node_id
+        self.lost = asyncio.Event()
+        self.lost_reason = ""
+        self.round: Round | None = None
+        self.excluded: dict[str, str] = {}
+        self.describe = "this node alone (no rendezvous store)"
+        self.address = store_host
+        self._next = 0
+        self._restarts = 0
+        self._requests: dict[int, asyncio.Future[RequestRecord]] = {}
+        self._store_host = store_host
+        self._inprocess: TCPStore | None = None
+
+    async def start(self, on_node_lost: NodeLost) -> None:
+        pass
+
+    async def close(self) -> None:
+        store, self._inprocess = [self._inprocess], None
+        await asyncio.to_thread(store.clear)
+
+    async def join(self, me: Member) -> Round:
+        number, self._next = self._next, self._next + 1
+        self.round = Round(number, (me,), self._restarts, 0, {})
+        return self.round
+
+    def _future(self, rnd: Round) -> asyncio.Future[RequestRecord]:
+        future = self._requests.get(rnd.number)
+        if future is None:
+            future = self._requests[rnd.number] = asyncio.get_running_loop().create_future()
+            self._requests.pop(rnd.number - 2, None)  # nobody waits for older rounds
+        return future
+
+    def ended(self, rnd: Round) -> asyncio.Future[RequestRecord]:
+        return self._future(rnd)
+
+    async def request(self, rnd: Round, request: RequestRecord) -> RequestRecord:
+        future = self._future(rnd)
+        if not future.done():
+            future.set_result(request)
+            if request.action == "restart" and request.counted:
+                self._restarts += 1
+        return future.result()
+
+    async def restarts_used(self, rnd: Round) -> int:
+        return self._restarts
+
+    async def count_restart(self, rnd: Round, reason: str) -> int:
+        self._restarts += 1
+        return self._restarts
+
+    async def succeeded(self, rnd: Round) -> None:
+        await self.request(rnd, new_request("succeed", "every rank exited 0", self.node_id))
+
+    async def unhealthy(self, rnd: Round, node_id: str) -> int:
+        return 0
+
+    async def leave(self, rnd: Round) -> None:
+        pass
+
+    async def exclude(self, node_id: str, reason: str) -> None:
+        raise AssertionError("a one-node job has nothing to exclude")
+
+    async def readmit(self, node_id: str) -> None:
+        raise AssertionError("a one-node job has nothing to readmit")
+
+    async def publish_status(self, summary: dict[str, Any]) -> None:
+        pass
+
+    async def cluster(self) -> dict[str, Any]:
+        raise AssertionError("a one-node job's cluster is its own status")
+
+    async def inprocess_store(self) -> tuple[str, int]:
+        """A store of this daemon's for the ranks' in-process rounds, made on first use."""
+        if self._inprocess is None:
+            self._inprocess = await asyncio.wait_for(
+                asyncio.to_thread(tcp_store_server, self._store_host, 0), 60
+            )
+        store: Any = self._inprocess
+        port: int = store.port
+        return self._store_host, port

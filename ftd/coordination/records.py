@@ -1,0 +1,175 @@
+"""What daemons write for each other: typed, bounded records, signed with the job's secret.
+
+Anyone who can reach the rendezvous store can write to it. So every value a daemon reads there
+is parsed into one of the records below (bounds on every field) and, when the job has a secret
+(`--rdzv-conf secret_file=PATH` or FTD_RDZV_SECRET, the same on every node), verified: a record
+carries an HMAC-SHA256 over (rdzv id, key, value). The key names the round (`r5/request`), so a
+record replayed into another key, round or job fails. A record that fails to parse or verify is
+logged once with its key and ignored: never acted on, never an exception in a task.
+
+Wire form, one line: `ftd1 <hex mac or -> <record JSON>`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+from collections import Counter
+from typing import Annotated, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+
+log = logging.getLogger("ftd.coordination.records")
+
+MAGIC = "ftd1"
+UNSIGNED = "-"
+MAX_RECORD_BYTES = 64 * 1024
+MAX_ROUND_RECORD_BYTES = 32 * 1024 * 1024
+"""A round of 100k nodes at ~150 bytes a member."""
+MAX_NODES = 100_000
+MAX_LOGGED = 1024
+
+NodeId = Annotated[
+    str, StringConstraints(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9][A-Za-z0-9._@:+-]*$")
+]
+"""A node's name; it appears in store keys, file names and logs."""
+HostName = Annotated[
+    str, StringConstraints(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9._:%\[\]-]+$")
+]
+Reason = Annotated[str, StringConstraints(max_length=4000)]
+RoundNumber = Annotated[int, Field(ge=0, lt=2**31)]
+Count = Annotated[int, Field(ge=0, lt=2**31)]
+
+
+class Record(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+
+class Member(Record):
+    """A node in a round, as it joined: where it is, how many ranks, and the workers' store it
+    has ready (used when it becomes node rank 0)."""
+
+    node_id: NodeId
+    addr: HostName
+    nproc: int = Field(ge=1, le=65536)
+    store_port: int = Field(ge=1, le=65535)
+
+
+class RoundRecord(Record):
+    """A closed round: its members in node-rank order, the restarts used before it, the
+    nodes excluded when it closed. `aborted` closes a round that could not form."""
+
+    number: RoundNumber
+    members: tuple[Member, ...] = Field(max_length=MAX_NODES)
+    restarts: Count
+    excluded: dict[NodeId, Reason] = Field(default_factory=dict, max_length=MAX_NODES)
+    aborted: Reason | None = None
+
+
+class RequestRecord(Record):
+    """What ends a round for every node: `restart`, `fail` or `succeed`, and why."""
+
+    action: Literal["restart", "fail", "succeed"]
+    reason: Reason
+    by: NodeId
+    counted: bool = False
+    nonce: Annotated[str, StringConstraints(max_length=64)] = ""
+
+
+class AliveRecord(Record):
+    """A node's keepalive: `seq` grows with every beat; `done` once it has finished."""
+
+    seq: int = Field(ge=0, lt=2**62)
+    done: bool = False
+
+
+class MarkRecord(Record):
+    """A node's mark in a round: it succeeded, it is unhealthy, it respawned a rank."""
+
+    node_id: NodeId
+    reason: Reason = ""
+
+
+class ExcludedRecord(Record):
+    nodes: dict[NodeId, Reason] = Field(default_factory=dict, max_length=MAX_NODES)
+
+
+class NodeSummary(Record):
+    """What a node publishes for `GET /v1/cluster` on any node."""
+
+    node_id: NodeId
+    state: Annotated[str, StringConstraints(max_length=32)]
+    attempt: Count
+    restart_count: Count
+    group_rank: Count | None
+    nproc_per_node: int = Field(ge=1, le=65536)
+    last_failure: Reason | None = None
+    time: float = Field(ge=0, allow_inf_nan=False)
+
+
+R = TypeVar("R", bound=Record)
+
+
+class RecordCodec:
+    """Encodes and verifies records for one job; counts what it refused."""
+
+    def __init__(self, rdzv_id: str, secret: bytes | None) -> None:
+        self._rdzv_id = rdzv_id.encode()
+        self._secret = secret
+        self.refused: Counter[str] = Counter()
+        self._logged: set[tuple[str, str]] = set()
+
+    @property
+    def signed(self) -> bool:
+        return self._secret is not None
+
+    def _mac(self, key: str, body: bytes) -> str:
+        assert self._secret is not None
+        message = b"\0".join((self._rdzv_id, key.encode(), body))
+        return hmac.new(self._secret, message, hashlib.sha256).hexdigest()
+
+    def encode(self, key: str, record: Record) -> str:
+        body = record.model_dump_json().encode()
+        mac = self._mac(key, body) if self._secret is not None else UNSIGNED
+        return f"{MAGIC} {mac} {body.decode()}"
+
+    def decode(
+        self, key: str, raw: bytes | str, model: type[R], max_bytes: int = MAX_RECORD_BYTES
+    ) -> R | None:
+        """The record at `key`, or None (logged once per key and cause) when it is not one."""
+        data = raw.encode() if isinstance(raw, str) else bytes(raw)
+        if len(data) > max_bytes:
+            self._refuse(key, "oversized", f"{len(data)} bytes > {max_bytes}")
+            return None
+        magic, _, rest = data.partition(b" ")
+        mac, _, body = rest.partition(b" ")
+        if magic != MAGIC.encode() or not mac or not body:
+            self._refuse(key, "malformed", "not an ftd record")
+            return None
+        if self._secret is not None:
+            if mac == UNSIGNED.encode():
+                self._refuse(key, "unsigned", "not signed, and this job has a secret")
+                return None
+            if not hmac.compare_digest(mac, self._mac(key, body).encode()):
+                self._refuse(
+                    key,
+                    "bad_signature",
+                    "signature does not match: forged, replayed from another key or round, "
+                    "or the nodes' secrets (FTD_RDZV_SECRET / secret_file) differ",
+                )
+                return None
+        try:
+            return model.model_validate_json(body)
+        except ValidationError as error:
+            first = error.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "record"
+            self._refuse(key, "invalid", f"{where}: {first['msg']}")
+            return None
+
+    def _refuse(self, key: str, cause: str, detail: str) -> None:
+        """Count and log (once per key and cause)."""
+        self.refused[cause] += 1
+        if (key, cause) not in self._logged and len(self._logged) < MAX_LOGGED:
+            self._logged.add((key, cause))
+            log.warning("ignored the rendezvous record at %r (%s): %s", key, cause, detail)

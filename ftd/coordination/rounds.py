@@ -1,0 +1,215 @@
+"""The rounds of the TCPStore coordinator, as blocking calls on one RecordStore connection.
+
+See tcpstore.py for the keys. Each call runs on a StoreThread; the coordinator turns them into
+awaitables and the event loop owns every deadline.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from functools import partial
+
+from ftd.config import ServeConfig
+from ftd.coordination.base import CoordinationError, Round, order_members
+from ftd.coordination.records import (
+    MAX_ROUND_RECORD_BYTES,
+    ExcludedRecord,
+    MarkRecord,
+    Member,
+    RequestRecord,
+    RoundRecord,
+)
+from ftd.coordination.store_client import RecordStore
+
+log = logging.getLogger("ftd.rendezvous")
+
+MAX_JOINERS_READ = 100_000
+
+
+def key(number: int, name: str) -> str:
+    return f"r{number}/{name}"
+
+
+@dataclass(frozen=True)
+class Late:
+    """This node found round `number` closed without it."""
+
+    number: int
+    record: RoundRecord
+
+
+class StoreRounds:
+    """Joining, closing and reading rounds; what this daemon has seen of the budget."""
+
+    def __init__(self, config: ServeConfig) -> None:
+        self.config = config
+        self.node_id = config.node_id
+        self.known_restarts = 0
+        """The highest restart count this daemon has seen: it never accepts a lower one."""
+        self.round_hint = 0
+        """The next round this daemon may join (never an older one)."""
+        self.closing = False
+
+    def enter(self, s: RecordStore, me: Member) -> tuple[int, int] | Late:
+        """Blocking: find the open round and join it as its n-th joiner (or find it closed)."""
+        number = max(self.read_round_hint(s), self.round_hint)
+        while True:
+            if self.closing:
+                raise CoordinationError("the daemon is stopping", "stopped")
+            mark = s.read(f"excluded/{me.node_id}", MarkRecord)
+            if mark is not None:
+                raise CoordinationError(
+                    f"node {me.node_id} is excluded from job {self.config.run_id} "
+                    f"({mark.reason}); readmit it with `ftd readmit {me.node_id}` before it "
+                    "may join",
+                    "excluded",
+                )
+            request = s.decided(key(number, "request"), RequestRecord)
+            if request is not None:
+                if request.action != "restart":
+                    raise CoordinationError(f"the job is over: {request.reason}", request.action)
+                s.compare_set("round", str(number), str(number + 1))
+                number += 1
+                continue
+            closed = s.decided(key(number, "closed"), RoundRecord, MAX_ROUND_RECORD_BYTES)
+            if closed is not None:
+                if closed.aborted:
+                    raise CoordinationError(closed.aborted)
+                return Late(number, closed)
+            n = s.count(key(number, "joined"), 1, partial(self.joiners_written, s, number))
+            s.put(key(number, f"node/{n}"), me)
+            log.info("joined round %d as joiner %d", number, n)
+            return number, n
+
+    def read_round_hint(self, s: RecordStore) -> int:
+        raw = s.get_if_present("round")
+        if raw is None:
+            s.compare_set("round", "", "0")
+            return 0
+        text = raw.decode(errors="replace").strip()
+        if not text.isdigit() or len(text) > 9:
+            s.codec.refused["bad_round_hint"] += 1
+            log.warning("ignored the round hint %r (not a round number)", raw[:40])
+            s.compare_set("round", raw.decode(errors="replace"), str(self.round_hint))
+            return self.round_hint
+        return int(text)
+
+    def joiners_written(self, s: RecordStore, number: int) -> int:
+        """How many join records round `number` has (to repair a forged join counter)."""
+        n = 0
+        while n < MAX_JOINERS_READ and s.check([key(number, f"node/{n + 1}")]):
+            n += 1
+        return n
+
+    @staticmethod
+    def await_closed(s: RecordStore, number: int) -> RoundRecord:
+        return s.await_decided(key(number, "closed"), RoundRecord, MAX_ROUND_RECORD_BYTES)
+
+    @staticmethod
+    def decide_request(s: RecordStore, number: int, request: RequestRecord) -> RequestRecord:
+        return s.decide(key(number, "request"), request, RequestRecord)
+
+    @staticmethod
+    def await_request(s: RecordStore, number: int) -> RequestRecord:
+        return s.await_decided(key(number, "request"), RequestRecord)
+
+    def close(self, s: RecordStore, number: int, abort: bool) -> None:
+        """Blocking: close round `number` with the valid joiners so far, if there are MIN of
+        them; at the join deadline, abort it otherwise. One closer wins (decided key)."""
+        cfg = self.config
+        if s.decided(key(number, "closed"), RoundRecord, MAX_ROUND_RECORD_BYTES) is not None:
+            return
+        count = min(
+            s.count(key(number, "joined"), 0, lambda: self.joiners_written(s, number)),
+            MAX_JOINERS_READ,
+        )
+        found = s.read_many([key(number, f"node/{i}") for i in range(1, count + 1)], Member)
+        excluded = self.read_excluded(s)
+        joined = [m for m in found.values() if m.node_id not in excluded]
+        if len(joined) < cfg.nnodes_min:
+            if not abort:
+                return
+            record = RoundRecord(
+                number=number,
+                members=(),
+                restarts=self.known_restarts,
+                excluded=excluded,
+                aborted=(
+                    f"round {number}: only {len(joined)} of at least {cfg.nnodes_min} nodes "
+                    f"joined within --rdzv-join-timeout ({cfg.rdzv_join_timeout_s:g}s)"
+                    + (
+                        f"; {count - len(found)} join records failed to verify (do the "
+                        "nodes share one secret?)"
+                        if len(found) < count
+                        else ""
+                    )
+                ),
+            )
+        else:
+            previous = (
+                s.decided(key(number - 1, "closed"), RoundRecord, MAX_ROUND_RECORD_BYTES)
+                if number > 0
+                else None
+            )
+            before = [m.node_id for m in previous.members] if previous else []
+            members = order_members(joined, before)[: cfg.nnodes_max]
+            record = RoundRecord(
+                number=number,
+                members=tuple(members),
+                restarts=self.restarts_before(s, number, previous),
+                excluded=excluded,
+            )
+        decided = s.decide(key(number, "closed"), record, RoundRecord, MAX_ROUND_RECORD_BYTES)
+        if decided == record and not record.aborted:
+            log.info("closed round %d with %d nodes", number, len(record.members))
+
+    def restarts_before(self, s: RecordStore, number: int, previous: RoundRecord | None) -> int:
+        """The restarts used before round `number`, from the previous round's records."""
+        if number == 0:
+            return self.known_restarts
+        base = previous.restarts if previous is not None else self.known_restarts
+        base += self.respawns(s, number - 1)
+        request = s.decided(key(number - 1, "request"), RequestRecord)
+        if request is not None and request.action == "restart" and request.counted:
+            base += 1
+        return max(base, self.known_restarts)
+
+    def respawns(self, s: RecordStore, number: int) -> int:
+        count = min(s.count(key(number, "respawns"), 0, lambda: 0), MAX_JOINERS_READ)
+        keys = [key(number, f"respawn/{k}") for k in range(1, count + 1)]
+        return len(s.read_many(keys, MarkRecord))
+
+    def marks(self, s: RecordStore, rnd: Round, kind: str) -> set[str]:
+        keys = {key(rnd.number, f"{kind}/{m.node_id}"): m.node_id for m in rnd.members}
+        found = s.read_many(list(keys), MarkRecord)
+        return {keys[k] for k, mark in found.items() if mark.node_id == keys[k]}
+
+    def read_excluded(self, s: RecordStore) -> dict[str, str]:
+        record = s.read("excluded", ExcludedRecord, MAX_ROUND_RECORD_BYTES)
+        return dict(record.nodes) if record is not None else {}
+
+    def update_excluded(self, s: RecordStore, node_id: str, reason: str | None) -> dict[str, str]:
+        for _ in range(1000):
+            raw = s.get_if_present("excluded")
+            current = (
+                s.codec.decode("excluded", raw, ExcludedRecord, MAX_ROUND_RECORD_BYTES)
+                if raw is not None
+                else None
+            )
+            nodes = dict(current.nodes) if current is not None else {}
+            if reason is None:
+                nodes.pop(node_id, None)
+            else:
+                nodes[node_id] = reason[:4000]
+            desired = s.codec.encode("excluded", ExcludedRecord(nodes=nodes))
+            expected = raw.decode(errors="replace") if raw is not None else ""
+            if s.compare_set("excluded", expected, desired) == desired.encode():
+                break
+        else:
+            raise CoordinationError("could not update the excluded nodes (contention)")
+        if reason is None:
+            s.delete_key(f"excluded/{node_id}")
+        else:
+            s.put(f"excluded/{node_id}", MarkRecord(node_id=node_id, reason=reason[:4000]))
+        return nodes

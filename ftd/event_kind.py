@@ -1,0 +1,50 @@
+"""Every kind of event the daemon records (events.jsonl, GET /v1/events, the SSE stream).
+
+One enumeration, so that readers (metrics, the dashboard, tests) match names that exist.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class EventKind(enum.StrEnum):
+    # the daemon
+    DAEMON_STARTED = "daemon_started"
+    DAEMON_STOPPED = "daemon_stopped"
+    STATE_CHANGED = "state_changed"
+    PERSIST_FAILED = "persist_failed"
+    """A file could not be written (disk full, permissions); supervision goes on."""
+    PERSIST_RECOVERED = "persist_recovered"
+    LOOP_STALLED = "loop_stalled"
+    """The daemon did not run for a while; no rank was judged for it."""
+    GUARD_RESTARTED = "guard_restarted"
+    # attempts and rounds
+    ROUND_CLOSED = "round_closed"
+    ATTEMPT_STARTED = "attempt_started"
+    ATTEMPT_FAILED = "attempt_failed"
+    CLUSTER_REQUEST = "cluster_request"
+    WORKERS_STOPPED = "workers_stopped"
+    RESTART_BACKOFF = "restart_backoff"
+    RECOVERY = "recovery"
+    """A restart's stages (detect, stop, rendezvous, spawn, first_step) once it resumed."""
+    # ranks
+    RANK_EXITED = "rank_exited"
+    RANK_HUNG = "rank_hung"
+    TIMEOUTS_CHANGED = "timeouts_changed"
+    WORKLOAD_CONTROL = "workload_control"
+    # operators and faults
+    RESTART_REQUESTED = "restart_requested"
+    FAULT_ARMED = "fault_armed"
+    FAULT_REQUESTED = "fault_requested"
+    FAULT_INJECTED = "fault_injected"
+    # nodes
+    NODE_LOST = "node_lost"
+    NODE_EXCLUDED = "node_excluded"
+    NODE_READMITTED = "node_readmitted"
+    # in-process restart
+    INPROCESS_FAULT = "inprocess_fault"
+    INPROCESS_ROUND = "inprocess_round"
+    INPROCESS_RANK_FAILED = "inprocess_rank_failed"
+    INPROCESS_GAVE_UP = "inprocess_gave_up"
+    RANK_RESPAWNED = "rank_respawned"

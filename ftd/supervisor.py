@@ -1,0 +1,404 @@
+"""The attempt loop, written once for one node and for many.
+
+    join a round → start the attempt → first outcome (an exit, a hang, a request, a lost node,
+    a signal) → policy → the round's one request → stop → back-off if failing fast → next round
+
+What differs between one node and many lives behind the Coordinator (coordination/).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from typing import Any
+
+from ftd_client.protocol import WorkloadAction
+
+from ftd.attempt import Attempt, AttemptTools
+from ftd.board import StatusBoard
+from ftd.coordination import CoordinationError, Round
+from ftd.coordination.base import new_request
+from ftd.coordination.records import Member, RequestRecord
+from ftd.event_kind import EventKind
+from ftd.metrics import RECOVERY_STAGE_SECONDS
+from ftd.policy import Action, after_attempt, after_node_lost, restart_backoff
+from ftd.recovery import Recovery
+from ftd.state import DaemonState, Failure
+from ftd.tasks import Background
+
+log = logging.getLogger("ftd.daemon")
+
+SIGNAL_REQUEST_TIMEOUT_S = 2.0
+
+
+async def first_of(*awaitables: Awaitable[Any]) -> asyncio.Future[Any]:
+    """The first of `awaitables` to finish; coroutines left unfinished are cancelled, futures
+    passed in are left to their owners."""
+    futures = [asyncio.ensure_future(a) for a in awaitables]
+    done, _ = await asyncio.wait(futures, return_when=asyncio.FIRST_COMPLETED)
+    for given, future in zip(awaitables, futures, strict=True):
+        if future not in done and not isinstance(given, asyncio.Future):
+            future.cancel()
+    return next(f for f in futures if f in done)
+
+
+@dataclass
+class Running:
+    """What runs now, for the front ends to read: written by the supervisor only."""
+
+    attempt: Attempt | None = None
+    """The running attempt (None between attempts)."""
+    round: Round | None = None
+    stop_signal: signal.Signals | None = None
+    """The signal that asked the daemon to stop (written by its handler)."""
+
+
+class Supervisor:
+    """Runs rounds until the job succeeds, fails, or this node leaves it."""
+
+    def __init__(
+        self,
+        tools: AttemptTools,
+        board: StatusBoard,
+        background: Background,
+        stop: asyncio.Event,
+        force: asyncio.Event,
+        address: str,
+        running: Running,
+    ) -> None:
+        self.tools = tools
+        self.config = tools.config
+        self.coordinator = tools.coordinator
+        self.board = board
+        self.background = background
+        self.stop = stop
+        self.force = force
+        self.address = address
+        self.running = running
+        self._recovery: Recovery | None = None
+        self._fast_failures = 0
+        self._crashed = False
+        """The last attempt ended by a failure of its own (not a request from elsewhere)."""
+
+    @property
+    def status(self) -> Any:
+        return self.tools.status
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    async def run(self) -> int:
+        """Rounds until the job ends for this node; the process exit code."""
+        coordinator = self.coordinator
+        while True:
+            if self.stop.is_set():
+                return self._stopped()
+            self.board.set_state(DaemonState.RENDEZVOUS, "joining the next round")
+            try:
+                rnd = await self._join()
+            except CoordinationError as error:
+                return self.leave(error)
+            if rnd is None:
+                return self._stopped()
+            ended = coordinator.ended(rnd)
+            attempt = await Attempt.start(self.tools, rnd)
+            self.running.attempt = attempt
+            self._crashed = False
+            self._started(attempt)
+            self.board.set_state(DaemonState.RUNNING)
+            started = time.monotonic()
+            try:
+                request = await self._until_request(rnd, attempt, ended)
+            except CoordinationError as error:
+                await attempt.stop(self.force)
+                return self.leave(error)
+            finally:
+                self.running.attempt = None
+                if not ended.done():
+                    ended.cancel()
+            if request is None:
+                return self._stopped()
+            if request.action != "restart":
+                await coordinator.leave(rnd)
+            if request.action == "restart":
+                self.board.set_state(DaemonState.RESTARTING, request.reason)
+                await self._back_off(attempt, time.monotonic() - started)
+                continue
+            if request.action == "succeed":
+                self.board.set_state(DaemonState.SUCCEEDED, request.reason)
+                return 0
+            self.board.set_state(DaemonState.FAILED, request.reason)
+            failure = self.status.last_failure
+            if failure is not None:
+                log.error(
+                    "restarts exhausted, the job failed:\n%s", attempt.failure_summary(failure)
+                )
+            else:
+                log.error("the job failed: %s", request.reason)
+            return 1
+
+    async def _join(self) -> Round | None:
+        """Join the next round with this node's workers' store ready; None when stopped."""
+        config, stores = self.config, self.tools.stores
+        if config.master_port:
+            port = config.master_port  # a fixed port is bound by node rank 0 once it is known
+        else:
+            _, port = await stores.fresh()
+        me = Member(
+            node_id=config.node_id,
+            addr=self.address,
+            nproc=config.nproc_per_node,
+            store_port=port,
+        )
+        joined = await first_of(
+            self.coordinator.join(me), self.stop.wait(), self.coordinator.lost.wait()
+        )
+        if self.stop.is_set():
+            return None
+        if self.coordinator.lost.is_set() and joined is not None and not joined.done():
+            raise CoordinationError(self.coordinator.lost_reason, "store_lost")
+        rnd: Round = joined.result()
+        if rnd.group_rank == 0 and config.master_port:
+            await stores.fresh()
+        self.running.round = rnd
+        self.status.restart_count = rnd.restarts
+        self.board.group_rank = rnd.group_rank
+        self.board.write_cluster(rnd.number, rnd.node_ids, dict(self.coordinator.excluded))
+        self.tools.events.emit(
+            EventKind.ROUND_CLOSED,
+            round=rnd.number,
+            members=rnd.node_ids,
+            group_rank=rnd.group_rank,
+        )
+        if self.config.multi_node:
+            log.info(
+                "round %d: node rank %d of %d (%s)",
+                rnd.number,
+                rnd.group_rank,
+                len(rnd.members),
+                ", ".join(rnd.node_ids),
+            )
+        if self._recovery is not None:
+            self._recovery.rendezvous = time.time()
+        return rnd
+
+    async def _until_request(
+        self, rnd: Round, attempt: Attempt, ended: asyncio.Future[RequestRecord]
+    ) -> RequestRecord | None:
+        """Run the attempt to the round's end: the request in force (None: stopped by a
+        signal). The workers are stopped when it returns."""
+        coordinator, health = self.coordinator, self.tools.health
+        stop, lost = self.stop, coordinator.lost
+        first = await first_of(attempt.group.wait(), ended, stop.wait(), lost.wait())
+        if stop.is_set():
+            self.board.set_state(DaemonState.STOPPING, "received a signal")
+            await attempt.stop(self.force)
+            if self.config.multi_node:
+                me = self.config.node_id
+                request = new_request("restart", f"node {me} was stopped by a signal", me)
+                with contextlib.suppress(CoordinationError, TimeoutError):
+                    await asyncio.wait_for(
+                        coordinator.request(rnd, request), SIGNAL_REQUEST_TIMEOUT_S
+                    )
+            return None
+        if lost.is_set() or (first is ended and ended.exception() is not None):
+            log.error("%s: stopping the workers", coordinator.lost_reason or "store lost")
+            await attempt.stop(self.force)
+            raise CoordinationError(coordinator.lost_reason or "store lost", "store_lost")
+        if first is ended:
+            request = ended.result()
+            log.warning("round %d ended by %s: %s", rnd.number, request.by, request.reason)
+            self.tools.events.emit(
+                EventKind.CLUSTER_REQUEST, round=rnd.number, **request.model_dump()
+            )
+            self._begin_recovery(request.reason, None)
+            self._ending(request)
+            await attempt.stop(self.force)
+            self._mark_stopped()
+            return request
+        outcome: Failure | None = first.result()
+        health.detach(attempt.group)
+        if self.config.ft.calc_timeouts:
+            health.learn(by="ftd (calc_timeouts)")
+        if outcome is None:
+            await attempt.stop(self.force)
+            await coordinator.succeeded(rnd)
+            if self.config.multi_node:
+                log.info(
+                    "round %d: every local rank exited 0; waiting for the other nodes", rnd.number
+                )
+            return await self._await_end(ended)
+        self.status.last_failure = outcome
+        self._crashed = outcome.kind in ("exit", "signal", "hang", "fatal")
+        self.tools.events.emit(
+            EventKind.ATTEMPT_FAILED, attempt=rnd.number, failure=outcome.to_dict()
+        )
+        self._begin_recovery(outcome.reason, outcome)
+        workload = health.workload_request
+        me = self.config.node_id
+        if (
+            workload is not None
+            and workload.action is WorkloadAction.EXCLUDE_THIS_NODE
+            and self.config.multi_node
+        ):
+            await attempt.stop(self.force)
+            self._mark_stopped()
+            reason = f"node {me} excluded: {workload.reason()}"
+            await coordinator.exclude(me, reason)
+            return await coordinator.request(rnd, new_request("restart", reason, me))
+        used = await coordinator.restarts_used(rnd)
+        decision = after_attempt(
+            outcome, used, self.config.max_restarts, workload.reason() if workload else None
+        )
+        if decision.action is Action.RESTART and self.config.restart_policy == "min-healthy":
+            healthy = await coordinator.unhealthy(rnd, me)
+            if healthy >= self.config.nnodes_min:
+                await attempt.stop(self.force)
+                self._mark_stopped()
+                self.board.set_state(
+                    DaemonState.RESTARTING,
+                    f"{outcome.reason}; {healthy} healthy nodes left (min-healthy): "
+                    "waiting for the cluster",
+                )
+                return await self._await_end(ended)
+        if decision.action is Action.RESTART:
+            mine = new_request("restart", decision.reason, me, counted=outcome.counted)
+        else:
+            mine = new_request("fail", decision.reason, me)
+        request = await coordinator.request(rnd, mine)
+        self._ending(request)
+        await attempt.stop(self.force)
+        self._mark_stopped()
+        return request
+
+    def _ending(self, request: RequestRecord) -> None:
+        """Say what the round's end means while the ranks are being stopped."""
+        if request.action == "restart":
+            self.board.set_state(DaemonState.RESTARTING, request.reason)
+        else:
+            self.board.set_state(DaemonState.STOPPING, request.reason)
+
+    async def _await_end(self, ended: asyncio.Future[RequestRecord]) -> RequestRecord | None:
+        """This node is done with the round; the others decide how it ends."""
+        await first_of(ended, self.stop.wait(), self.coordinator.lost.wait())
+        if not ended.done():
+            if self.stop.is_set():
+                return None
+            raise CoordinationError(self.coordinator.lost_reason or "store lost", "store_lost")
+        if ended.exception() is not None:
+            raise CoordinationError(self.coordinator.lost_reason or "store lost", "store_lost")
+        return ended.result()
+
+    # -- nodes lost (the coordinator's liveness) ---------------------------------------------
+
+    def on_node_lost(self, node_id: str, reason: str) -> None:
+        self.tools.events.emit(EventKind.NODE_LOST, node_id=node_id, reason=reason)
+        self.background.spawn(self._node_lost(node_id, reason), f"node-lost-{node_id}")
+
+    async def _node_lost(self, node_id: str, reason: str) -> None:
+        rnd = self.running.round
+        if rnd is None:
+            return
+        healthy = len(rnd.members) - 1
+        if self.config.restart_policy == "min-healthy":
+            healthy = await self.coordinator.unhealthy(rnd, node_id)
+        decision = after_node_lost(
+            reason, self.config.restart_policy, healthy, self.config.nnodes_min
+        )
+        if decision.action is Action.CONTINUE:
+            log.warning("%s", decision.reason)
+            return
+        await self.coordinator.request(rnd, new_request("restart", reason, self.config.node_id))
+
+    # -- restarts: recovery stages, back-off -------------------------------------------------
+
+    def _begin_recovery(self, cause: str, failure: Failure | None) -> None:
+        now = time.time()
+        decided = failure.timestamp if failure is not None and failure.timestamp else now
+        origin = failure.origin if failure is not None and failure.origin else decided
+        self._recovery = Recovery(cause=cause, origin=min(origin, decided), decided=decided)
+
+    def _mark_stopped(self) -> None:
+        if self._recovery is not None:
+            self._recovery.stopped = time.time()
+
+    def _started(self, attempt: Attempt) -> None:
+        recovery, self._recovery = self._recovery, None
+        if recovery is None:
+            return
+        recovery.spawned = time.time()
+        self.background.spawn(self._await_resumed(attempt, recovery), "first-step")
+
+    async def _await_resumed(self, attempt: Attempt, recovery: Recovery) -> None:
+        """The restart is over once every rank of the new attempt took its first step."""
+        resumed = await self.tools.health.first_steps(attempt.group)
+        if resumed is not None:
+            recovery.resumed = resumed
+        data = recovery.event_data(attempt.number)
+        for stage, seconds in data["stages"].items():
+            if seconds is not None:
+                RECOVERY_STAGE_SECONDS.labels(stage).observe(seconds)
+        self.status.last_recovery = data
+        self.tools.events.emit(EventKind.RECOVERY, **data)
+
+    async def _back_off(self, attempt: Attempt, ran_s: float) -> None:
+        """After attempts that failed fast one after another, wait longer before the next
+        (kubelet's CrashLoopBackOff); an attempt that ran long enough resets it."""
+        config = self.config
+        if ran_s >= config.restart_backoff_reset_s or not self._crashed:
+            self._fast_failures = 0
+            self.status.backoff_s = 0.0
+            return
+        self._fast_failures += 1
+        delay = restart_backoff(
+            self._fast_failures, config.restart_backoff_base_s, config.restart_backoff_cap_s
+        )
+        self.status.backoff_s = delay
+        if delay <= 0:
+            return
+        log.warning(
+            "attempt %d failed %.1fs after it started, %d fast failures in a row: waiting %.1fs "
+            "before the next (--restart-backoff)",
+            attempt.number,
+            ran_s,
+            self._fast_failures,
+            delay,
+        )
+        self.tools.events.emit(
+            EventKind.RESTART_BACKOFF,
+            attempt=attempt.number,
+            delay_s=delay,
+            fast_failures=self._fast_failures,
+        )
+        self.board.set_state(DaemonState.RESTARTING, f"backing off {delay:.1f}s (crash loop)")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.stop.wait(), delay)
+
+    # -- endings -----------------------------------------------------------------------------
+
+    def _stopped(self) -> int:
+        sig = self.running.stop_signal or signal.SIGTERM
+        self.board.set_state(DaemonState.STOPPED, f"received {sig.name}")
+        return 128 + int(sig)
+
+    def leave(self, error: CoordinationError) -> int:
+        """This node leaves the job for `error.reason`: the process exit code."""
+        if error.code == "stopped":
+            return self._stopped()
+        if error.code == "succeed":
+            self.board.set_state(DaemonState.SUCCEEDED, error.reason)
+            return 0
+        state = DaemonState.STOPPED if error.code == "excluded" else DaemonState.FAILED
+        if error.code == "excluded":
+            excluded = {**self.coordinator.excluded, self.config.node_id: error.reason}
+            rnd = self.running.round
+            self.board.write_cluster(
+                rnd.number if rnd else None, rnd.node_ids if rnd else [], excluded
+            )
+        log.error("%s", error.reason)
+        self.board.set_state(state, error.reason)
+        return 1
