@@ -14,6 +14,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import time
 import uuid
@@ -70,10 +71,55 @@ def free_ports(count: int) -> list[int]:
         return [sock.getsockname()[1] for sock in socks]
 
 
+@dataclass(frozen=True)
+class TlsFiles:
+    """A throwaway CA, a server certificate for 127.0.0.1 and a client certificate."""
+
+    ca: Path
+    server_cert: Path
+    server_key: Path
+    client_cert: Path
+    client_key: Path
+
+
+async def make_tls_files(directory: Path) -> TlsFiles:
+    """Certificates made with the openssl command (skips the test without one)."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("no openssl command to make test certificates")
+    directory.mkdir(parents=True)
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+
+    async def run(*args: str) -> None:
+        proc = await asyncio.create_subprocess_exec(
+            openssl, *args, cwd=directory, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
+        output, _ = await proc.communicate()
+        assert proc.returncode == 0, f"openssl {' '.join(args)}: {output.decode()}"
+
+    await run("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-subj", "/CN=test CA")
+    for name, usage in (("server", "serverAuth,clientAuth"), ("client", "clientAuth")):
+        extensions = f"subjectAltName=IP:127.0.0.1\nextendedKeyUsage={usage}\n"
+        (directory / f"{name}.ext").write_text(extensions)
+        await run("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", "/CN=t")
+        await run(
+            *("x509", "-req", "-in", f"{name}.csr", "-out", f"{name}.crt"),
+            *("-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-extfile", f"{name}.ext"),
+        )
+    return TlsFiles(
+        ca=directory / "ca.crt",
+        server_cert=directory / "server.crt",
+        server_key=directory / "server.key",
+        client_cert=directory / "client.crt",
+        client_key=directory / "client.key",
+    )
+
+
 @dataclass
 class Member:
     name: str
     client_port: int
+    scheme: str
     peer_port: int
     data_dir: Path
     log_path: Path
@@ -83,7 +129,7 @@ class Member:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.client_port}"
+        return f"{self.scheme}://127.0.0.1:{self.client_port}"
 
     @property
     def peer_url(self) -> str:
@@ -102,7 +148,7 @@ class Member:
 
 
 class EtcdCluster:
-    def __init__(self, binary: Path, root: Path, size: int) -> None:
+    def __init__(self, binary: Path, root: Path, size: int, tls: TlsFiles | None) -> None:
         self.binary = binary
         root.mkdir(parents=True)
         ports = free_ports(2 * size)
@@ -110,6 +156,7 @@ class EtcdCluster:
             Member(
                 name=f"m{i}",
                 client_port=ports[2 * i],
+                scheme="https" if tls else "http",
                 peer_port=ports[2 * i + 1],
                 data_dir=root / f"m{i}",
                 log_path=root / f"m{i}.log",
@@ -117,7 +164,15 @@ class EtcdCluster:
             for i in range(size)
         ]
         self.token = f"ftd-test-{uuid.uuid4().hex[:12]}"
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
+        self.tls = tls
+        context: ssl.SSLContext | bool = True
+        if tls is not None:
+            context = ssl.create_default_context(cafile=str(tls.ca))
+            context.load_cert_chain(str(tls.client_cert), str(tls.client_key))
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(ssl=context),
+            timeout=aiohttp.ClientTimeout(total=10),
+        )
 
     @property
     def endpoints(self) -> list[str]:
@@ -140,6 +195,17 @@ class EtcdCluster:
             f"--election-timeout={ELECTION_MS}",
             "--experimental-watch-progress-notify-interval=1s",
             "--unsafe-no-fsync",
+            *self._tls_flags(),
+        ]
+
+    def _tls_flags(self) -> list[str]:
+        if self.tls is None:
+            return []
+        return [
+            f"--cert-file={self.tls.server_cert}",
+            f"--key-file={self.tls.server_key}",
+            f"--trusted-ca-file={self.tls.ca}",
+            "--client-cert-auth",
         ]
 
     async def start(self) -> None:
@@ -285,18 +351,20 @@ ClusterFactory = Callable[..., Awaitable[EtcdCluster]]
 
 @pytest.fixture
 async def etcd(tmp_path: Path) -> AsyncIterator[ClusterFactory]:
-    """`await etcd(size=1)` starts a healthy cluster of real etcd members; all are killed at
-    teardown. Skips when no etcd binary runs here."""
+    """`await etcd(size=1, tls=False)` starts a healthy cluster of real etcd members (with
+    tls: https for clients, client certificates required; `cluster.tls` has the files); all
+    are killed at teardown. Skips when no etcd binary runs here."""
     if reason := etcd_unusable():
         pytest.skip(reason)
     binary = etcd_binary()
     assert binary is not None
     clusters: list[EtcdCluster] = []
 
-    async def start(size: int = 1) -> EtcdCluster:
+    async def start(size: int = 1, *, tls: bool = False) -> EtcdCluster:
+        files = await make_tls_files(tmp_path / "tls") if tls else None
         tries = 0
         while True:
-            cluster = EtcdCluster(binary, tmp_path / f"etcd{len(clusters)}", size)
+            cluster = EtcdCluster(binary, tmp_path / f"etcd{len(clusters)}", size, files)
             clusters.append(cluster)
             try:
                 await cluster.start()

@@ -4,6 +4,7 @@ endpoint that answers garbage, too much, or nothing."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import gzip
 import statistics
 import time
@@ -62,6 +63,7 @@ async def test_kv_round_trip_under_a_prefix(etcd: ClusterFactory) -> None:
         assert await client.delete("k", prefix=True) == 1
         assert (await client.get_prefix("")).kvs == ()
         assert await bare.get("job/b/k1") is not None
+        assert [kv.key for kv in (await bare.get_prefix("")).kvs] == [b"job/b/k1"]
 
 
 async def test_txn_two_concurrent_claimers_exactly_one_wins(etcd: ClusterFactory) -> None:
@@ -188,12 +190,13 @@ async def test_watch_survives_sigkill_of_the_leader(etcd: ClusterFactory) -> Non
 
         async def write(key: str) -> None:
             # Create-once: a retry after an ambiguous failure cannot write twice.
-            while True:
+            for _ in range(5):
                 try:
                     await writer.txn([Compare.create_revision(key, "==", 0)], [Put(key, b"v")])
                     return
                 except EtcdUnavailable:
                     continue
+            raise AssertionError(f"{key} could not be written")
 
         async def collect() -> None:
             async for event in events:
@@ -202,6 +205,9 @@ async def test_watch_survives_sigkill_of_the_leader(etcd: ClusterFactory) -> Non
                     return
 
         collector = asyncio.create_task(collect())
+        # The lease's keepalive talks to the leader too, and must move on as well.
+        lease = await watcher.grant_lease(3)
+        await watcher.put("held", b"x", lease)
         for i, key in enumerate(keys):
             if i == 20:
                 await cluster.kill(leader)
@@ -209,6 +215,11 @@ async def test_watch_survives_sigkill_of_the_leader(etcd: ClusterFactory) -> Non
         await asyncio.wait_for(collector, 30)
         assert events.reconnects >= 1
         stored = await writer.get_prefix("n/")
+        # A keepalive that could not move on would lose the lease within one TTL.
+        renewals = lease.renewals
+        await asyncio.sleep(lease.ttl_s)
+        assert not lease.lost and lease.renewals > renewals
+        assert await writer.get("held") is not None
 
     assert [event.kv.key.decode() for event in seen] == keys  # none lost, none twice, in order
     assert [event.revision for event in seen] == [kv.mod_revision for kv in stored.kvs]
@@ -261,6 +272,8 @@ async def test_quorum_loss_fails_fast_without_blocking_the_loop(etcd: ClusterFac
 
 async def test_auth_with_root_user_and_a_wrong_password(etcd: ClusterFactory) -> None:
     cluster = await etcd()
+    async with EtcdClient(cluster.endpoints, username="root", password="s3cret") as client:
+        await client.put("k", b"before auth")  # credentials with auth off: no token, fine
     await cluster.enable_auth("s3cret")
     async with EtcdClient(cluster.endpoints, username="root", password="s3cret") as client:
         await client.put("k", b"v")
@@ -291,6 +304,29 @@ async def test_watch_from_a_compacted_revision_says_so(etcd: ClusterFactory) -> 
             async with client.watch("k", start_revision=first) as events:
                 await anext(events)
         assert compacted.value.compact_revision == last
+
+
+async def test_tls_with_a_client_certificate(etcd: ClusterFactory) -> None:
+    cluster = await etcd(tls=True)
+    tls = cluster.tls
+    assert tls is not None and cluster.endpoints[0].startswith("https://")
+    async with EtcdClient(
+        cluster.endpoints, cacert=tls.ca, cert=tls.client_cert, key=tls.client_key
+    ) as client:
+        await client.put("k", b"v")
+        async with client.watch("k", start_revision=1) as events:
+            assert (await anext(events)).kv.value == b"v"
+    # host:port takes https when TLS files are given.
+    bare = [endpoint.removeprefix("https://") for endpoint in cluster.endpoints]
+    async with EtcdClient(bare, cacert=tls.ca, cert=tls.client_cert, key=tls.client_key) as c:
+        assert (await c.get("k")) is not None
+
+    async with EtcdClient(cluster.endpoints, timeout_s=1) as untrusting:
+        with pytest.raises(EtcdUnavailable, match="certificate"):
+            await untrusting.get("k")
+    async with EtcdClient(cluster.endpoints, cacert=tls.ca, timeout_s=1) as anonymous:
+        with pytest.raises(EtcdUnavailable, match="certificate"):
+            await anonymous.get("k")
 
 
 # -- a hostile endpoint ---------------------------------------------------------------------
@@ -333,6 +369,60 @@ def _text(body: bytes | str, status: int = 200, headers: dict[str, str] | None =
         return web.Response(body=data, status=status, headers=headers)
 
     return answer
+
+
+async def test_watch_resumes_exactly_where_it_stopped(
+    hostile: Callable[[Handler], Awaitable[str]],
+) -> None:
+    """A scripted member: the first stream delivers one of revision 5's two events (as etcd
+    may, in two messages) and dies; the second must start at revision 5 and the event given
+    out already must not come twice. Then a progress notice moves the resume point on."""
+    requests: list[dict[str, object]] = []
+    streams: list[list[str | None]] = [
+        [CREATED, _events(("k/a", 5)), None],
+        [CREATED, _events(("k/a", 5), ("k/b", 5)), _events(("k/c", 6)), PROGRESS_AT_9, None],
+        [CREATED, _events(("k/d", 10))],
+    ]
+
+    async def member(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        requests.append(body["create_request"])
+        response = web.StreamResponse()
+        await response.prepare(request)
+        for line in streams[len(requests) - 1]:
+            if line is None:  # the member dies
+                assert request.transport is not None
+                request.transport.close()
+                return response
+            await response.write(line.encode() + b"\n")
+        await asyncio.Event().wait()
+        return response
+
+    url = await hostile(member)
+    async with (
+        EtcdClient([url], timeout_s=2) as client,
+        client.watch("k/", prefix=True, start_revision=3) as events,
+    ):
+        got = [await anext(events) for _ in range(4)]
+        assert events.reconnects == 2
+    assert [(event.kv.key, event.revision) for event in got] == [
+        (b"k/a", 5),
+        (b"k/b", 5),
+        (b"k/c", 6),
+        (b"k/d", 10),
+    ]
+    assert [request.get("start_revision") for request in requests] == ["3", "5", "10"]
+
+
+def _events(*events: tuple[str, int]) -> str:
+    listed = ",".join(
+        f'{{"kv":{{"key":"{base64.b64encode(key.encode()).decode()}","mod_revision":"{rev}"}}}}'
+        for key, rev in events
+    )
+    return f'{{"result":{{"header":{{"revision":"{events[-1][1]}"}},"events":[{listed}]}}}}'
+
+
+PROGRESS_AT_9 = '{"result":{"header":{"revision":"9"}}}'
 
 
 def _watch_lines(*lines: str) -> Handler:

@@ -143,9 +143,6 @@ class Lease:
         expires_at = self.expires_at
 
         async def attempt(endpoint: str, budget_s: float) -> LeaseKeepAliveResult:
-            budget_s = min(budget_s, expires_at - self._clock())
-            if budget_s <= 0:
-                raise AttemptFailed("the lease ran out meanwhile", sent=False)
             body: dict[str, object] = {"ID": str(self.id)}
             stream = await self._transport.open_stream(
                 endpoint, "/v3/lease/keepalive", body, budget_s
@@ -164,4 +161,7 @@ class Lease:
                 raise AttemptFailed(reason, sent=True, bad_answer=True)
             return line.result
 
-        return (await self._transport.failover(attempt, mutation=False)).TTL
+        answer = await self._transport.failover(
+            attempt, mutation=False, timeout_s=expires_at - self._clock()
+        )
+        return answer.TTL

@@ -195,10 +195,18 @@ class Transport:
         if self.endpoints[self._pinned] == endpoint:
             self._pinned = (self._pinned + 1) % len(self.endpoints)
 
-    async def failover(self, attempt: Callable[[str, float], Awaitable[T]], *, mutation: bool) -> T:
+    async def failover(
+        self,
+        attempt: Callable[[str, float], Awaitable[T]],
+        *,
+        mutation: bool,
+        timeout_s: float | None = None,
+    ) -> T:
         """Run `attempt(endpoint, budget_s)` on members until one answers or the call's
-        timeout passes; EtcdUnavailable (or EtcdBadAnswer) says what each member did."""
-        deadline = time.monotonic() + self.timeout_s
+        timeout (the client's, or a shorter `timeout_s`) passes; EtcdUnavailable (or
+        EtcdBadAnswer) says what each member did."""
+        limit_s = self.timeout_s if timeout_s is None else min(timeout_s, self.timeout_s)
+        deadline = time.monotonic() + limit_s
         reasons: dict[str, str] = {}  # the last failure of each endpoint tried
         bad: set[str] = set()  # the endpoints whose last answer was not etcd's
         pause_s = RETRY_PAUSE_S[0]
@@ -222,7 +230,7 @@ class Transport:
                     else:
                         bad.discard(endpoint)
                     if mutation and (failure.sent or failure.bad_answer):
-                        raise self._gave_up(reasons, bad, maybe_applied=True) from None
+                        raise self._gave_up(reasons, bad, limit_s, maybe_applied=True) from None
                     continue
                 if index != self._pinned:
                     log.info("etcd: now talking to %s", endpoint)
@@ -230,19 +238,19 @@ class Transport:
                 return result
             # Garbage from every member will not turn into an answer by asking again.
             if len(bad) == count or time.monotonic() + pause_s >= deadline:
-                raise self._gave_up(reasons, bad, maybe_applied=False)
+                raise self._gave_up(reasons, bad, limit_s, maybe_applied=False)
             await asyncio.sleep(pause_s)
             pause_s = min(pause_s * 2, RETRY_PAUSE_S[1])
 
     def _gave_up(
-        self, reasons: dict[str, str], bad: set[str], *, maybe_applied: bool
+        self, reasons: dict[str, str], bad: set[str], limit_s: float, *, maybe_applied: bool
     ) -> EtcdError:
         if bad:
             listed = "; ".join(f"{ep}: {why}" for ep, why in reasons.items())
             return EtcdBadAnswer(f"no etcd member gave a valid answer ({listed})")
         what = "the change may have been applied" if maybe_applied else "nothing was applied"
         return EtcdUnavailable(
-            f"no etcd member answered within {self.timeout_s:g} s; {what}",
+            f"no etcd member answered within {limit_s:.3g} s; {what}",
             endpoints=list(reasons),
             reasons=list(reasons.values()),
             maybe_applied=maybe_applied,
@@ -275,7 +283,13 @@ class Transport:
                 return
             body = {"name": self._credentials.username, "password": self._credentials.password}
             payload = json.dumps(body).encode()
-            raw = await self._unary(endpoint, "/v3/auth/authenticate", payload, budget_s, False)
+            try:
+                raw = await self._unary(endpoint, "/v3/auth/authenticate", payload, budget_s, False)
+            except EtcdError as error:
+                if "authentication is not enabled" not in error.message:
+                    raise
+                self._token = ""  # as etcd's own client does: go on without a token
+                return
             self._token = parse(AuthenticateResponse, raw).token
 
     async def _unary(
@@ -309,7 +323,7 @@ class Transport:
         if stream:
             # A watch on a member that lost its leader is cancelled instead of going quiet.
             headers["Grpc-Metadata-hasleader"] = "true"
-        if auth and self._token is not None:
+        if auth and self._token:
             headers["Authorization"] = self._token
         connect_s = max(budget_s / 2, 0.001)
         try:

@@ -127,6 +127,8 @@ class Watch:
         """Drop the stream; the next receive reconnects elsewhere. Streams that keep breaking
         (more than twice per member within the client's timeout) end the watch, and
         reconnects back off, so a flapping or hostile member cannot make a busy loop."""
+        if self._closed:
+            return  # closed meanwhile: the broken stream is the closed one
         log.warning(
             "etcd watch on %s broke (%s); resuming from revision %s",
             stream.endpoint,

@@ -214,10 +214,10 @@ class Namespace:
     def range(self, key: bytes | str, prefix: bool) -> dict[str, str]:
         """The request fields selecting one key, or every key starting with it."""
         full = self.key(key)
-        fields = {"key": b64(full)}
-        if prefix:
-            fields["range_end"] = b64(prefix_end(full))
-        return fields
+        if not prefix:
+            return {"key": b64(full)}
+        # etcd refuses an empty key; "\0" to "\0" is its spelling of "every key".
+        return {"key": b64(full or b"\0"), "range_end": b64(prefix_end(full))}
 
     def put(self, key: bytes | str, value: bytes, lease: int | None) -> dict[str, str]:
         fields = {"key": b64(self.key(key)), "value": b64(value)}
