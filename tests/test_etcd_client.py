@@ -227,8 +227,12 @@ async def test_watch_survives_sigkill_of_the_leader(etcd: ClusterFactory) -> Non
 
 async def test_quorum_loss_fails_fast_without_blocking_the_loop(etcd: ClusterFactory) -> None:
     cluster = await etcd(3)
-    async with EtcdClient(cluster.endpoints, timeout_s=2) as client:
+    async with (
+        EtcdClient(cluster.endpoints, timeout_s=2) as client,
+        client.watch("k") as events,
+    ):
         await client.put("k", b"before")
+        assert (await anext(events)).kv.value == b"before"
         leader = await cluster.leader()
         lost = [leader, (leader + 1) % 3]
         for index in lost:
@@ -259,6 +263,9 @@ async def test_quorum_loss_fails_fast_without_blocking_the_loop(etcd: ClusterFac
             assert took < 2 + 0.5, f"{call} took {took:.2f} s"
             assert set(unavailable.value.endpoints) <= set(cluster.endpoints)
             assert unavailable.value.endpoints
+        # The watch's member lost its leader: etcd cancels it, and no member takes it again.
+        with pytest.raises(EtcdUnavailable):
+            await asyncio.wait_for(anext(events), 10)
         ticker.cancel()
         assert max(gaps) < 0.5, f"the event loop stalled for {max(gaps):.2f} s"
 
@@ -268,6 +275,7 @@ async def test_quorum_loss_fails_fast_without_blocking_the_loop(etcd: ClusterFac
         await client.put("k", b"after")
         got = await client.get("k")
         assert got is not None and got.value == b"after"
+        assert (await anext(events)).kv.value == b"after"  # iterating again resumes it
 
 
 async def test_auth_with_root_user_and_a_wrong_password(etcd: ClusterFactory) -> None:

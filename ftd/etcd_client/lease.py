@@ -107,6 +107,13 @@ class Lease:
             self._lost.set()
 
     async def _keepalive(self) -> None:
+        try:
+            await self._renew_until_stopped_or_lost()
+        except Exception as error:  # a bug here must not pass for a healthy lease
+            log.exception("etcd lease %#x: the keepalive failed", self.id)
+            self._lose(f"its keepalive failed: {error!r}")
+
+    async def _renew_until_stopped_or_lost(self) -> None:
         failed = False
         while not self._stop.is_set():
             now = self._clock()
@@ -124,12 +131,15 @@ class Lease:
             try:
                 ttl_s = await self._renew()
             except EtcdError as error:
+                if not failed:
+                    log.warning("etcd lease %#x: keepalive failed (%s); retrying", self.id, error)
                 failed = True
-                log.warning("etcd lease %#x: keepalive failed (%s); retrying", self.id, error)
                 continue
             if ttl_s <= 0:
                 self._lose("etcd says it expired or was revoked")
                 return
+            if failed:
+                log.info("etcd lease %#x: renewed again", self.id)
             failed = False
             self.renewed_at, self.ttl_s = sent_at, ttl_s
             self.renewals += 1

@@ -87,7 +87,7 @@ def refusal(endpoint: str, code: int, message: str) -> Exception:
     text = clip(message)
     if code == GrpcCode.UNAUTHENTICATED and "invalid auth token" in message:
         return TokenExpired(text)
-    if "no leader" in message:
+    if any(mark in message for mark in ("no leader", "too many requests")):
         return AttemptFailed(f"etcd: {text}", sent=False)
     if code in (GrpcCode.UNAVAILABLE, GrpcCode.DEADLINE_EXCEEDED) or any(
         mark in message for mark in ("deadline exceeded", "timed out", "leader changed")

@@ -30,8 +30,9 @@ class Watch:
     """Events on a key (or every key under a prefix), oldest first, as an async iterator; use
     it as an async context manager so its stream closes. `next_revision` is where it stands:
     every event before it was delivered (etcd's progress notices move it too). Raises
-    EtcdUnavailable when no member takes the watch for the client's timeout (iterate again to
-    retry), EtcdCompacted when the revision to resume from is gone."""
+    EtcdUnavailable (EtcdBadAnswer) when no member takes the watch, or its streams keep
+    breaking, within the client's timeout: iterating again tries again from where it stood.
+    EtcdCompacted when the revision to resume from is gone."""
 
     def __init__(
         self,
@@ -143,13 +144,13 @@ class Watch:
         while self._breaks[0][0] < now - self._transport.timeout_s:
             self._breaks.popleft()
         if len(self._breaks) > 2 * len(self._transport.endpoints):
-            reasons = {endpoint: why for _, endpoint, why, _ in self._breaks}
-            self._closed = True
-            if any(bad for *_, bad in self._breaks):
+            breaks, self._breaks = self._breaks, deque()
+            reasons = {endpoint: why for _, endpoint, why, _ in breaks}
+            if any(bad for *_, bad in breaks):
                 listed = "; ".join(f"{ep}: {why}" for ep, why in reasons.items())
                 raise EtcdBadAnswer(f"etcd watch streams keep giving bad answers ({listed})")
             raise EtcdUnavailable(
-                f"etcd watch streams broke {len(self._breaks)} times "
+                f"etcd watch streams broke {len(breaks)} times "
                 f"within {self._transport.timeout_s:g} s",
                 endpoints=list(reasons),
                 reasons=list(reasons.values()),
