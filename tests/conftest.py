@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.etcd_cluster import etcd  # noqa: F401  (the fixture: real etcd clusters)
+
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(__file__).resolve().parent / "bin"
 WORKER = BIN / "worker.py"
