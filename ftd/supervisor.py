@@ -154,14 +154,16 @@ class Supervisor:
             nproc=config.nproc_per_node,
             store_port=port,
         )
-        joined = await first_of(
-            self.coordinator.join(me), self.stop.wait(), self.coordinator.lost.wait()
-        )
-        if self.stop.is_set():
-            return None
-        if self.coordinator.lost.is_set() and joined is not None and not joined.done():
+        join = asyncio.ensure_future(self.coordinator.join(me))
+        first = await first_of(join, self.stop.wait(), self.coordinator.lost.wait())
+        if first is not join:
+            join.cancel()
+            with contextlib.suppress(asyncio.CancelledError, CoordinationError):
+                await join
+            if self.stop.is_set():
+                return None
             raise CoordinationError(self.coordinator.lost_reason, "store_lost")
-        rnd: Round = joined.result()
+        rnd: Round = join.result()
         if rnd.group_rank == 0 and config.master_port:
             await stores.fresh()
         self.running.round = rnd

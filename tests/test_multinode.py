@@ -29,9 +29,15 @@ class Cluster:
     """Daemons of one job: node ids, one endpoint, fast timeouts."""
 
     def __init__(
-        self, serve: ServeFactory, nnodes: str, *flags: str, job: str = "job", last_call: float = 3
+        self,
+        serve: ServeFactory,
+        nnodes: str,
+        *flags: str,
+        job: str = "job",
+        last_call: float = 3,
+        env: dict[str, str] | None = None,
     ) -> None:
-        self.serve, self.job = serve, job
+        self.serve, self.job, self.env = serve, job, env
         self.endpoint = f"127.0.0.1:{free_port()}"
         self.flags = (
             *("--nnodes", nnodes, "--rdzv-endpoint", self.endpoint, "--local-addr", "127.0.0.1"),
@@ -42,7 +48,8 @@ class Cluster:
 
     async def node(self, node_id: str, *args: str, flags: tuple[str, ...] = ()) -> Serve:
         return await self.serve(
-            "--node-id", node_id, *self.flags, *flags, run_id=self.job, script_args=args
+            "--node-id", node_id, *self.flags, *flags, run_id=self.job, script_args=args,
+            env=self.env,
         )  # fmt: skip
 
 

@@ -138,6 +138,8 @@ def serve(sock: socket.socket) -> dict[str, Any] | None:
             message, fds, _, _ = socket.recv_fds(sock, MAX_MESSAGE, MAX_FDS)
         except InterruptedError:
             continue
+        except OSError:  # the daemon is gone (reset, closed): nothing more to serve
+            return None
         if not message:
             for fd in fds:
                 os.close(fd)
@@ -188,15 +190,16 @@ def main(argv: list[str]) -> dict[str, Any] | None:
     # forked ranks share them instead of copying them on the first collection.
     gc.collect()
     gc.freeze()
-    _send(
-        sock,
-        {
-            "ready": True,
-            "pid": os.getpid(),
-            "seconds": time.monotonic() - started,
-            "problem": unsafe_state(),
-        },
-    )
+    ready = {
+        "ready": True,
+        "pid": os.getpid(),
+        "seconds": time.monotonic() - started,
+        "problem": unsafe_state(),
+    }
+    try:
+        _send(sock, ready)
+    except OSError:  # the daemon left while this zygote preloaded
+        return None
     return serve(sock)
 
 

@@ -26,6 +26,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--record", action="store_true", help="wrap main in torch's @record")
     parser.add_argument("--hang", action="store_true", help="sleep forever once ready")
     parser.add_argument("--hang-attempts", type=int, default=0, help="hang while attempt < N")
+    parser.add_argument("--hang-until", type=Path, help="once ready, wait for this file to exist")
     parser.add_argument(
         "--hang-while-paired",
         action="store_true",
@@ -92,6 +93,8 @@ def main() -> None:
     print(f"ready a{ATTEMPT} r{RANK} pid {os.getpid()}", flush=True)
     if args.sleep:
         time.sleep(args.sleep)
+    while args.hang_until is not None and not args.hang_until.exists():
+        time.sleep(0.05)  # test scaffolding: the test creates the file when it is done
     paired = int(os.environ["WORLD_SIZE"]) > int(os.environ["LOCAL_WORLD_SIZE"])
     if (
         args.hang
