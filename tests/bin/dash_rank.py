@@ -15,5 +15,5 @@ print(f"dash rank {RANK} attempt {ATTEMPT} up pid {os.getpid()}", flush=True)
 deadline = time.monotonic() + 600
 while time.monotonic() < deadline:
     with client.section("step"):
-        time.sleep(0.2)
+        time.sleep(1.0)
     client.heartbeat()
