@@ -289,6 +289,7 @@ async def _await_event(url: str, kind: str, timeout: float) -> dict[str, Any]:
 
 # -- a stub API: 512 nodes and recoveries ----------------------------------------------------
 
+HOSTILE = '<img src=x onerror="document.title=1">\u202e'
 STATES = ["running", "running", "running", "rendezvous", "restarting", "failed", "succeeded"]
 
 
@@ -369,6 +370,8 @@ class StubApi:
             }
             for i in range(self.nodes)
         ]
+        nodes[511]["node_id"] = HOSTILE  # a hostile store value: shown, never parsed as HTML
+        nodes[510]["state"] = "<b>weird</b>"
         excluded = [{"node_id": f"node-{i:04d}", "reason": "bad NIC"} for i in (13, 99)]
         members = [n["node_id"] for n in nodes]
         return web.json_response(
@@ -432,6 +435,7 @@ async def test_a_512_node_job_and_recovery_stages() -> None:
         failure_time=t + 200,
     )
     stub.event("node_excluded", t + 300, node_id="node-0013", reason="bad NIC", by="api")
+    stub.event("<script>x</script>", t + 301, note="<img src=y onerror=alert(2)>")
     async with stub_server(stub) as url, browser() as chromium:
         page, console = await new_page(chromium)
         await page.goto(url + "/")
@@ -450,6 +454,9 @@ async def test_a_512_node_job_and_recovery_stages() -> None:
         assert await page.locator(".tile.self").count() == 1
         assert "512 nodes" in await page.locator("#cluster-summary").inner_text()
         assert await page.locator("#banner").is_hidden()
+        assert await page.locator("img").count() == 0 and await page.title() == "ftd"
+        assert await page.locator(".tile", has_text='<img src=x onerror="').count() == 1
+        assert await page.locator(".tile", has_text="<b>weird</b>").count() == 1
         # The recovery's stages, each with its duration, in order.
         row = page.locator('.recovery[data-attempt="1"]')
         stages = await row.locator(".stage").all_inner_texts()
@@ -485,6 +492,8 @@ async def test_a_512_node_job_and_recovery_stages() -> None:
         await page.select_option("#filter-kind", "recovery")
         await page.wait_for_function("() => document.querySelectorAll('#events li').length === 2")
         await page.select_option("#filter-kind", "")
+        width = await page.evaluate("document.documentElement.scrollWidth")
+        assert width <= 1400, f"the page is wider than the window: {width}px"
         await shot(page, "dashboard-512-nodes")
         assert console.unexpected() == []
 
