@@ -1,21 +1,36 @@
 # The two commands of the README: `make demo` and `make test`. Each does its own set-up.
-PYTHON ?= python3.11
+# Python: PYTHON=/path/to/python chooses; else the newest of python3.13, python3.12, python3.11
+# and python3 that is 3.11 or newer.
+PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3; do \
+	command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+	2>/dev/null && { echo $$p; break; }; done)
 VENV := .venv
 PY := $(VENV)/bin/python
+PIP := $(PY) -m pip install -q --disable-pip-version-check -c constraints.txt
+DEMO_STAMP := $(VENV)/.demo
 STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint typecheck unit clean
 
-$(STAMP): pyproject.toml constraints.txt
+# What the demo needs: ftd and torch (CPU). The test extra comes on top for `make test`.
+$(DEMO_STAMP): pyproject.toml constraints.txt
+	@test -n "$(PYTHON)" || { echo "no Python 3.11+ found: install one, or run make PYTHON=/path/to/python3.11"; exit 1; }
+	@echo "=== creating $(VENV) with $(PYTHON) ($$($(PYTHON) --version)) ==="
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[test]'
+	@echo "=== installing ftd and torch 2.13 (CPU) into $(VENV): a few minutes the first time ==="
+	$(PIP) -e .
+	touch $(DEMO_STAMP)
+
+$(STAMP): $(DEMO_STAMP)
+	@echo "=== installing the test tools (pytest, ruff, mypy, playwright, ...) into $(VENV) ==="
+	$(PIP) -e '.[test]'
 	touch $(STAMP)
 
 # The main job: examples/train_ddp.py under `ftd serve` on 2 ranks. Rank 1 crashes at step 25 of
 # the first attempt; ftd restarts the group and training resumes from the step-20 checkpoint.
 # Then rank 1 hangs at step 25: the hang detector dumps its stacks, kills it and restarts again.
 DEMO_DIR := runs/demo
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	rm -rf $(DEMO_DIR)
 	@echo "=== 1/2: a crash at step 25, restart, resume from the newest checkpoint ==="
 	$(VENV)/bin/ftd serve --standalone --nproc-per-node 2 --max-restarts 3 --api-port 0 \

@@ -1,4 +1,4 @@
-"""`ftd status|restart|exclude|readmit|timeouts|events`: operators' commands over the REST API.
+"""`ftd status|restart|exclude|readmit|timeouts|events|top`: operators' commands over the REST API.
 
 Standard library only (through `ftd_client.admin`): these commands never import torch,
 pydantic or aiohttp. Errors print one line on stderr and exit 1 (2 for bad usage).
@@ -9,15 +9,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from collections.abc import Callable
 from typing import Any, NoReturn
 
 from ftd_client.admin import AdminClient, AdminError
 
+from ftd.event_lines import describe_event
+from ftd.top import add_top_command, run_top
+
 EXIT_ERROR = 1
 EXIT_USAGE = 2
-COMMANDS = ("status", "restart", "exclude", "readmit", "timeouts", "events")
+COMMANDS = ("status", "restart", "exclude", "readmit", "timeouts", "events", "top")
 
 
 def add_admin_commands(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -74,6 +76,7 @@ def add_admin_commands(subparsers: argparse._SubParsersAction[Any]) -> None:
     events.add_argument("--since", type=int, default=None, help="events after this id")
     events.add_argument("--follow", "-f", action="store_true", help="stream new events")
     events.add_argument("--json", action="store_true", help="one JSON object per line")
+    add_top_command(subparsers, common)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -211,6 +214,7 @@ _HANDLERS: dict[str, Callable[[AdminClient, argparse.Namespace], int]] = {
     "readmit": _readmit,
     "timeouts": _timeouts,
     "events": _events,
+    "top": run_top,
 }
 
 
@@ -304,10 +308,5 @@ def format_status(status: dict[str, Any], cluster: dict[str, Any]) -> str:
 
 
 def format_event(event: dict[str, Any]) -> str:
-    stamp = time.strftime("%H:%M:%S", time.localtime(event["time"]))
-    millis = int((event["time"] % 1) * 1000)
-    data = " ".join(
-        f"{k}={json.dumps(v) if isinstance(v, dict | list) else v}"
-        for k, v in (event.get("data") or {}).items()
-    )
-    return f"{event['id']:>5} {stamp}.{millis:03d} {event['kind']:<18} {data}".rstrip()
+    """One line: id, time, kind and the data that matters for that kind (ftd.event_lines)."""
+    return describe_event(event)

@@ -23,6 +23,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from ftd.api.sse import stream_events
 from ftd.control import DaemonControl
+from ftd.dashboard import add_dashboard_routes
 from ftd.errors import FeatureUnavailable, FtdError, InvalidRequest
 from ftd.metrics import ApiMetrics, build_registry, exposition
 from ftd.state import DaemonState, RankState
@@ -400,4 +401,5 @@ def build_app(control: DaemonControl, token: str, reads_need_token: bool) -> web
     app.router.add_get("/v1/timeouts", get_timeouts, allow_head=False)
     app.router.add_patch("/v1/timeouts", patch_timeouts)
     app.router.add_get("/v1/events", get_events, allow_head=False)
+    add_dashboard_routes(app)
     return app

@@ -1,0 +1,450 @@
+"""`ftd serve`'s arguments: torchrun's flags, ft_launcher's parameters, ftd's own; how they are
+split from the script's arguments; and which ones the command line actually set.
+
+Standard library only (the CLI's `--help` must not import pydantic or torch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
+
+EXIT_USAGE = 2
+DEFAULT_API_PORT = 29610  # ftd.config.DEFAULT_API_PORT, without importing pydantic for --help
+HELP_WIDTH = 100
+USAGE = "ftd serve [options] training_script [script arguments ...]"
+
+
+class ServeParser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        print(f"ftd serve: error: {message}", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE)
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Lines of at most 100 characters; a default is shown only when it says something; of a
+    flag's spellings, only those that differ by more than snake_case or the ft_launcher forms
+    the group description already explains."""
+
+    def __init__(self, prog: str) -> None:
+        columns = shutil.get_terminal_size((HELP_WIDTH, 24)).columns
+        super().__init__(prog, max_help_position=34, width=max(60, min(HELP_WIDTH, columns) - 2))
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if (
+            "default" in text
+            or default is None
+            or default is False
+            or default == ""
+            or default == argparse.SUPPRESS
+            or action.option_strings == []
+        ):
+            return text
+        return f"{text} (default: %(default)s)"
+
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        if not action.option_strings:
+            return super()._format_action_invocation(action)
+        shown = shown_spellings(action.option_strings)
+        if action.nargs == 0:
+            return ", ".join(shown)
+        metavar = self._metavar_formatter(action, action.dest.upper())(1)[0]
+        return ", ".join([*shown[:-1], f"{shown[-1]} {metavar}"])
+
+
+def shown_spellings(options: Sequence[str]) -> list[str]:
+    """`--nproc-per-node` for [--nproc-per-node, --nproc_per_node]; an ft parameter by its
+    `--ft-param-NAME` spelling only (the group's description gives the other forms)."""
+    if options[0].startswith("--ft-param-"):
+        return [options[0]]
+    shown: list[str] = []
+    for option in options:
+        kebab = option[:2] + option[2:].replace("_", "-") if option.startswith("--") else option
+        if option != kebab and kebab in options:
+            continue
+        shown.append(option)
+    return shown
+
+
+def _flag(*names: str) -> list[str]:
+    """torchrun accepts every long flag in kebab and snake case; so does ftd."""
+    out: list[str] = []
+    for name in names:
+        out.append(name)
+        if name.startswith("--") and "-" in name[2:]:
+            out.append("--" + name[2:].replace("-", "_"))
+    return out
+
+
+def build_serve_parser() -> ServeParser:
+    """The parser of what comes before the script: ftd's options and the script's path."""
+    parser = ServeParser(prog="ftd serve", **parser_options())
+    add_serve_arguments(parser)
+    return parser
+
+
+def parser_options() -> dict[str, Any]:
+    """How `ftd serve`'s parser presents itself (here and in `ftd --help`)."""
+    return {
+        "usage": USAGE,
+        "description": SERVE_DESCRIPTION,
+        "formatter_class": HelpFormatter,
+        "allow_abbrev": False,
+    }
+
+
+SERVE_DESCRIPTION = (
+    "Run this node's ranks like torchrun does, restart them on failure, and supervise their "
+    "health. Any script that runs under torchrun runs unchanged: everything after the script's "
+    "path is passed to it verbatim. Every long flag is also accepted in snake_case "
+    "(--nproc_per_node). Under Slurm and Kubernetes (and with torchrun's PET_* variables) the "
+    "node count, node rank, rendezvous endpoint and job id come from the scheduler; explicit "
+    "flags win, and --print-config shows where each value came from."
+)
+
+
+def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
+    launch = serve.add_argument_group("launch (torchrun's flags)")
+    add = launch.add_argument
+    add(*_flag("--nnodes"), default="1:1", metavar="N|MIN:MAX", help="number of nodes")
+    add(
+        *_flag("--nproc-per-node"),
+        default="1",
+        metavar="N",
+        help="ranks on this node: an integer, or cpu/auto for one per CPU",
+    )
+    add(*_flag("--standalone"), action="store_true", help="single node: no rendezvous store")
+    add(*_flag("--rdzv-backend"), default="c10d", metavar="NAME", help="rendezvous backend")
+    add(
+        *_flag("--rdzv-endpoint"),
+        default="",
+        metavar="HOST:PORT",
+        help="the rendezvous store (multi-node; hosted by the node whose address matches it) "
+        "(default: 127.0.0.1:29400)",
+    )
+    add(
+        *_flag("--rdzv-id"),
+        *_flag("--run-id"),
+        dest="rdzv_id",
+        default="none",
+        metavar="ID",
+        help="job id, and the run directory's name (default: none; a new UUID with --standalone)",
+    )
+    add(*_flag("--rdzv-conf"), default="", metavar="K=V,...", help="rendezvous options")
+    add(*_flag("--max-restarts"), type=int, default=0, metavar="N", help="restarts before failing")
+    add(
+        *_flag("--monitor-interval"),
+        type=float,
+        default=0.1,
+        metavar="SECONDS",
+        help="accepted for torchrun compatibility; ftd sees exits at once (pidfd)",
+    )
+    add(
+        *_flag("--start-method"),
+        default="zygote",
+        choices=["spawn", "fork", "forkserver", "subprocess", "zygote"],
+        help="zygote: fork ranks from a process that imported torch once; the others start "
+        "subprocesses as torchrun does",
+    )
+    add(
+        *_flag("--preload"),
+        default="",
+        metavar="MOD,...",
+        help="with --start-method zygote: modules the zygote imports besides torch",
+    )
+    add(*_flag("--role"), default="default", metavar="NAME", help="role name of the workers")
+    add("-m", *_flag("--module"), action="store_true", help="run the script as `python -m`")
+    add(*_flag("--no-python"), action="store_true", help="run the entrypoint as a binary")
+    add(
+        *_flag("--log-dir"),
+        default=None,
+        metavar="DIR",
+        help="logs, events and status: DIR/<run id>/ (DIR/<node id>/<run id>/ with several "
+        "nodes) (default: a new /tmp/ftd_* directory)",
+    )
+    add(
+        "-r",
+        *_flag("--redirects"),
+        default="0",
+        metavar="0-3|RANK:N,...",
+        help="write std streams to attempt_<n>/<rank>/{stdout,stderr}.log: 1 out, 2 err, 3 both",
+    )
+    add(
+        "-t",
+        *_flag("--tee"),
+        default="0",
+        metavar="0-3|RANK:N,...",
+        help="like --redirects, and still print them",
+    )
+    add(
+        *_flag("--local-ranks-filter"),
+        default="",
+        metavar="R,...",
+        help="only show these local ranks' output (default: all)",
+    )
+    add(
+        *_flag("--master-addr"),
+        default=None,
+        metavar="HOST",
+        help="address the workers' store is hosted on (default: node rank 0's address)",
+    )
+    add(
+        *_flag("--master-port"),
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="port of the workers' store (default: a free one)",
+    )
+    add(
+        *_flag("--node-rank"),
+        type=int,
+        default=None,
+        metavar="N",
+        help="accepted for torchrun compatibility: the rendezvous ranks the nodes",
+    )
+    add(
+        *_flag("--local-addr"),
+        default=None,
+        metavar="HOST",
+        help="this node's address for the other nodes (default: the host name)",
+    )
+    add(
+        *_flag("--shutdown-timeout"),
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="between the termination signal and SIGKILL when stopping ranks",
+    )
+    _add_ftd(serve)
+    _add_fault_tolerance(serve)
+    api = serve.add_argument_group("REST API and dashboard")
+    add = api.add_argument
+    add(*_flag("--api-host"), default="127.0.0.1", metavar="HOST", help="address to bind")
+    add(
+        *_flag("--api-port"),
+        default=str(DEFAULT_API_PORT),
+        metavar="PORT|0|off",
+        help="0 picks a free port, off disables the API",
+    )
+    add(
+        *_flag("--api-token-file"),
+        default=None,
+        metavar="FILE",
+        help="bearer token file, created 0600 when absent; FTD_API_TOKEN overrides "
+        "(default: <run dir>/api.token)",
+    )
+
+
+def _add_ftd(serve: argparse.ArgumentParser) -> None:
+    ftd = serve.add_argument_group("ftd")
+    add = ftd.add_argument
+    add(
+        "--print-config",
+        "--print_config",
+        action="store_true",
+        help="print the configuration and where each value came from (flag, scheduler "
+        "variable, default), then exit without starting anything",
+    )
+    add(*_flag("--node-id"), default=None, metavar="NAME", help="default: the host name")
+    add(
+        *_flag("--node-keepalive-timeout"),
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="without a keepalive, the other nodes declare a node dead",
+    )
+    add(
+        *_flag("--rdzv-last-call-timeout"),
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="a round waits this long for more nodes once MIN joined (default: rdzv-conf "
+        "last_call_timeout, else 30)",
+    )
+    add(
+        *_flag("--rdzv-join-timeout"),
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="a round waits this long for MIN nodes before the job fails (default: rdzv-conf "
+        "join_timeout, else 600)",
+    )
+    add(
+        *_flag("--termination-signal"),
+        default="SIGTERM",
+        metavar="SIGNAL",
+        help="signal that stops ranks before SIGKILL",
+    )
+    add(*_flag("--log-level"), default="INFO", metavar="LEVEL", help="the daemon's log level")
+    add(
+        *_flag("--restart-mode"),
+        default="process",
+        choices=["process", "inprocess"],
+        help="process: stop and restart every rank after a fault; inprocess: announce the "
+        "fault to every rank, whose ftd_client.inprocess.Wrapper restarts the training function "
+        "in the same process (a rank past its hard timeout falls back to a process restart)",
+    )
+    add(
+        *_flag("--restart-backoff"),
+        default="1:60",
+        metavar="BASE:CAP[:RESET]",
+        help="after attempts that fail fast one after another, wait BASE seconds before the "
+        "next, doubling up to CAP; the first restart is immediate, an attempt that ran RESET "
+        "seconds (default 300) starts over, 0 turns it off (default: 1:60)",
+    )
+    add(
+        *_flag("--inprocess-respawn"),
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="with --restart-mode inprocess: start a dead rank's process again so it joins the "
+        "next round (counted against --max-restarts); --no-inprocess-respawn: go on without it "
+        "(default: respawn)",
+    )
+    add(
+        *_flag("--enable-fault-injection"),
+        action="store_true",
+        help="allow POST /v1/faults to kill or hang a rank on purpose (for resilience tests)",
+    )
+
+
+FT_HELP = {
+    "initial_rank_heartbeat_timeout": "seconds from a rank's start to its first heartbeat",
+    "rank_heartbeat_timeout": "seconds allowed between heartbeats",
+    "rank_section_timeouts": "per-section seconds, e.g. setup:600,step:180,checkpointing:420",
+    "rank_out_of_section_timeout": "seconds allowed outside any section",
+    "safety_factor": "a learned timeout is the longest observed interval times this (default 5)",
+    "min_learned_timeout": "seconds no learned timeout goes below (default 1)",
+    "rank_termination_signal": "signal for a hung rank, after its stacks are dumped "
+    "(default SIGKILL)",
+    "log_level": "log level of the rank-health components (default INFO)",
+    "calc_timeouts": "true: learn timeouts at the end of every attempt (default false)",
+    "workload_check_interval": "accepted for compatibility: ftd checks deadlines when due",
+    "simulated_fault": "inject one fault in the first attempt: <kill|hang>:<rank|random>:"
+    "<seconds or MIN-MAX>, e.g. hang:1:5",
+}
+FT_METAVAR = {
+    "rank_section_timeouts": "NAME:S,...",
+    "rank_termination_signal": "SIGNAL",
+    "log_level": "LEVEL",
+    "calc_timeouts": "BOOL",
+    "simulated_fault": "SPEC",
+    "safety_factor": "X",
+}
+
+
+def _add_fault_tolerance(serve: argparse.ArgumentParser) -> None:
+    from ftd.ft_config import DELEGATED_PARAMETERS, IGNORED_PARAMETERS, KNOWN_PARAMETERS
+
+    group = serve.add_argument_group(
+        "fault tolerance (ft_launcher's parameters)",
+        "Each parameter NAME is accepted as --ft-param-NAME=VALUE (ft_launcher's seed form) "
+        "and as --ft-NAME VALUE (current ft_launcher; kebab or snake case), or from the YAML "
+        "file's fault_tolerance section; the command line overrides the file. 'None' disables "
+        "a timeout; every timeout is off by default. Accepted and ignored (they mean nothing "
+        "to ftd): " + ", ".join(sorted(IGNORED_PARAMETERS)) + ".",
+    )
+    add = group.add_argument
+    add(
+        "--ft-cfg-path",
+        "--ft_cfg_path",
+        "--fault-tol-cfg-path",
+        "--fault_tol_cfg_path",
+        dest="ft_cfg_path",
+        default=None,
+        metavar="FILE",
+        help="YAML file with a fault_tolerance section",
+    )
+    add(
+        "--restart-policy",
+        "--restart_policy",
+        "--ft-restart-policy",
+        "--ft_restart_policy",
+        "--ft-param-restart_policy",
+        dest="restart_policy",
+        choices=["any-failed", "min-healthy"],
+        default=None,
+        help="any-failed: restart every node's workers; min-healthy: only below MIN nodes "
+        "(default: any-failed)",
+    )
+    add(
+        "--ft-state-file",
+        "--ft_state_file",
+        "--ft-param-state_file",
+        dest="ft_state_file",
+        default=None,
+        metavar="FILE",
+        help="learned timeouts persist here (default: <run dir>/ft_state.json)",
+    )
+    for name in sorted(KNOWN_PARAMETERS - set(DELEGATED_PARAMETERS)):
+        kebab = name.replace("_", "-")
+        spellings = {f"--ft-param-{name}", f"--ft-param-{kebab}", f"--ft-{kebab}", f"--ft-{name}"}
+        add(
+            f"--ft-param-{name}",
+            *sorted(spellings - {f"--ft-param-{name}"}),
+            dest=f"ft__{name}",
+            default=None,
+            metavar=FT_METAVAR.get(name, "SECONDS"),
+            help=FT_HELP.get(name, argparse.SUPPRESS),
+        )
+
+
+# -- the command line, split and parsed --------------------------------------------------------
+
+
+@dataclass
+class ServeArgs:
+    """What `ftd serve ARGV` said: the namespace (defaults filled in), the dests the command
+    line set itself, and the script's arguments exactly as given."""
+
+    namespace: argparse.Namespace
+    explicit: set[str] = field(default_factory=set)
+    unknown: list[str] = field(default_factory=list)
+
+
+_UNSET: Any = object()
+
+
+def split_script(parser: argparse.ArgumentParser, argv: Sequence[str]) -> tuple[list[str], int]:
+    """(ftd's options, the index of the script's path in argv, or len(argv) when none): ftd's
+    options end at the first word that is neither an option nor an option's value, or after
+    `--`; what follows the script belongs to the script, byte for byte (torchrun's rule)."""
+    actions = parser._option_string_actions
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        if token == "--":
+            return list(argv[:i]), i + 1
+        if not token.startswith("-") or token == "-":
+            return list(argv[:i]), i
+        name, equals, _ = token.partition("=")
+        action = actions.get(name)
+        if action is None and not token.startswith("--") and token[:2] in actions:
+            action, equals = actions[token[:2]], "attached"  # -r3
+        takes_value = action is not None and action.nargs != 0
+        i += 2 if takes_value and not equals else 1
+    return list(argv), len(argv)
+
+
+def parse_serve_argv(argv: Sequence[str]) -> ServeArgs:
+    """Parse `ftd serve ...` (the words after `serve`); argparse's usage errors exit 2."""
+    parser = build_serve_parser()
+    parser.add_argument("training_script", metavar="training_script", help=argparse.SUPPRESS)
+    options, script_at = split_script(parser, argv)
+    words = options + (["--", argv[script_at]] if script_at < len(argv) else [])
+    namespace = argparse.Namespace(
+        **{action.dest: _UNSET for action in parser._actions if action.dest != "help"}
+    )
+    namespace, unknown = parser.parse_known_args(words, namespace)
+    explicit = {dest for dest, value in vars(namespace).items() if value is not _UNSET}
+    for action in parser._actions:
+        if getattr(namespace, action.dest, None) is _UNSET:
+            setattr(namespace, action.dest, action.default)
+    namespace.training_script_args = list(argv[script_at + 1 :])
+    explicit.discard("training_script")
+    return ServeArgs(namespace, explicit, unknown)
