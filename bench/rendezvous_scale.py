@@ -1,26 +1,36 @@
-"""Rendezvous at scale: N `ftd serve` daemons on one machine, trivial ranks.
+"""Rendezvous at scale: N `ftd serve` daemons on one machine, trivial ranks, ten restarts.
 
-For each N: the time for round 0 to close (last daemon entering the rendezvous -> last
-`round_closed`), the restart propagation latency (node 0's restart request -> every other
-daemon's `cluster_request`, i.e. woken and stopping its ranks), the time for the next round to
-close after the restart, and the store operations per round (counted in-process by
-`CountingStore`, join only, up to larger N with threads).
+For each N, one job: N daemons (separate processes, `--start-method subprocess` so that no
+zygote per daemon doubles the load on a small machine) form round 0, then node 0 is asked for a
+restart ten times in a row (`POST /v1/restart`). Measured from the daemons' own events:
 
-    python bench/rendezvous_scale.py --nodes 2 4 8 16 --ops-nodes 2 4 8 16 32 64 128 256
+- round formation: the last daemon entering the rendezvous (`state_changed` → rendezvous) to the
+  last daemon's `round_closed`, for round 0 (cold) and each later round (warm);
+- restart propagation: node 0's `restart_requested` to each other daemon's `cluster_request`
+  (woken by its blocking store wait, about to stop its ranks);
+- c10d warnings in the daemons' stderr (a healthy run has none).
+
+    python bench/rendezvous_scale.py --nodes 2 8 16 32 --restarts 10
+    python bench/rendezvous_scale.py --ops-nodes 2 4 8 16 32 64 128   # store operations per round
+
+Results are printed as JSON lines and the summary table as Markdown.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import json
+import re
 import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import ROOT, child_env
 
 WORKER = ROOT / "tests" / "bin" / "worker.py"
+C10D_WARNING = re.compile(r"^\[W\d{4} .*(c10d|TCPStore|Socket)")
 
 
 def free_port() -> int:
@@ -41,14 +52,21 @@ def events(run_dir: Path) -> list[dict[str, Any]]:
     path = run_dir / "events.jsonl"
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    out = []
+    for line in path.read_text().splitlines():
+        with contextlib.suppress(ValueError):  # a line being written
+            out.append(json.loads(line))
+    return out
 
 
-def first(evs: list[dict[str, Any]], kind: str, **match: Any) -> dict[str, Any] | None:
-    for event in evs:
-        if event["kind"] == kind and all(event["data"].get(k) == v for k, v in match.items()):
-            return event
-    return None
+def everyone(dirs: list[Path], kind: str, **match: Any) -> bool:
+    return all(matching(events(d), kind, **match) for d in dirs)
+
+
+def matching(evs: list[dict[str, Any]], kind: str, **match: Any) -> list[dict[str, Any]]:
+    return [
+        e for e in evs if e["kind"] == kind and all(e["data"].get(k) == v for k, v in match.items())
+    ]
 
 
 def wait_for(predicate: Any, timeout: float, what: str) -> None:
@@ -59,127 +77,183 @@ def wait_for(predicate: Any, timeout: float, what: str) -> None:
         time.sleep(0.05)  # the benchmark driver may poll files; the daemons do not
 
 
-def one_size(n: int, keepalive: float) -> dict[str, Any]:
+def backend_flags(backend: str, work: Path) -> tuple[list[str], list[subprocess.Popen[bytes]]]:
+    """The rendezvous flags for `backend`, and any server processes started for it."""
+    if backend == "c10d":
+        return ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}"], []
+    raise SystemExit(f"unknown backend {backend!r}")
+
+
+def post(api_json: Path, path: str, body: dict[str, Any]) -> None:
+    info = json.loads(api_json.read_text())
+    token = Path(info["token_file"]).read_text().strip()
+    request = urllib.request.Request(
+        info["url"] + path,
+        data=json.dumps(body).encode(),
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+        method="POST",
+    )
+    urllib.request.urlopen(request, timeout=60).read()
+
+
+def formation_ms(evs: list[list[dict[str, Any]]], number: int) -> float:
+    """The last daemon entering the rendezvous for round `number` → the last round_closed."""
+    closed = [matching(ev, "round_closed", round=number)[0]["time"] for ev in evs]
+    entered = []
+    for ev, done in zip(evs, closed, strict=True):
+        before = [
+            e["time"]
+            for e in matching(ev, "state_changed", state="rendezvous")
+            if e["time"] <= done
+        ]
+        entered.append(max(before))
+    return round((max(closed) - max(entered)) * 1000, 2)
+
+
+def one_job(n: int, restarts: int, keepalive: float, backend: str) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix=f"ftd_rdzv{n}_"))
-    endpoint = f"127.0.0.1:{free_port()}"
+    rdzv, servers = backend_flags(backend, work)
     flags = [
-        *("--nnodes", str(n), "--nproc-per-node", "1", "--rdzv-endpoint", endpoint),
-        *("--rdzv-id", "bench", "--local-addr", "127.0.0.1", "--log-dir", str(work)),
-        *("--node-keepalive-timeout", str(keepalive), "--api-port", "0"),
-        *("--rdzv-join-timeout", "300"),
+        *("--nnodes", str(n), "--nproc-per-node", "1", *rdzv, "--rdzv-id", "bench"),
+        *("--local-addr", "127.0.0.1", "--log-dir", str(work), "--api-port", "0"),
+        *("--node-keepalive-timeout", str(keepalive), "--rdzv-join-timeout", "600"),
+        *("--start-method", "subprocess", "--max-restarts", "0", "--shutdown-timeout", "2"),
     ]
     procs = []
-    for i in range(n):
-        cmd = [sys.executable, "-m", "ftd", "serve", "--node-id", f"n{i:03d}", *flags]
-        cmd += [str(WORKER), "--out", str(work / "out"), "--hang-attempts", "1"]
-        log = (work / f"n{i:03d}.log").open("wb")
-        procs.append(subprocess.Popen(cmd, env=child_env(), stdout=log, stderr=log))
-        if i == 0:  # node 0 hosts the store
-            wait_for(lambda: (work / "n000" / "bench" / "api.json").exists(), 120, "node 0")
     dirs = [work / f"n{i:03d}" / "bench" for i in range(n)]
     try:
-        wait_for(
-            lambda: all(first(events(d), "round_closed", round=0) for d in dirs), 600, "round 0"
+        for i in range(n):
+            cmd = [sys.executable, "-m", "ftd", "serve", "--node-id", f"n{i:03d}", *flags]
+            cmd += [str(WORKER), "--out", str(work / "out"), "--hang"]
+            log = (work / f"n{i:03d}.log").open("wb")
+            procs.append(subprocess.Popen(cmd, env=child_env(), stdout=log, stderr=log))
+            if i == 0:  # node 0 hosts the store
+                wait_for(lambda: (dirs[0] / "api.json").exists(), 300, "node 0")
+        propagation: list[float] = []
+        formations: list[float] = []
+        for number in range(restarts + 1):
+            wait_for(partial(everyone, dirs, "round_closed", round=number), 600, f"round {number}")
+            formations.append(formation_ms([events(d) for d in dirs], number))
+            started = partial(everyone, dirs, "attempt_started", attempt=number)
+            wait_for(started, 300, f"attempt {number}")
+            if number == restarts:
+                break
+            post(dirs[0] / "api.json", "/v1/restart", {"reason": "bench", "count": False})
+            woken = partial(everyone, dirs[1:], "cluster_request", round=number)
+            wait_for(woken, 120, f"restart {number}")
+            evs = [events(d) for d in dirs]
+            asked = [e for e in matching(evs[0], "restart_requested")][-1]["time"]
+            for ev in evs[1:]:
+                woken = matching(ev, "cluster_request", round=number)[0]["time"]
+                propagation.append(round((woken - asked) * 1000, 2))
+        for proc in procs:
+            proc.terminate()
+        codes = [p.wait(timeout=120) for p in procs]
+        warnings = sum(
+            1
+            for i in range(n)
+            for line in (work / f"n{i:03d}.log").read_text(errors="replace").splitlines()
+            if C10D_WARNING.search(line)
         )
-        evs = [events(d) for d in dirs]
-        entered = max(
-            e["time"] for ev in evs for e in ev if e["kind"] == "state_changed"
-            and e["data"]["state"] == "rendezvous"
-        )  # fmt: skip
-        closed0 = [first(ev, "round_closed", round=0)["time"] for ev in evs]  # type: ignore[index]
-        wait_for(
-            lambda: all((work / "out" / f"ready_a0_r{r}").exists() for r in range(n)), 300, "ranks"
-        )
-        info = json.loads((dirs[0] / "api.json").read_text())
-        token = Path(info["token_file"]).read_text().strip()
-        request = urllib.request.Request(
-            info["url"] + "/v1/restart",
-            data=json.dumps({"reason": "bench", "count": False}).encode(),
-            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
-            method="POST",
-        )
-        urllib.request.urlopen(request, timeout=30).read()
-        codes = [p.wait(timeout=600) for p in procs]
-        evs = [events(d) for d in dirs]
-        asked = first(evs[0], "restart_requested")
-        assert asked is not None
-        woken = [first(ev, "cluster_request", round=0) for ev in evs[1:]]
-        latencies = [(w["time"] - asked["time"]) * 1000 for w in woken if w]
-        closed1 = [first(ev, "round_closed", round=1) for ev in evs]
-        reclose = max(c["time"] for c in closed1 if c) - asked["time"]
-        ops = [
-            json.loads((d / "status.json").read_text()).get("state") for d in dirs
-        ]  # fmt: skip
         return {
+            "backend": backend,
             "nodes": n,
+            "restarts": restarts,
             "exit_codes": sorted(set(codes)),
-            "states": sorted(set(ops)),
-            "round0_close_ms": round((max(closed0) - entered) * 1000, 1),
-            "propagation_ms_median": round(statistics.median(latencies), 1),
-            "propagation_ms_max": round(max(latencies), 1),
-            "restart_to_round1_closed_ms": round(reclose * 1000, 1),
+            "round0_formation_ms": formations[0],
+            "formation_ms_median": statistics.median(formations[1:]) if restarts else None,
+            "formation_ms_max": max(formations[1:]) if restarts else None,
+            "propagation_ms_median": statistics.median(propagation) if propagation else None,
+            "propagation_ms_max": max(propagation) if propagation else None,
+            "propagation_samples": len(propagation),
+            "c10d_warnings": warnings,
         }
     finally:
-        for proc in procs:
+        for proc in [*procs, *servers]:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
 
 
-def ops_per_round(n: int) -> dict[str, Any]:
-    """Store operations for N nodes to join and close one round (threads, one store)."""
+async def ops_per_round(n: int) -> dict[str, Any]:
+    """Store operations for N coordinators (one process, threads) to form one round."""
+    from ftd_client.store import tcp_store_server
+
     from ftd.config import ServeConfig
-    from ftd.rendezvous import CountingStore, Rendezvous, connect_store, host_store
+    from ftd.coordination.records import Member
+    from ftd.coordination.tcpstore import StoreCoordinator
 
     port = free_port()
-    server = host_store("127.0.0.1", port)
-    counts: list[int] = []
-    lock = threading.Lock()
-    started = time.monotonic()
-
-    def join(i: int) -> None:
-        config = ServeConfig(
-            entrypoint=str(WORKER),
-            nnodes_min=n,
-            nnodes_max=n,
-            rdzv_endpoint=f"127.0.0.1:{port}",
-            run_id="ops",
-            node_id=f"n{i:04d}",
-            local_addr="127.0.0.1",
+    server = tcp_store_server("127.0.0.1", port)
+    coordinators = [
+        StoreCoordinator(
+            ServeConfig(
+                entrypoint=str(WORKER),
+                nnodes_min=n,
+                nnodes_max=n,
+                rdzv_endpoint=f"127.0.0.1:{port}",
+                run_id="ops",
+                node_id=f"n{i:04d}",
+                local_addr="127.0.0.1",
+            ),
+            secret=b"s" * 32,
         )
-        rdzv = Rendezvous(config, lambda node, reason: None)
-        rdzv._store = CountingStore(connect_store("127.0.0.1", port), rdzv.prefix, rdzv.ops)
-        rdzv._join(time.monotonic() + 120)
-        with lock:
-            counts.append(rdzv.ops[0])
-
-    threads = [threading.Thread(target=join, args=(i,)) for i in range(n)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(180)
-    elapsed = time.monotonic() - started
-    del server
+        for i in range(n)
+    ]
+    try:
+        await asyncio.gather(*(c.start(lambda node, reason: None) for c in coordinators))
+        before = sum(c.ops for c in coordinators)
+        started = time.monotonic()
+        await asyncio.gather(
+            *(
+                c.join(Member(node_id=c.node_id, addr="127.0.0.1", nproc=1, store_port=1))
+                for c in coordinators
+            )
+        )
+        elapsed = time.monotonic() - started
+        ops = sum(c.ops for c in coordinators) - before
+    finally:
+        await asyncio.gather(*(c.close() for c in coordinators))
+        del server
     return {
         "nodes": n,
-        "ops_total": sum(counts),
-        "ops_per_node": round(sum(counts) / n, 2),
+        "ops_total": ops,
+        "ops_per_node": round(ops / n, 2),
         "join_all_ms": round(elapsed * 1000, 1),
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--nodes", type=int, nargs="*", default=[2, 4, 8, 16])
-    parser.add_argument("--ops-nodes", type=int, nargs="*", default=[2, 4, 8, 16, 32, 64, 128])
+    parser.add_argument("--nodes", type=int, nargs="*", default=[2, 8, 16])
+    parser.add_argument("--ops-nodes", type=int, nargs="*", default=[])
+    parser.add_argument("--restarts", type=int, default=10)
     parser.add_argument("--keepalive", type=float, default=5.0)
+    parser.add_argument("--backend", nargs="*", default=["c10d"])
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT / "client"))
     sys.path.insert(0, str(ROOT))
     for n in args.ops_nodes:
-        print(json.dumps(ops_per_round(n)), flush=True)
+        print(json.dumps(asyncio.run(ops_per_round(n))), flush=True)
+    rows = []
     for n in args.nodes:
-        print(json.dumps(one_size(n, args.keepalive)), flush=True)
+        for backend in args.backend:
+            row = one_job(n, args.restarts, args.keepalive, backend)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    if rows:
+        print(
+            "\n| backend | nodes | round 0 formed (ms) | later rounds formed, median / max (ms) "
+            "| propagation median / max (ms) | c10d warnings |"
+        )
+        print("|---|--:|--:|--:|--:|--:|")
+        for r in rows:
+            print(
+                f"| {r['backend']} | {r['nodes']} | {r['round0_formation_ms']} | "
+                f"{r['formation_ms_median']} / {r['formation_ms_max']} | "
+                f"{r['propagation_ms_median']} / {r['propagation_ms_max']} | "
+                f"{r['c10d_warnings']} |"
+            )
 
 
 if __name__ == "__main__":

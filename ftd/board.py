@@ -17,7 +17,7 @@ from ftd.config import ServeConfig
 from ftd.event_kind import EventKind
 from ftd.events import EventLog
 from ftd.persist import Persistence
-from ftd.state import DaemonState, NodeStatus
+from ftd.state import DaemonState, NodeStatus, RankState
 
 log = logging.getLogger("ftd.daemon")
 
@@ -39,6 +39,7 @@ class StatusBoard:
         self.publish: Callable[[dict[str, Any]], None] | None = None
         """Sends this node's summary to the other nodes (fire and forget)."""
         self.group_rank: int | None = None
+        self.round: int | None = None
 
     def set_state(self, state: DaemonState, reason: str = "") -> None:
         status = self.status
@@ -64,7 +65,10 @@ class StatusBoard:
             "attempt": status.attempt,
             "restart_count": status.restart_count,
             "group_rank": self.group_rank,
+            "round": self.round,
             "nproc_per_node": self.config.nproc_per_node,
+            "ranks_running": sum(r.state is RankState.RUNNING for r in status.ranks),
+            "ranks_total": len(status.ranks),
             "last_failure": failure.reason[:4000] if failure else None,
             "time": time.time(),
         }

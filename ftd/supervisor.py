@@ -168,7 +168,7 @@ class Supervisor:
             await stores.fresh()
         self.running.round = rnd
         self.status.restart_count = rnd.restarts
-        self.board.group_rank = rnd.group_rank
+        self.board.group_rank, self.board.round = rnd.group_rank, rnd.number
         self.board.write_cluster(rnd.number, rnd.node_ids, dict(self.coordinator.excluded))
         self.tools.events.emit(
             EventKind.ROUND_CLOSED,

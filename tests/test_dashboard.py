@@ -240,13 +240,6 @@ async def test_the_recovery_stages_of_a_live_restart(serve: ServeFactory) -> Non
         async with session.post(f"{url}/v1/restart", json={"count": False}, headers=headers) as r:
             assert r.status == 202
     await run.stdout.expect("dash rank 0 attempt 1 up")
-    if not _daemon_emits("recovery"):
-        run.signal(signal.SIGTERM)
-        await run.wait()
-        pytest.skip(
-            "TODO(lead): the daemon does not emit `recovery` events yet; the stages are "
-            "checked against the stub API in test_a_512_node_job_and_recovery_stages"
-        )
     await _await_event(url, "recovery", timeout=60)
     async with browser() as chromium:
         page, console = await new_page(chromium)
@@ -259,13 +252,6 @@ async def test_the_recovery_stages_of_a_live_restart(serve: ServeFactory) -> Non
         assert console.unexpected() == []
     run.signal(signal.SIGTERM)
     await run.wait()
-
-
-def _daemon_emits(kind: str) -> bool:
-    """Whether the daemon's code emits this event kind (`emit("kind"`, or a `KIND = "kind"`
-    of an enum of kinds): a missing event is then a bug, not a feature still to come."""
-    pattern = re.compile(rf"""emit\(\s*["']{kind}["']|\b{kind.upper()}\s*=\s*["']{kind}["']""")
-    return any(pattern.search(path.read_text()) for path in (ROOT / "ftd").rglob("*.py"))
 
 
 async def _await_event(url: str, kind: str, timeout: float) -> dict[str, Any]:

@@ -103,7 +103,10 @@ class NodeSummary(Record):
     attempt: Count
     restart_count: Count
     group_rank: Count | None
+    round: Count | None = None
     nproc_per_node: int = Field(ge=1, le=65536)
+    ranks_running: int = Field(0, ge=0, le=65536)
+    ranks_total: int = Field(0, ge=0, le=65536)
     last_failure: Reason | None = None
     time: float = Field(ge=0, allow_inf_nan=False)
 
