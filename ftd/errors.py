@@ -15,6 +15,10 @@ class FtdError(Exception):
         super().__init__(detail)
         self.detail = detail
 
+    def headers(self) -> dict[str, str]:
+        """Response headers the problem needs besides its body."""
+        return {}
+
     def to_problem(self) -> dict[str, object]:
         return {
             "type": self.type,
@@ -49,6 +53,39 @@ class Conflict(FtdError):
 
 
 class FeatureUnavailable(FtdError):
-    status = 501
-    title = "Not implemented"
-    type = "https://ftd.dev/problems/not-implemented"
+    """What was asked exists, but not in the mode this daemon runs in (node exclusion on a
+    single node, say): a conflict with its configuration, not a server error."""
+
+    status = 409
+    title = "Not available in this mode"
+    type = "https://ftd.dev/problems/unavailable-in-this-mode"
+
+
+class RequestTimeout(FtdError):
+    status = 408
+    title = "Request timeout"
+    type = "https://ftd.dev/problems/request-timeout"
+
+
+class Misdirected(FtdError):
+    status = 421
+    title = "Misdirected request"
+    type = "https://ftd.dev/problems/misdirected"
+
+
+class TooManyRequests(FtdError):
+    status = 429
+    title = "Too many requests"
+    type = "https://ftd.dev/problems/too-many-requests"
+
+    def __init__(self, detail: str, retry_after_s: int) -> None:
+        super().__init__(detail)
+        self.retry_after_s = retry_after_s
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after_s)}
+
+
+class ApiStartupError(Exception):
+    """The API cannot start (its explicitly requested port is taken, its token is unusable):
+    the daemon reports it on one line and exits 2 before starting any rank."""
