@@ -24,7 +24,6 @@ import http.client
 import json
 import os
 import socket
-import struct
 import urllib.parse
 from collections.abc import Generator, Iterator
 from pathlib import Path
@@ -35,6 +34,7 @@ from ftd_client.discovery import (
     NO_WRITE_BY_OTHERS,
     DaemonEntry,
     UnsafeFile,
+    peer_credentials,
     process_start_time,
     read_checked,
     registry_dir,
@@ -48,7 +48,6 @@ STREAM_IDLE_TIMEOUT_S = 60.0
 """An event stream silent for this long (the daemon sends a keep-alive every 15 s) is dead."""
 MAX_ERROR_BODY = 64 * 1024
 MAX_SSE_LINE = 16 * 1024 * 1024
-_PEERCRED = struct.Struct("3i")
 
 
 class AdminError(Exception):
@@ -370,9 +369,7 @@ class _UnixConnection(http.client.HTTPConnection):
         try:
             sock.settimeout(self.timeout)
             sock.connect(self._path)
-            _pid, uid, _gid = _PEERCRED.unpack(
-                sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
-            )
+            _pid, uid, _gid = peer_credentials(sock)
             if uid != os.geteuid():
                 raise AdminError(
                     f"{self._path} is served by uid {uid}, not by this user "

@@ -17,7 +17,9 @@ import contextlib
 import json
 import os
 import secrets
+import socket
 import stat
+import struct
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,6 +94,17 @@ def registry_dir() -> Path:
     if runtime and os.path.isabs(runtime):
         return Path(runtime) / "ftd"
     return Path(tempfile.gettempdir()) / f"ftd-{os.geteuid()}"
+
+
+_UCRED = struct.Struct("3i")
+
+
+def peer_credentials(sock: Any) -> tuple[int, int, int]:
+    """(pid, uid, gid) of the process at the other end of a connected unix socket, from
+    the kernel (SO_PEERCRED): taken when it connected, not claimed by it. OSError."""
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+    pid, uid, gid = _UCRED.unpack(raw)
+    return pid, uid, gid
 
 
 def process_start_time(pid: int) -> int | None:

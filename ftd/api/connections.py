@@ -20,13 +20,12 @@ import struct
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import cast
 
 from aiohttp import web
+from ftd_client.discovery import peer_credentials
 
 log = logging.getLogger("ftd.api")
-
-_PEERCRED = struct.Struct("3i")
 
 
 @dataclass(frozen=True)
@@ -281,11 +280,8 @@ def tcp_peer(transport: asyncio.Transport) -> Peer:
 
 def same_user_peer(transport: asyncio.Transport) -> Peer | str:
     """The admin socket's callers: processes of the daemon's own user (SO_PEERCRED)."""
-    sock: Any = transport.get_extra_info("socket")
     try:
-        pid, uid, _gid = _PEERCRED.unpack(
-            sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
-        )
+        pid, uid, _gid = peer_credentials(transport.get_extra_info("socket"))
     except (AttributeError, OSError, struct.error) as error:
         return f"cannot tell who connected to the admin socket ({error})"
     if uid != os.geteuid():
