@@ -640,6 +640,16 @@ async def test_curl_flow_of_the_readme(serve: ServeFactory) -> None:
         assert code == 200 and status["state"] == "running"
         code, _ = await asyncio.to_thread(curl, 'curl -s "$URL/v1/cluster"')
         assert code == 200
+        code, status = await asyncio.to_thread(
+            curl, 'curl -s --unix-socket "$RUN_DIR/api.sock" http://localhost/v1/status'
+        )
+        assert code == 200 and status["state"] == "running"
+        code, timeouts = await asyncio.to_thread(
+            curl,
+            'curl -s --unix-socket "$RUN_DIR/api.sock" -X PATCH http://localhost/v1/timeouts '
+            "-d '{\"rank_heartbeat_timeout\": 31}'",
+        )
+        assert code == 200 and timeouts["rank_heartbeat_timeout"] == 31  # no token needed
         code, accepted = await asyncio.to_thread(
             curl,
             'curl -s -X POST "$URL/v1/restart" -H "Authorization: Bearer $TOKEN" '
