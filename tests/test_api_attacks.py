@@ -292,7 +292,7 @@ async def test_300_event_streams_meet_the_cap_and_timeouts_change_fast(serve: Se
                 await asyncio.wait_for(asyncio.gather(*map(announced, streams)), 60)
                 # It was 123 ms with 300 subscribers when each event scanned the ring for
                 # each of them; now a few ms. The bound is loose: the machine is shared.
-                assert took < 1.0, took
+                assert took < 2.0, took
                 _, text, _ = await api.call("GET", "/metrics")
                 assert f"ftd_api_event_streams {cap}.0" in text
                 assert f"ftd_api_event_streams_refused_total {300 - cap}.0" in text
