@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
@@ -161,9 +162,8 @@ async def load(url: str, token: str, rate: float, duration: float) -> tuple[list
     return latencies, errors
 
 
-async def server_side(url: str, token: str) -> dict[str, float]:
-    """Share of `/v1/status` requests the server answered within each histogram bucket
-    (ftd_api_request_duration_seconds): the server's own time, without the client's."""
+async def status_buckets(url: str, token: str) -> dict[str, float]:
+    """The daemon's cumulative `/v1/status` handling-time histogram (le -> count)."""
     headers = {"Authorization": f"Bearer {token}"}
     async with (
         aiohttp.ClientSession(headers=headers) as session,
@@ -178,10 +178,17 @@ async def server_side(url: str, token: str) -> dict[str, float]:
         ):
             le = line.split('le="', 1)[1].split('"', 1)[0]
             buckets[le] = float(line.rsplit(" ", 1)[1])
-    total = buckets.get("+Inf", 0.0) or 1.0
+    return buckets
+
+
+def server_shares(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Share of the `/v1/status` requests between two histogram readings that the server
+    answered within each bucket: the server's own time, without the client's."""
+    counts = {le: n - before.get(le, 0.0) for le, n in after.items()}
+    total = counts.get("+Inf", 0.0) or 1.0
     return {
         f"<= {float(le) * 1000:g} ms": round(n / total, 4)
-        for le, n in buckets.items()
+        for le, n in counts.items()
         if le != "+Inf"
     }
 
@@ -193,9 +200,10 @@ def percentile(values: list[float], q: float) -> float:
 
 async def phase(
     url: str, token: str, pid: int, args: argparse.Namespace, label: str
-) -> dict[str, object]:
+) -> dict[str, Any]:
     """One measured load: status latencies, timeout-change latencies, daemon CPU."""
     stop = asyncio.Event()
+    buckets_before = await status_buckets(url, token)
     patches = asyncio.create_task(patcher(url, token, args.patch_hz, stop))
     cpu_before = cpu_seconds(pid)
     began = time.perf_counter()
@@ -204,6 +212,7 @@ async def phase(
     daemon_cpu = cpu_seconds(pid) - cpu_before
     stop.set()
     patch_ms = [value * 1000 for value in await patches]
+    server = server_shares(buckets_before, await status_buckets(url, token))
     ms = [value * 1000 for value in latencies]
     return {
         "phase": label,
@@ -220,10 +229,11 @@ async def phase(
         "patch_max_ms": round(max(patch_ms), 3) if patch_ms else None,
         "daemon_cpu_share": round(daemon_cpu / elapsed, 3),
         "load_average": os.getloadavg()[0],
+        "server_share_within": server,
     }
 
 
-def show(result: dict[str, object], rate: float) -> None:
+def show(result: dict[str, Any], rate: float) -> None:
     patches = (
         f"; {result['patches']} timeout changes: p50 {result['patch_p50_ms']} ms, "
         f"max {result['patch_max_ms']} ms"
@@ -241,6 +251,13 @@ def show(result: dict[str, object], rate: float) -> None:
             else ""
         )
     )
+    shown = []
+    for le, share in result["server_share_within"].items():
+        shown.append(f"{share:.2%} {le}")
+        if share >= 1:
+            break
+    within = ", ".join(shown)
+    print(f"  server-side handling time (ftd_api_request_duration_seconds): {within or '-'}")
 
 
 async def main() -> None:
@@ -260,21 +277,26 @@ async def main() -> None:
         "--patch-hz", type=float, default=1.0,
         help="timeout changes per second during each phase (each is an event for every stream)",
     )  # fmt: skip
+    parser.add_argument(
+        "--warmup", type=float, default=10.0,
+        help="seconds of unmeasured load first (the ranks and the daemon settle)",
+    )  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     args = parser.parse_args()
-    phases: list[dict[str, object]] = []
+    phases: list[dict[str, Any]] = []
     subscribers = Subscribers()
     with tempfile.TemporaryDirectory(prefix="ftd-bench-") as tmp:
         daemon = await start_daemon(Path(tmp), args.nproc, args.heartbeat_hz)
         try:
             url, token = await wait_ready(Path(tmp) / "bench", daemon)
+            if args.warmup > 0:
+                await load(url, token, args.rate, args.warmup)
             phases.append(await phase(url, token, daemon.pid, args, "no event streams"))
             if args.sse_subscribers:
                 await subscribers.open(url, token, args.sse_subscribers)
                 label = f"{args.sse_subscribers} event streams"
                 phases.append(await phase(url, token, daemon.pid, args, label))
                 phases[-1]["stream_events_received"] = subscribers.events
-            server = await server_side(url, token)
         finally:
             await subscribers.close()
             if daemon.returncode is None:
@@ -283,10 +305,10 @@ async def main() -> None:
     result = {
         "rate_target": args.rate,
         "duration_s": args.duration,
+        "warmup_s": args.warmup,
         "ranks": args.nproc,
         "heartbeat_hz": args.heartbeat_hz,
         "phases": phases,
-        "server_share_within": server,
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.python_version()}",
     }
     if args.json:
@@ -295,10 +317,6 @@ async def main() -> None:
         print(f"{args.nproc} ranks heartbeating at {args.heartbeat_hz:g} Hz, {result['machine']}")
         for one in phases:
             show(one, args.rate)
-        within = ", ".join(f"{share:.2%} {le}" for le, share in server.items() if share < 1)
-        print(
-            f"server-side handling time, both phases (ftd_api_request_duration_seconds): {within}"
-        )
 
 
 if __name__ == "__main__":
