@@ -32,13 +32,13 @@ from ftd.api.connections import (
     tcp_peer,
 )
 from ftd.api.middlewares import METRICS, STREAMS
-from ftd.api.security import TOKEN_ENV, HostPolicy, is_loopback, load_token
+from ftd.api.security import TOKEN_ENV, HostPolicy, load_token
 from ftd.api.stats import ApiCollector
 from ftd.config import DEFAULT_API_PORT
 from ftd.control import DaemonControl
 from ftd.errors import ApiStartupError
 
-__all__ = ["ApiLimits", "ApiServer", "ApiStartupError", "is_loopback", "start_api_server"]
+__all__ = ["ApiLimits", "ApiServer", "ApiStartupError", "start_api_server"]
 
 log = logging.getLogger("ftd.api")
 

@@ -146,7 +146,10 @@ def _validate(model: type[M], body: dict[str, Any]) -> M:
         problems = []
         for item in error.errors():
             field = ".".join(str(part) for part in item["loc"]) or "body"
-            problems.append(f"{field}: {str(item['msg']).removeprefix('Value error, ')}")
+            message = str(item["msg"]).removeprefix("Value error, ")
+            if item["type"] == "string_pattern_mismatch":  # the only pattern: free text
+                message = "must not contain control characters (line breaks, escapes)"
+            problems.append(f"{field}: {message}")
         raise InvalidRequest("; ".join(problems)) from None
 
 
