@@ -1,7 +1,9 @@
 """`ftd status|restart|exclude|readmit|timeouts|events|top`: operators' commands over the REST API.
 
 Standard library only (through `ftd_client.admin`): these commands never import torch,
-pydantic or aiohttp. Errors print one line on stderr and exit 1 (2 for bad usage).
+pydantic or aiohttp. They reach the daemon over its admin unix socket (found from --run-dir,
+else from this user's registry of running daemons) or over TCP with --url. Errors print one
+line on stderr and exit 1 (2 for bad usage, or when several daemons run and none was named).
 """
 
 from __future__ import annotations
@@ -10,9 +12,10 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, NoReturn
 
-from ftd_client.admin import AdminClient, AdminError
+from ftd_client.admin import AdminClient, AdminError, AmbiguousDaemon, DaemonNotFound
 
 from ftd.event_lines import describe_event
 from ftd.top import add_top_command, run_top
@@ -27,16 +30,20 @@ def add_admin_commands(subparsers: argparse._SubParsersAction[Any]) -> None:
     where = common.add_argument_group("daemon")
     where.add_argument(
         "--url",
-        help="the daemon's API URL (default: from --run-dir's api.json, "
-        "else $FTD_API_URL, else http://127.0.0.1:29610)",
+        help="the daemon's API URL, reached over TCP with a token (default: $FTD_API_URL; "
+        "without either, the admin socket of --run-dir's daemon)",
     )
     where.add_argument(
-        "--run-dir", "--run_dir", help="the job's run directory (<log dir>/<run id>)"
+        "--run-dir",
+        "--run_dir",
+        help="the job's run directory (<log dir>/<run id>); its daemon is reached over its "
+        "admin socket, no token needed (default: the one daemon this user runs)",
     )
     where.add_argument(
         "--token-file",
         "--token_file",
-        help="API token file (default: $FTD_API_TOKEN, else api.json's token_file)",
+        help="API token file for --url (default: $FTD_API_TOKEN, else the token file the "
+        "daemon recorded in --run-dir's api.json)",
     )
     where.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for answers")
 
@@ -98,8 +105,16 @@ def admin_main(argv: list[str]) -> int:
 def run_admin(args: argparse.Namespace) -> int:
     command: str = args.command
     try:
-        client = AdminClient.from_env(args.url, args.run_dir, args.token_file, args.timeout)
+        try:
+            client = connect(args)
+        except DaemonNotFound:
+            if command == "events" and args.run_dir is not None and args.url is None:
+                return events_from_file(args)
+            raise
         return _HANDLERS[command](client, args)
+    except AmbiguousDaemon as error:
+        print(f"ftd {command}: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
     except AdminError as error:
         print(f"ftd {command}: error: {error}", file=sys.stderr)
         return EXIT_ERROR
@@ -114,6 +129,61 @@ def run_admin(args: argparse.Namespace) -> int:
 
 class _Usage(Exception):
     pass
+
+
+def connect(args: argparse.Namespace) -> AdminClient:
+    """The client the common options ask for: --url over TCP, else --run-dir's (or the one
+    running) daemon over its admin socket. DaemonNotFound, AmbiguousDaemon, AdminError."""
+    return AdminClient.from_env(args.url, args.run_dir, args.token_file, args.timeout)
+
+
+EVENTS_FILE = "events.jsonl"
+
+
+def _event_record(line: str) -> dict[str, Any] | None:
+    """An event of events.jsonl; None for a line that is not one (torn, edited, foreign)."""
+    try:
+        event = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(event, dict):
+        return None
+    shape_ok = (
+        isinstance(event.get("id"), int)
+        and isinstance(event.get("time"), int | float)
+        and isinstance(event.get("kind"), str)
+        and isinstance(event.get("data", {}), dict)
+    )
+    return event if shape_ok else None
+
+
+def events_from_file(args: argparse.Namespace) -> int:
+    """`ftd events --run-dir D` when no daemon runs there: the events it left in
+    D/events.jsonl (malformed lines skipped and counted)."""
+    path = Path(args.run_dir) / EVENTS_FILE
+    try:
+        lines = path.open(encoding="utf-8", errors="replace")
+    except OSError as error:
+        raise DaemonNotFound(
+            f"no ftd daemon runs on {args.run_dir} and its {EVENTS_FILE} cannot be read "
+            f"({error.strerror})"
+        ) from None
+    following = " (the daemon is gone: not following)" if args.follow else ""
+    print(
+        f"ftd events: no daemon runs on {args.run_dir}: reading {path}{following}", file=sys.stderr
+    )
+    show: Callable[[dict[str, Any]], str] = (lambda e: json.dumps(e)) if args.json else format_event
+    skipped = 0
+    with lines:
+        for line in lines:
+            event = _event_record(line)
+            if event is None:
+                skipped += line.strip() != ""
+            elif event["id"] > (args.since or 0):
+                print(show(event), flush=True)
+    if skipped:
+        print(f"ftd events: skipped {skipped} malformed lines of {path}", file=sys.stderr)
+    return 0
 
 
 def _status(client: AdminClient, args: argparse.Namespace) -> int:

@@ -85,6 +85,8 @@ class ServeConfig(BaseModel):
     api_port: int | None = Field(
         DEFAULT_API_PORT, ge=0, le=65535, description="0 picks a free port; None disables the API"
     )
+    api_port_explicit: bool = False
+    """Whether --api-port was given: then a taken port is an error, not a reason to move."""
     api_token_file: Path | None = None
     """Bearer token file; default `<run dir>/api.token`, created 0600 when absent."""
 

@@ -15,6 +15,10 @@ class FtdError(Exception):
         super().__init__(detail)
         self.detail = detail
 
+    def headers(self) -> dict[str, str]:
+        """Response headers the problem needs besides its body."""
+        return {}
+
     def to_problem(self) -> dict[str, object]:
         return {
             "type": self.type,
@@ -49,9 +53,47 @@ class Conflict(FtdError):
 
 
 class FeatureUnavailable(FtdError):
-    status = 501
-    title = "Not implemented"
-    type = "https://ftd.dev/problems/not-implemented"
+    """What was asked exists, but not in the mode this daemon runs in (node exclusion on a
+    single node, say): a conflict with its configuration, not a server error."""
+
+    status = 409
+    title = "Not available in this mode"
+    type = "https://ftd.dev/problems/unavailable-in-this-mode"
+
+
+class RequestTimeout(FtdError):
+    status = 408
+    title = "Request timeout"
+    type = "https://ftd.dev/problems/request-timeout"
+
+
+class Misdirected(FtdError):
+    status = 421
+    title = "Misdirected request"
+    type = "https://ftd.dev/problems/misdirected"
+
+
+class TooManyRequests(FtdError):
+    status = 429
+    title = "Too many requests"
+    type = "https://ftd.dev/problems/too-many-requests"
+
+    def __init__(self, detail: str, retry_after_s: int) -> None:
+        super().__init__(detail)
+        self.retry_after_s = retry_after_s
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after_s)}
+
+
+class StartupError(Exception):
+    """The daemon cannot start (its run directory is unsafe, its secret is unusable): one line
+    saying why, exit 2, nothing started."""
+
+
+class ApiStartupError(StartupError):
+    """The API cannot start (its explicitly requested port is taken, its token is unusable):
+    the daemon reports it on one line and exits 2 before starting any rank."""
 
 
 def format_validation_error(error: object) -> str:
@@ -65,8 +107,3 @@ def format_validation_error(error: object) -> str:
         message = str(item["msg"]).removeprefix("Value error, ")
         problems.append(f"{field}: {message}" if field else message)
     return "; ".join(problems)
-
-
-class StartupError(Exception):
-    """The daemon cannot start (its run directory is unsafe, its secret is unusable): one line
-    saying why, exit 2, nothing started."""

@@ -1,7 +1,9 @@
 """The event log: a ring buffer for readers plus a JSONL file so nothing is lost on restart.
 
 Status, the API (`/v1/events`, its SSE stream) and the benchmarks read it; only the daemon's
-loop writes it. Ids are monotonic across daemon restarts (continued from the file).
+loop writes it. Ids are monotonic across daemon restarts (continued from the file) and
+contiguous within a process, so the ring finds an id by arithmetic: reading the k events after
+an id costs O(k), whatever the ring's size, and each event costs O(1) per subscriber.
 """
 
 from __future__ import annotations
@@ -32,22 +34,102 @@ class Event:
         return {"id": self.id, "time": self.time, "kind": self.kind, "data": self.data}
 
 
+class Lagged(Exception):
+    """A subscriber fell behind by more events than its queue holds; it missed some."""
+
+
+class Subscription:
+    """One reader's bounded view of the log: first the events after `after` that the ring
+    still holds (read from the ring, page by page), then every event emitted since it
+    subscribed, queued for it. A queue that fills marks it `lagged` (the queue is emptied:
+    it would only grow) and `next_batch` raises Lagged from then on."""
+
+    def __init__(self, log: EventLog, after: int, max_pending: int) -> None:
+        self._log = log
+        self.cursor = after
+        """The id of the last event handed out."""
+        self._live_from = log.last_id
+        self._pending: collections.deque[Event] = collections.deque()
+        self._max_pending = max_pending
+        self._ready = asyncio.Event()
+        self.lagged = False
+        self.ended = False
+
+    def offer(self, event: Event) -> None:
+        """The log's emit: O(1)."""
+        if self.lagged or self.ended:
+            return
+        if len(self._pending) >= self._max_pending:
+            self.lagged = True
+            self._pending.clear()
+        else:
+            self._pending.append(event)
+        self._ready.set()
+
+    def end(self) -> None:
+        """No more events: `next_batch` returns [] from now on (the log or the API closes)."""
+        self.ended = True
+        self._ready.set()
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    async def next_batch(self, limit: int = 500) -> list[Event]:
+        """The next events (at most `limit`), waiting for one; [] once ended. Lagged when the
+        reader fell behind."""
+        if self.cursor < self._live_from and not self.ended:
+            page = self._log.since(self.cursor, min(limit, self._live_from - self.cursor))
+            if page:
+                self.cursor = page[-1].id
+                return page
+            self.cursor = self._live_from
+        while True:
+            if self.lagged:
+                raise Lagged(f"fell behind by more than {self._max_pending} events")
+            if self.ended:
+                return []
+            batch: list[Event] = []
+            while self._pending and len(batch) < limit:
+                event = self._pending.popleft()
+                if event.id > self.cursor:
+                    batch.append(event)
+            if batch:
+                self.cursor = batch[-1].id
+                return batch
+            self._ready.clear()
+            await self._ready.wait()
+
+    def close(self) -> None:
+        self.end()
+        self._log._unsubscribe(self)
+
+
 class EventLog:
     def __init__(self, path: Path | None, capacity: int = DEFAULT_CAPACITY) -> None:
-        self._ring: collections.deque[Event] = collections.deque(maxlen=capacity)
+        if capacity < 1:
+            raise ValueError(f"capacity must be at least 1, got {capacity}")
+        self._capacity = capacity
+        self._slots: list[Event | None] = [None] * capacity
+        """Event `id` lives at `id % capacity` while it is among the newest `capacity`."""
         self._next_id = 1
         self._file: IO[str] | None = None
         self._changed: asyncio.Event | None = None
+        self._subscribers: set[Subscription] = set()
         if path is not None:
             self._next_id = _last_id(path) + 1
             self._file = path.open("a", encoding="utf-8", buffering=1)
+        self._first_id = self._next_id
+        """The first id this process emitted (older ones are only in the file)."""
 
     def emit(self, kind: str, /, **data: Any) -> Event:
         event = Event(self._next_id, time.time(), kind, data)
         self._next_id += 1
-        self._ring.append(event)
+        self._slots[event.id % self._capacity] = event
         if self._file is not None:
             self._file.write(json.dumps(event.to_dict(), default=str) + "\n")
+        for subscription in self._subscribers:
+            subscription.offer(event)
         if self._changed is not None:
             self._changed.set()
             self._changed = None
@@ -55,15 +137,31 @@ class EventLog:
 
     def since(self, event_id: int = 0, limit: int | None = None) -> list[Event]:
         """Events with an id above `event_id`, oldest first (those still in the ring)."""
-        events = [event for event in self._ring if event.id > event_id]
-        return events[:limit] if limit is not None else events
+        start = max(event_id + 1, self._first_id, self._next_id - self._capacity)
+        end = self._next_id if limit is None else min(self._next_id, start + max(0, limit))
+        slots, capacity = self._slots, self._capacity
+        return [event for i in range(start, end) if (event := slots[i % capacity]) is not None]
 
     @property
     def last_id(self) -> int:
         return self._next_id - 1
 
+    def subscribe(self, after: int, max_pending: int) -> Subscription:
+        """A reader of the events after `after`, with room for `max_pending` unread new ones;
+        `close()` it when done."""
+        subscription = Subscription(self, after, max_pending)
+        self._subscribers.add(subscription)
+        return subscription
+
+    def _unsubscribe(self, subscription: Subscription) -> None:
+        self._subscribers.discard(subscription)
+
+    @property
+    def subscribers(self) -> int:
+        return len(self._subscribers)
+
     async def wait_after(self, event_id: int) -> list[Event]:
-        """Await events newer than `event_id` (for streams); no polling."""
+        """Await events newer than `event_id`; no polling."""
         while True:
             events = self.since(event_id)
             if events:
@@ -73,6 +171,8 @@ class EventLog:
             await self._changed.wait()
 
     def close(self) -> None:
+        for subscription in list(self._subscribers):
+            subscription.end()
         if self._file is not None:
             self._file.close()
             self._file = None

@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
-from ftd.config import ServeConfig, parse_nnodes, parse_rdzv_conf
+from ftd.config import DEFAULT_API_PORT, ServeConfig, parse_nnodes, parse_rdzv_conf
 from ftd.errors import format_validation_error
 from ftd.scheduler import Detected, SchedulerError, detect
 
@@ -99,7 +99,8 @@ def serve_config_from_args(args: argparse.Namespace) -> ServeConfig:
         "shutdown_timeout_s": args.shutdown_timeout,
         "enable_fault_injection": args.enable_fault_injection,
         "api_host": args.api_host,
-        "api_port": None if args.api_port == "off" else args.api_port,
+        "api_port": None if args.api_port == "off" else args.api_port or DEFAULT_API_PORT,
+        "api_port_explicit": args.api_port is not None,
         "api_token_file": args.api_token_file,
         "termination_signal": args.termination_signal,
         "restart_mode": args.restart_mode,

@@ -228,9 +228,11 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
     add(*_flag("--api-host"), default="127.0.0.1", metavar="HOST", help="address to bind")
     add(
         *_flag("--api-port"),
-        default=str(DEFAULT_API_PORT),
+        default=None,
         metavar="PORT|0|off",
-        help="0 picks a free port, off disables the API",
+        help=f"0 picks a free port, off disables the API and its admin socket (default: "
+        f"{DEFAULT_API_PORT}, or a free port when another process holds it; a port given here "
+        "that is taken is an error)",
     )
     add(
         *_flag("--api-token-file"),

@@ -1,31 +1,53 @@
 """AdminClient: the ftd REST API for Python scripts (standard library only, synchronous).
 
     from ftd_client.admin import AdminClient
-    client = AdminClient.from_run_dir("/logs/my-job")     # reads api.json and the token file
+    client = AdminClient.from_run_dir("/logs/my-job")     # the daemon's admin socket
     print(client.status()["state"])
     client.restart(reason="bad data shard", count=False)
     for event in client.follow_events():                   # server-sent events
         print(event["kind"])
 
-Errors are `ApiError` (the daemon's problem+json answer: status, title, detail) or
-`ApiUnreachable` (no daemon at the URL).
+Where the daemon is (`from_env`): an explicit URL (TCP, with a bearer token); else a run
+directory, whose daemon is reached over its admin unix socket (`api.sock`: no token, the
+daemon checks that the caller is its own user and the client checks the daemon is too); else
+the one daemon this user runs (the registry in `ftd_client.discovery`). A token is only ever
+sent to a URL the caller named or that the daemon itself recorded in its run directory, never
+to a guessed default address.
+
+Errors are `ApiError` (the daemon's problem+json answer: status, title, detail),
+`ApiUnreachable` (nothing answers), `DaemonNotFound` and `AmbiguousDaemon`.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
-import urllib.error
+import socket
 import urllib.parse
-import urllib.request
-from collections.abc import Generator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
 
-DEFAULT_URL = "http://127.0.0.1:29610"
+from ftd_client.discovery import (
+    NO_ACCESS_BY_OTHERS,
+    NO_WRITE_BY_OTHERS,
+    DaemonEntry,
+    UnsafeFile,
+    peer_credentials,
+    process_start_time,
+    read_checked,
+    registry_dir,
+    running_daemons,
+)
+
 TOKEN_ENV = "FTD_API_TOKEN"
 URL_ENV = "FTD_API_URL"
 API_FILE = "api.json"
+STREAM_IDLE_TIMEOUT_S = 60.0
+"""An event stream silent for this long (the daemon sends a keep-alive every 15 s) is dead."""
+MAX_ERROR_BODY = 64 * 1024
+MAX_SSE_LINE = 16 * 1024 * 1024
 
 
 class AdminError(Exception):
@@ -33,7 +55,19 @@ class AdminError(Exception):
 
 
 class ApiUnreachable(AdminError):
-    """No daemon answered at the URL (not running, wrong address, api.json stale)."""
+    """No daemon answered at the address (not running, wrong address, connection cut)."""
+
+
+class DaemonNotFound(AdminError):
+    """No running daemon where the client looked (a run directory, this user's registry)."""
+
+
+class AmbiguousDaemon(AdminError):
+    """This user runs several daemons: the caller must say which (`entries`)."""
+
+    def __init__(self, message: str, entries: list[DaemonEntry]) -> None:
+        super().__init__(message)
+        self.entries = entries
 
 
 class ApiError(AdminError):
@@ -48,28 +82,67 @@ class ApiError(AdminError):
 
 
 def read_api_file(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
-    """The `<run dir>/api.json` a running daemon wrote (url, host, port, pid, token_file)."""
+    """The `<run dir>/api.json` of the daemon running there (url, socket, pid, token_file):
+    DaemonNotFound when there is none or its daemon is gone; AdminError when the file is not
+    this user's own."""
     path = Path(run_dir) / API_FILE
     try:
-        info: dict[str, Any] = json.loads(path.read_text())
+        info = json.loads(read_checked(path, NO_WRITE_BY_OTHERS))
     except FileNotFoundError:
-        raise AdminError(f"no {path}: is `ftd serve` running with this run directory?") from None
+        raise DaemonNotFound(f"no {path}: no ftd daemon with its API runs on {run_dir}") from None
+    except UnsafeFile as error:
+        raise AdminError(str(error)) from None
     except (OSError, ValueError) as error:
         raise AdminError(f"cannot read {path}: {error}") from None
+    if not isinstance(info, dict) or not isinstance(info.get("pid"), int):
+        raise AdminError(f"{path} is not an ftd API record")
+    started = process_start_time(info["pid"])
+    if started is None or info.get("started", started) != started:
+        raise DaemonNotFound(
+            f"the daemon that wrote {path} (pid {info['pid']}) is no longer running"
+        )
     return info
 
 
 def read_token_file(path: str | os.PathLike[str]) -> str:
     try:
         return Path(path).read_text().strip()
-    except OSError as error:
-        raise AdminError(f"cannot read the token file {path}: {error.strerror}") from None
+    except (OSError, UnicodeDecodeError) as error:
+        reason = getattr(error, "strerror", None) or error
+        raise AdminError(f"cannot read the token file {path}: {reason}") from None
+
+
+def _recorded_token(path: object) -> str | None:
+    """The token file api.json names, read only if it is this user's private file."""
+    if not isinstance(path, str) or not path:
+        return None
+    try:
+        return read_checked(path, NO_ACCESS_BY_OTHERS).strip() or None
+    except (OSError, UnsafeFile) as error:
+        raise AdminError(f"cannot use the token file {path}: {error}") from None
+
+
+def _env_token() -> str | None:
+    return os.environ.get(TOKEN_ENV, "").strip() or None
 
 
 class AdminClient:
-    def __init__(self, url: str = DEFAULT_URL, token: str | None = None, timeout_s: float = 10.0):
-        self.url = url.rstrip("/")
-        self.token = token
+    """The API of one daemon, over TCP (`url`, with `token`) or its admin unix socket
+    (`socket_path`, no token)."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        timeout_s: float = 10.0,
+        *,
+        socket_path: str | os.PathLike[str] | None = None,
+    ) -> None:
+        if (url is None) == (socket_path is None):
+            raise ValueError("AdminClient needs exactly one of url and socket_path")
+        self.socket_path = None if socket_path is None else os.fspath(socket_path)
+        self.url = url.rstrip("/") if url is not None else f"unix:{self.socket_path}"
+        self.token = token if url is not None else None
         self.timeout_s = timeout_s
 
     @classmethod
@@ -80,18 +153,53 @@ class AdminClient:
         token_file: str | os.PathLike[str] | None = None,
         timeout_s: float = 10.0,
     ) -> AdminClient:
-        """URL: `url`, else the run directory's api.json, else FTD_API_URL, else the default.
-        Token: `token_file`, else FTD_API_TOKEN, else the token file named in api.json."""
-        info = read_api_file(run_dir) if run_dir is not None else {}
-        resolved_url = url or info.get("url") or os.environ.get(URL_ENV) or DEFAULT_URL
-        token: str | None = None
+        """`url` (else FTD_API_URL when no `run_dir`): TCP, token from `token_file`, else
+        FTD_API_TOKEN, else the token file `run_dir`'s api.json names. `run_dir`: its
+        daemon's admin socket (its recorded URL and token where it has none). Neither: the
+        one daemon this user runs (DaemonNotFound for none, AmbiguousDaemon for several)."""
+        if url is None and run_dir is None:
+            url = os.environ.get(URL_ENV, "").strip() or None
+        if url is not None:
+            token = read_token_file(token_file) if token_file is not None else _env_token()
+            if token is None and run_dir is not None:
+                token = _recorded_token(read_api_file(run_dir).get("token_file"))
+            return cls(url, token, timeout_s)
+        if run_dir is None:
+            run_dir = cls._only_daemon()
+        info = read_api_file(run_dir)
+        sock = info.get("socket")
+        if isinstance(sock, str) and Path(sock).is_socket():
+            return cls(socket_path=sock, timeout_s=timeout_s)
+        recorded = info.get("url")
+        if not isinstance(recorded, str) or not recorded.startswith(("http://", "https://")):
+            raise AdminError(f"{Path(run_dir) / API_FILE} records neither a socket nor a URL")
         if token_file is not None:
             token = read_token_file(token_file)
-        elif os.environ.get(TOKEN_ENV, "").strip():
-            token = os.environ[TOKEN_ENV].strip()
-        elif info.get("token_file"):
-            token = read_token_file(info["token_file"])
-        return cls(str(resolved_url), token, timeout_s)
+        else:
+            token = _env_token() or _recorded_token(info.get("token_file"))
+        return cls(recorded, token, timeout_s)
+
+    @staticmethod
+    def _only_daemon() -> str:
+        directory = registry_dir()
+        try:
+            entries = running_daemons(directory)
+        except UnsafeFile as error:
+            raise AdminError(f"the daemon registry is not safe to read: {error}") from None
+        except OSError as error:
+            raise AdminError(f"cannot read the daemon registry {directory}: {error}") from None
+        if not entries:
+            raise DaemonNotFound(
+                f"no running ftd daemon of this user (uid {os.geteuid()}) is registered in "
+                f"{directory}: pass --run-dir or --url"
+            )
+        if len(entries) > 1:
+            listed = "; ".join(entry.describe() for entry in entries)
+            raise AmbiguousDaemon(
+                f"{len(entries)} ftd daemons of this user run: pass --run-dir, one of: {listed}",
+                entries,
+            )
+        return entries[0].run_dir
 
     @classmethod
     def from_run_dir(
@@ -143,72 +251,162 @@ class AdminClient:
 
     def follow_events(self, since: int | None = None) -> Generator[dict[str, Any], None, None]:
         """Events as they happen (server-sent events), from `since` (default: from now on);
-        ends when the daemon stops."""
-        if since is None:
-            since = int(self.events(limit=1)["last_id"])
-        request = self._request("GET", f"/v1/events?since={since}", None)
-        request.add_header("Accept", "text/event-stream")
-        with self._open(request, timeout_s=None) as response:
-            data: list[str] = []
-            for raw in response:
-                line = raw.decode("utf-8").rstrip("\r\n")
-                if not line:
-                    if data:
-                        event: dict[str, Any] = json.loads("\n".join(data))
-                        yield event
-                    data = []
-                elif line.startswith("data:"):
-                    data.append(line[5:].removeprefix(" "))
+        ends when the daemon stops. When the daemon drops the stream because this reader
+        fell behind, it reconnects after the last event it got (the ring still holds them)."""
+        cursor = int(self.events(limit=1)["last_id"]) if since is None else since
+        while True:
+            connection, response = self._send(
+                "GET",
+                f"/v1/events?since={cursor}",
+                None,
+                accept="text/event-stream",
+                timeout_s=STREAM_IDLE_TIMEOUT_S,
+            )
+            dropped = False
+            try:
+                for kind, data in _sse_messages(response):
+                    if kind == "stream_dropped":
+                        dropped = True
+                        break
+                    event = json.loads(data)
+                    if not isinstance(event, dict) or not isinstance(event.get("id"), int):
+                        raise AdminError(f"the event stream sent a malformed event: {data[:200]}")
+                    cursor = event["id"]
+                    yield event
+            except (OSError, http.client.HTTPException, ValueError) as error:
+                raise ApiUnreachable(f"the event stream from {self.url} broke: {error}") from None
+            finally:
+                connection.close()
+            if not dropped:
+                return
 
     def metrics(self) -> str:
-        with self._open(self._request("GET", "/metrics", None)) as response:
-            text: str = response.read().decode()
-            return text
+        connection, response = self._send("GET", "/metrics", None, accept="text/plain")
+        try:
+            return response.read().decode()
+        except (OSError, http.client.HTTPException) as error:
+            raise ApiUnreachable(f"{self.url} stopped answering: {error}") from None
+        finally:
+            connection.close()
 
     # -- transport ----------------------------------------------------------------------------
 
-    def _request(
-        self, method: str, path: str, body: dict[str, Any] | None
-    ) -> urllib.request.Request:
-        headers = {"Accept": "application/json"}
+    def _connection(self, timeout_s: float) -> http.client.HTTPConnection:
+        if self.socket_path is not None:
+            return _UnixConnection(self.socket_path, timeout_s)
+        parts = urllib.parse.urlsplit(self.url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise AdminError(f"not an http(s) URL: {self.url}")
+        kind: type[http.client.HTTPConnection] = http.client.HTTPConnection
+        if parts.scheme == "https":
+            kind = http.client.HTTPSConnection
+        try:
+            port = parts.port
+        except ValueError:
+            raise AdminError(f"bad port in {self.url}") from None
+        return kind(parts.hostname, port, timeout=timeout_s)
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None,
+        accept: str = "application/json",
+        timeout_s: float | None = None,
+    ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+        """The open connection and the response's head (2xx/3xx); ApiError for an error
+        answer, ApiUnreachable when nothing answers."""
+        headers = {"Accept": accept}
         data = None
         if body is not None:
             data = json.dumps(body).encode()
             headers["Content-Type"] = "application/json"
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
-        return urllib.request.Request(self.url + path, data, headers, method=method)
-
-    def _open(self, request: urllib.request.Request, timeout_s: float | None = -1.0) -> Any:
-        timeout = self.timeout_s if timeout_s == -1.0 else timeout_s
+        prefix = "" if self.socket_path else urllib.parse.urlsplit(self.url).path.rstrip("/")
+        connection = self._connection(self.timeout_s if timeout_s is None else timeout_s)
         try:
-            return urllib.request.urlopen(request, timeout=timeout)
-        except urllib.error.HTTPError as error:
-            raise _api_error(error) from None
-        except (TimeoutError, urllib.error.URLError, ConnectionError) as error:
-            reason = getattr(error, "reason", error)
+            connection.request(method, prefix + path, body=data, headers=headers)
+            response = connection.getresponse()
+            if response.status >= 400:
+                raw = response.read(MAX_ERROR_BODY)
+                raise _api_error(response.status, response.reason, raw)
+        except (OSError, http.client.HTTPException) as error:
+            connection.close()
+            reason = getattr(error, "strerror", None) or error
             raise ApiUnreachable(f"no ftd daemon answers at {self.url}: {reason}") from None
+        except BaseException:
+            connection.close()
+            raise
+        return connection, response
 
     def _json(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-        with self._open(self._request(method, path, body)) as response:
-            result: dict[str, Any] = json.loads(response.read() or b"{}")
-            return result
+        connection, response = self._send(method, path, body)
+        try:
+            raw = response.read()
+        except (OSError, http.client.HTTPException) as error:
+            raise ApiUnreachable(f"{self.url} stopped answering: {error}") from None
+        finally:
+            connection.close()
+        try:
+            result = json.loads(raw or b"{}")
+        except ValueError:
+            raise AdminError(f"{self.url} answered {method} {path} with no JSON") from None
+        if not isinstance(result, dict):
+            raise AdminError(f"{self.url} answered {method} {path} with no JSON object")
+        return result
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    """HTTP over the daemon's admin socket, which must be served by this very user."""
+
+    def __init__(self, path: str, timeout_s: float | None) -> None:
+        super().__init__("localhost", timeout=timeout_s)
+        self._path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(self.timeout)
+            sock.connect(self._path)
+            _pid, uid, _gid = peer_credentials(sock)
+            if uid != os.geteuid():
+                raise AdminError(
+                    f"{self._path} is served by uid {uid}, not by this user "
+                    f"(uid {os.geteuid()}): refusing to talk to it"
+                )
+        except BaseException:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+def _sse_messages(response: http.client.HTTPResponse) -> Iterator[tuple[str, str]]:
+    """(event name, data) of each server-sent message; comments and ids skipped."""
+    kind, data = "message", list[str]()
+    while raw := response.readline(MAX_SSE_LINE):
+        line = raw.decode("utf-8").rstrip("\r\n")
+        if not line:
+            if data:
+                yield kind, "\n".join(data)
+            kind, data = "message", []
+        elif line.startswith("data:"):
+            data.append(line[5:].removeprefix(" "))
+        elif line.startswith("event:"):
+            kind = line[6:].strip()
 
 
 def _quote(node_id: str) -> str:
     return urllib.parse.quote(node_id, safe="")
 
 
-def _api_error(error: urllib.error.HTTPError) -> ApiError:
-    raw = error.read()
+def _api_error(status: int, reason: str, raw: bytes) -> ApiError:
     try:
         body = json.loads(raw)
     except ValueError:
         body = None
     if not isinstance(body, dict):
-        body = {"title": error.reason, "detail": raw.decode(errors="replace")[:200]}
-    if error.code == 503 and "ready" in body:  # /readyz: not an error body
+        body = {"title": reason, "detail": raw.decode(errors="replace")[:200]}
+    if status == 503 and "ready" in body:  # /readyz: not an error body
         return ApiError(503, "Not ready", f"state {body.get('state')}", body)
-    return ApiError(
-        error.code, str(body.get("title", error.reason)), str(body.get("detail", "")), body
-    )
+    return ApiError(status, str(body.get("title", reason)), str(body.get("detail", "")), body)

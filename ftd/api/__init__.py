@@ -1,33 +1,51 @@
-"""The REST control API of a node daemon: lifecycle of the aiohttp server (bind, token, api.json).
+"""The REST control API of a node daemon: its lifecycle (token, sites, api.json, registry).
 
-The routes, middlewares and request models are in `ftd.api.app`; the contract is
+Two sites serve one aiohttp app: TCP (`--api-host`/`--api-port`, bearer token for changes)
+and the admin unix socket `<run dir>/api.sock` (mode 0600, callers of the daemon's own user
+only, checked with SO_PEERCRED; no token). Both pass a ConnectionGuard (`ftd.api.connections`).
+The routes are in `ftd.api.app`, the middlewares in `ftd.api.middlewares`; the contract is
 `openapi.yaml` at the repository root, and the tests hold the server to it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import errno
-import ipaddress
-import json
 import logging
 import os
-import secrets
-import stat
+import socket
+from collections.abc import Callable
 from pathlib import Path
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
+from ftd_client.discovery import process_start_time
 
-from ftd.api.app import CLOSING, build_app
+from ftd.api import publish
+from ftd.api.app import build_app
+from ftd.api.connections import (
+    ApiLimits,
+    ConnectionGuard,
+    Connections,
+    GuardedSite,
+    same_user_peer,
+    tcp_peer,
+)
+from ftd.api.middlewares import METRICS, STREAMS
+from ftd.api.security import TOKEN_ENV, HostPolicy, load_token
+from ftd.api.stats import ApiCollector
 from ftd.config import DEFAULT_API_PORT
 from ftd.control import DaemonControl
+from ftd.errors import ApiStartupError
+
+__all__ = ["ApiLimits", "ApiServer", "ApiStartupError", "start_api_server"]
 
 log = logging.getLogger("ftd.api")
 
-TOKEN_ENV = "FTD_API_TOKEN"
-API_FILE = "api.json"
+API_FILE = publish.API_FILE
 TOKEN_FILE = "api.token"
 SHUTDOWN_TIMEOUT_S = 2.0
+BACKLOG = 128
 
 
 class _MalformedRequests(logging.Filter):
@@ -48,54 +66,6 @@ http_log = logging.getLogger("ftd.api.http")
 http_log.addFilter(_MalformedRequests())
 
 
-class ApiStartupError(Exception):
-    """The API cannot start (its explicitly requested port is taken, its token file cannot be
-    read): the daemon reports it on one line and exits 2 before starting any rank."""
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def load_token(path: Path) -> str:
-    """FTD_API_TOKEN, else the token in `path`, created with a random token and mode 0600 when
-    it does not exist."""
-    env = os.environ.get(TOKEN_ENV, "").strip()
-    if env:
-        return env
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        pass
-    except OSError as error:
-        raise ApiStartupError(f"cannot create the API token file {path}: {error}") from None
-    else:
-        token = secrets.token_urlsafe(32)
-        with os.fdopen(fd, "w") as file:
-            file.write(token + "\n")
-        log.info("created the API token file %s", path)
-        return token
-    try:
-        mode = path.stat().st_mode
-        token = path.read_text().strip()
-    except OSError as error:
-        raise ApiStartupError(f"cannot read the API token file {path}: {error}") from None
-    if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        log.warning("the API token file %s is readable by others: chmod 600 it", path)
-    if not token:
-        raise ApiStartupError(f"the API token file {path} is empty: delete it or put a token in it")
-    return token
-
-
-def _absolute(path: Path) -> str:
-    return os.path.abspath(path)
-
-
 def _client_url(host: str, port: int) -> str:
     """The URL a client on this machine uses (wildcard binds are reached over loopback)."""
     if host in ("0.0.0.0", ""):
@@ -106,87 +76,176 @@ def _client_url(host: str, port: int) -> str:
 
 
 class ApiServer:
-    """A started API: `url`, `port`; `await close()` ends open event streams and stops it."""
+    """A started API: `url`, `port`, `socket_path`; `await close()` ends open event streams,
+    stops both sites and removes what it published."""
 
-    def __init__(self, runner: web.AppRunner, url: str, port: int, info_path: Path) -> None:
+    def __init__(
+        self, runner: web.AppRunner, url: str, port: int, socket_path: Path | None
+    ) -> None:
         self._runner = runner
         self.url = url
         self.port = port
-        self._info_path = info_path
+        self.socket_path = socket_path
+        self._cleanups: list[tuple[str, Callable[[], None]]] = []
+
+    def on_close(self, what: str, cleanup: Callable[[], None]) -> None:
+        self._cleanups.append((what, cleanup))
 
     async def close(self) -> None:
-        self._runner.app[CLOSING].set()
+        self._runner.app[STREAMS].close_all()
         try:
             await self._runner.cleanup()
         finally:
-            self._info_path.unlink(missing_ok=True)
+            for what, cleanup in reversed(self._cleanups):
+                try:
+                    cleanup()
+                except OSError as error:
+                    log.warning("closing the API: cannot remove %s: %s", what, error)
 
 
-async def start_api_server(control: DaemonControl) -> ApiServer:
+async def start_api_server(control: DaemonControl, limits: ApiLimits | None = None) -> ApiServer:
     """Bind the API (the default port falls back to a free one when taken; an explicitly
-    requested port that is taken raises ApiStartupError), write `<run dir>/api.json`."""
+    requested port that is taken raises ApiStartupError) and its admin socket, write
+    `<run dir>/api.json` and the registry entry."""
+    limits = limits or ApiLimits()
     config = control.config
     assert config.api_port is not None
     token_file = config.api_token_file or control.run_dir / TOKEN_FILE
-    token = load_token(token_file)
-    from_env = bool(os.environ.get(TOKEN_ENV, "").strip())
-    app = build_app(control, token, reads_need_token=not is_loopback(config.api_host))
+    token, from_env = load_token(token_file)
+    hosts = HostPolicy.for_bind(config.api_host, await _addresses(config.api_host))
+    connections = Connections()
+    app = build_app(control, token, hosts, limits, connections)
     runner = web.AppRunner(
         app,
         access_log=None,
         handle_signals=False,
         shutdown_timeout=SHUTDOWN_TIMEOUT_S,
         logger=http_log,
+        keepalive_timeout=limits.idle_timeout_s,
     )
     await runner.setup()
+    tcp = ConnectionGuard("tcp", connections, limits, limits.max_connections, tcp_peer)
+    admin = ConnectionGuard(
+        "unix", connections, limits, limits.max_admin_connections, same_user_peer
+    )
     try:
-        port = await _bind(runner, config.api_host, config.api_port)
+        port = await _bind_tcp(
+            runner, tcp, config.api_host, config.api_port, config.api_port_explicit
+        )
+        socket_path, inode = await _bind_admin(runner, admin, control.run_dir)
     except BaseException:
         await runner.cleanup()
         raise
+    app[METRICS].registry.register(ApiCollector([tcp, admin], app[STREAMS]))
     url = _client_url(config.api_host, port)
+    server = ApiServer(runner, url, port, socket_path)
+    if socket_path is not None:
+        server.on_close(str(socket_path), lambda: publish.remove_socket(socket_path, inode))
     info = {
         "url": url,
         "host": config.api_host,
         "port": port,
+        "socket": None if socket_path is None else str(socket_path),
         "pid": os.getpid(),
+        "started": process_start_time(os.getpid()),
         "node_id": config.node_id,
         "run_id": config.run_id,
-        "token_file": None if from_env else _absolute(token_file),
+        "token_file": None if from_env else str(token_file.absolute()),
     }
-    info_path = _publish(control.run_dir / API_FILE, info)
-    log.info(
-        "API listening on %s (token %s)",
-        url,
-        "from $FTD_API_TOKEN" if from_env else f"in {token_file}",
+    info_path = control.run_dir / API_FILE
+    if publish.publish_api_file(info_path, info):
+        server.on_close(str(info_path), lambda: info_path.unlink(missing_ok=True))
+    entry = publish.register(
+        {
+            "run_dir": str(control.run_dir.resolve()),
+            "node_id": config.node_id,
+            "run_id": config.run_id,
+            "socket": info["socket"],
+            "url": url,
+        }
     )
-    return ApiServer(runner, url, port, info_path)
+    if entry is not None:
+        server.on_close(str(entry), lambda: entry.unlink(missing_ok=True))
+    log.info(
+        "API listening on %s (token %s); admin socket %s",
+        url,
+        f"from ${TOKEN_ENV}" if from_env else f"in {token_file}",
+        socket_path or "off",
+    )
+    return server
 
 
-def _publish(path: Path, info: dict[str, object]) -> Path:
-    """Write api.json atomically: readers never see half of it."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(info, indent=1) + "\n")
-    tmp.replace(path)
-    return path
+async def _addresses(host: str) -> list[str]:
+    """The addresses binding `host` listens on (what the Host check and reads' auth go by)."""
+    try:
+        infos = await asyncio.get_running_loop().getaddrinfo(
+            host or None, 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    except OSError as error:
+        raise ApiStartupError(f"--api-host {host}: {error}") from None
+    return [str(info[4][0]) for info in infos]
 
 
-async def _bind(runner: web.AppRunner, host: str, port: int) -> int:
-    site = web.TCPSite(runner, host, port)
+async def _bind_tcp(
+    runner: web.AppRunner, guard: ConnectionGuard, host: str, port: int, explicit: bool
+) -> int:
+    loop = asyncio.get_running_loop()
+    site = GuardedSite(
+        runner,
+        guard,
+        lambda factory: loop.create_server(factory, host, port, backlog=BACKLOG),
+        f"http://{host}:{port}",
+    )
     try:
         await site.start()
     except OSError as error:
         await site.stop()  # unregisters the site that did not start
         if error.errno != errno.EADDRINUSE:
             raise ApiStartupError(f"--api-host {host} --api-port {port}: {error}") from None
-        if port != DEFAULT_API_PORT:
+        if explicit or port != DEFAULT_API_PORT:
             raise ApiStartupError(
                 f"--api-port {port} is already in use on {host}: choose another port, "
                 "or 0 for a free one"
             ) from None
-        log.warning("API port %d is in use on %s: using a free port instead", port, host)
-        return await _bind(runner, host, 0)
-    for address in runner.addresses:
+        log.warning(
+            "API port %d is in use on %s: using a free port instead (clients find it in "
+            "api.json, or use the admin socket)",
+            port,
+            host,
+        )
+        return await _bind_tcp(runner, guard, host, 0, False)
+    for sock in site.sockets:
+        address = sock.getsockname()
         if isinstance(address, tuple):
             return int(address[1])
     raise ApiStartupError(f"the API bound to {host} but reports no TCP address")
+
+
+async def _bind_admin(
+    runner: web.AppRunner, guard: ConnectionGuard, run_dir: Path
+) -> tuple[Path | None, int]:
+    """The admin socket's path and inode; (None, 0), with a warning, when it cannot be had
+    (the TCP API still serves)."""
+    try:
+        path = publish.admin_socket_path(run_dir)
+        sock = publish.bind_admin_socket(path)
+    except publish.AdminSocketUnavailable as error:
+        log.warning("no admin socket (the TCP API still serves): %s", error)
+        return None, 0
+    inode = os.lstat(path).st_ino
+    loop = asyncio.get_running_loop()
+    site = GuardedSite(
+        runner,
+        guard,
+        lambda factory: loop.create_unix_server(factory, sock=sock, backlog=BACKLOG),
+        f"http://unix:{path}:",
+    )
+    try:
+        await site.start()
+    except OSError as error:
+        await site.stop()
+        sock.close()
+        publish.remove_socket(path, inode)
+        log.warning("no admin socket (the TCP API still serves): %s", error)
+        return None, 0
+    return path, inode

@@ -1,51 +1,58 @@
-"""The aiohttp application: routes, the error/metrics/auth middlewares, request models.
+"""The aiohttp application: routes, handlers and request models (the middlewares, in
+`ftd.api.middlewares`, turn every error into `application/problem+json`).
 
-Every error leaves as `application/problem+json` (type, title, status, detail); a domain
-error (`ftd.errors.FtdError`) maps 1:1 to its status, an unexpected one to a 500 problem
-without a traceback (the traceback goes to the daemon's log).
+Everything a request carries is parsed with bounds before use: bodies (size, time to
+arrive, nesting, models), query integers (ASCII digits, ranges), `Last-Event-ID`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import inspect
 import json
-import logging
 import math
 import os
+import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Iterable
 from typing import Annotated, Any, Literal, TypeVar
 
 from aiohttp import web
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
-from ftd.api.sse import stream_events
+from ftd.api.connections import ApiLimits, Connections
+from ftd.api.middlewares import (
+    CONNECTIONS,
+    CONTROL,
+    HOSTS,
+    LIMITS,
+    MAX_BODY_BYTES,
+    METRICS,
+    MIDDLEWARES,
+    STARTED,
+    STREAMS,
+    TOKEN,
+    peer_of,
+)
+from ftd.api.security import HostPolicy
+from ftd.api.sse import StreamHub, stream_events
 from ftd.control import DaemonControl
 from ftd.dashboard import add_dashboard_routes
-from ftd.errors import FeatureUnavailable, FtdError, InvalidRequest
-from ftd.metrics import ApiMetrics, build_registry, exposition
+from ftd.errors import FeatureUnavailable, InvalidRequest, RequestTimeout
+from ftd.metrics import build_registry, exposition
 from ftd.state import DaemonState, RankState
 
-log = logging.getLogger("ftd.api")
-
-MAX_BODY_BYTES = 64 * 1024
 MAX_EVENTS_PER_PAGE = 10_000
-PROBLEM_TYPE = "application/problem+json"
-UNAUTHENTICATED = frozenset({"/healthz", "/readyz"})
-"""Probes answer without a token on any address (they say nothing but alive/ready)."""
-READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
-
-CONTROL: web.AppKey[DaemonControl] = web.AppKey("control")
-TOKEN: web.AppKey[bytes] = web.AppKey("token")
-READS_NEED_TOKEN: web.AppKey[bool] = web.AppKey("reads_need_token")
-CLOSING: web.AppKey[asyncio.Event] = web.AppKey("closing")
-METRICS: web.AppKey[ApiMetrics] = web.AppKey("metrics")
-STARTED: web.AppKey[float] = web.AppKey("started")
+MAX_EVENT_ID = 2**63 - 1
+MAX_JSON_DEPTH = 32
+"""Request bodies are flat objects; nesting deeper than this is refused before any model
+sees it (and a nesting deep enough to exhaust the parser's recursion is refused too)."""
+_INTEGER = re.compile(r"-?[0-9]{1,20}")
+_EVENT_ID = re.compile(r"[0-9]{1,19}")
+NO_CONTROL_CHARACTERS = r"^[^\x00-\x1f\x7f]*$"
+"""Free text (reasons) goes into logs and events: no line breaks or terminal escapes."""
 
 M = TypeVar("M", bound=BaseModel)
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 # -- request models (mirrored by openapi.yaml; a test fails when they drift) -------------------
@@ -55,7 +62,7 @@ class RestartRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     scope: Literal["cluster", "node"] = "cluster"
-    reason: str = Field("operator request", max_length=1000)
+    reason: str = Field("operator request", max_length=1000, pattern=NO_CONTROL_CHARACTERS)
     count: bool = True
     """Whether the restart counts against --max-restarts."""
 
@@ -82,98 +89,7 @@ class FaultRequest(BaseModel):
 class ExcludeRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    reason: str = Field("operator request", max_length=1000)
-
-
-# -- problems and middlewares -----------------------------------------------------------------
-
-
-def problem(
-    status: int,
-    title: str,
-    detail: str,
-    type_: str = "about:blank",
-    headers: dict[str, str] | None = None,
-    **extra: Any,
-) -> web.Response:
-    body = {"type": type_, "title": title, "status": status, "detail": detail, **extra}
-    return web.Response(
-        status=status,
-        text=json.dumps(body),
-        content_type=PROBLEM_TYPE,
-        headers=headers,
-    )
-
-
-def _http_problem(error: web.HTTPException) -> web.Response:
-    headers = {k: v for k, v in error.headers.items() if k in ("Allow", "WWW-Authenticate")}
-    detail = {
-        404: "no such endpoint: see openapi.yaml for the routes",
-        405: f"method not allowed; allowed: {error.headers.get('Allow', '')}",
-        413: f"request body too large (the limit is {MAX_BODY_BYTES} bytes)",
-    }.get(error.status, error.text or error.reason)
-    return problem(error.status, error.reason, detail, headers=headers)
-
-
-@web.middleware
-async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except FtdError as error:
-        return web.Response(
-            status=error.status, text=json.dumps(error.to_problem()), content_type=PROBLEM_TYPE
-        )
-    except web.HTTPException as error:
-        if error.status < 400:
-            raise
-        return _http_problem(error)
-    except (asyncio.CancelledError, ConnectionResetError):
-        raise
-    except Exception:
-        log.exception("unexpected error answering %s %s", request.method, request.path)
-        return problem(500, "Internal error", "unexpected error; the daemon's log has the details")
-
-
-@web.middleware
-async def metrics_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    start = time.perf_counter()
-    status = 500
-    try:
-        response = await handler(request)
-        status = response.status
-        return response
-    finally:
-        resource = request.match_info.route.resource
-        route = resource.canonical if resource is not None else "unmatched"
-        request.app[METRICS].observe(request.method, route, status, time.perf_counter() - start)
-
-
-@web.middleware
-async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    unmatched = request.match_info.http_exception
-    if unmatched is not None:
-        raise unmatched  # 404 / 405 before auth: they reveal nothing
-    needs_token = request.method not in READ_METHODS or request.app[READS_NEED_TOKEN]
-    if needs_token and request.path not in UNAUTHENTICATED:
-        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-        challenge = {"WWW-Authenticate": 'Bearer realm="ftd"'}
-        if scheme.lower() != "bearer" or not token.strip():
-            return problem(
-                401,
-                "Unauthorized",
-                "send the API token as `Authorization: Bearer <token>` (the daemon's "
-                "--api-token-file, or FTD_API_TOKEN)",
-                "https://ftd.dev/problems/unauthorized",
-                headers=challenge,
-            )
-        if not hmac.compare_digest(token.strip().encode(), request.app[TOKEN]):
-            return problem(
-                403,
-                "Forbidden",
-                "the bearer token does not match this daemon's API token",
-                "https://ftd.dev/problems/forbidden",
-            )
-    return await handler(request)
+    reason: str = Field("operator request", max_length=1000, pattern=NO_CONTROL_CHARACTERS)
 
 
 # -- helpers ----------------------------------------------------------------------------------
@@ -183,16 +99,42 @@ def _no_constants(name: str) -> object:
     raise ValueError(f"{name} is not JSON")
 
 
+def _nested_deeper(value: object, limit: int) -> bool:
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Iterable[object] = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
+
+
 async def _body(request: web.Request) -> dict[str, Any]:
-    """The request's JSON object ({} for an empty body); 400 naming the problem, 413 above
-    the size limit (raised by aiohttp while reading)."""
-    raw = await request.read()
+    """The request's JSON object ({} for an empty body); 400 naming the problem, 408 when
+    it does not arrive in time, 413 above the size limit (raised by aiohttp while reading)."""
+    timeout_s = request.app[LIMITS].body_timeout_s
+    try:
+        async with asyncio.timeout(timeout_s):
+            raw = await request.read()
+    except TimeoutError:
+        raise RequestTimeout(f"body: not received within {timeout_s:g} s") from None
     if not raw.strip():
         return {}
+    too_deep = f"body: JSON nested deeper than {MAX_JSON_DEPTH} levels"
     try:
         body = json.loads(raw, parse_constant=_no_constants)
-    except (ValueError, UnicodeDecodeError) as error:
+    except RecursionError:
+        raise InvalidRequest(too_deep) from None
+    except ValueError as error:  # UnicodeDecodeError included
         raise InvalidRequest(f"body: not valid JSON ({error})") from None
+    if _nested_deeper(body, MAX_JSON_DEPTH):
+        raise InvalidRequest(too_deep)
     if not isinstance(body, dict):
         raise InvalidRequest("body: expected a JSON object")
     return body
@@ -205,7 +147,10 @@ def _validate(model: type[M], body: dict[str, Any]) -> M:
         problems = []
         for item in error.errors():
             field = ".".join(str(part) for part in item["loc"]) or "body"
-            problems.append(f"{field}: {str(item['msg']).removeprefix('Value error, ')}")
+            message = str(item["msg"]).removeprefix("Value error, ")
+            if item["type"] == "string_pattern_mismatch":  # the only pattern: free text
+                message = "must not contain control characters (line breaks, escapes)"
+            problems.append(f"{field}: {message}")
         raise InvalidRequest("; ".join(problems)) from None
 
 
@@ -229,17 +174,19 @@ def _check_seconds(patch: dict[str, Any]) -> None:
 
 
 def _requested_by(request: web.Request) -> str:
-    return f"api {request.remote or 'unknown'}"
+    return f"api {peer_of(request).address}"
 
 
 def _int_query(request: web.Request, name: str, default: int, low: int, high: int) -> int:
-    raw = request.query.get(name)
-    if raw is None:
+    given = request.query.getall(name, [])
+    if not given:
         return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise InvalidRequest(f"{name}: expected an integer, got {raw!r}") from None
+    if len(given) > 1:
+        raise InvalidRequest(f"{name}: given {len(given)} times")
+    raw = given[0]
+    if not _INTEGER.fullmatch(raw):
+        raise InvalidRequest(f"{name}: expected an integer, got {raw[:40]!r}")
+    value = int(raw)
     if not low <= value <= high:
         raise InvalidRequest(f"{name}: must be between {low} and {high}, got {value}")
     return value
@@ -356,14 +303,22 @@ async def patch_timeouts(request: web.Request) -> web.Response:
     return _json_response(request.app[CONTROL].set_timeouts(patch, _requested_by(request)))
 
 
+def _last_event_id(request: web.Request) -> int | None:
+    """A reconnecting EventSource's last id; None when absent or not an event id."""
+    raw = request.headers.get("Last-Event-ID", "").strip()
+    if _EVENT_ID.fullmatch(raw) and int(raw) <= MAX_EVENT_ID:
+        return int(raw)
+    return None
+
+
 async def get_events(request: web.Request) -> web.StreamResponse:
     control = request.app[CONTROL]
-    since = _int_query(request, "since", 0, 0, 2**63 - 1)
+    since = _int_query(request, "since", 0, 0, MAX_EVENT_ID)
     if "text/event-stream" in request.headers.get("Accept", ""):
-        last_event_id = request.headers.get("Last-Event-ID", "").strip()
-        if last_event_id.isdigit():
-            since = int(last_event_id)  # a reconnecting EventSource resumes after its last id
-        return await stream_events(request, control.events, since, request.app[CLOSING])
+        resume = _last_event_id(request)
+        if resume is not None:
+            since = resume  # a reconnecting EventSource resumes after its last id
+        return await stream_events(request, control.events, since, request.app[STREAMS])
     limit = _int_query(request, "limit", 1000, 1, MAX_EVENTS_PER_PAGE)
     events = control.events.since(since, limit)
     return _json_response(
@@ -378,15 +333,24 @@ async def get_metrics(request: web.Request) -> web.Response:
     return response
 
 
-def build_app(control: DaemonControl, token: str, reads_need_token: bool) -> web.Application:
-    app = web.Application(
-        client_max_size=MAX_BODY_BYTES,
-        middlewares=[metrics_middleware, error_middleware, auth_middleware],
-    )
+def build_app(
+    control: DaemonControl,
+    token: str,
+    hosts: HostPolicy,
+    limits: ApiLimits | None = None,
+    connections: Connections | None = None,
+) -> web.Application:
+    """The API for `control`. `hosts` says which Host headers TCP requests may carry (and,
+    loopback only, that reads need no token); `connections` are the guarded sites' (none:
+    every request is a TCP one)."""
+    limits = limits or ApiLimits()
+    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=MIDDLEWARES)
     app[CONTROL] = control
-    app[TOKEN] = token.encode()
-    app[READS_NEED_TOKEN] = reads_need_token
-    app[CLOSING] = asyncio.Event()
+    app[TOKEN] = token.encode("ascii")
+    app[HOSTS] = hosts
+    app[LIMITS] = limits
+    app[CONNECTIONS] = connections or Connections()
+    app[STREAMS] = StreamHub(limits)
     app[METRICS] = build_registry(control)
     app[STARTED] = time.monotonic()
     app.router.add_get("/healthz", healthz, allow_head=False)

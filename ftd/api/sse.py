@@ -1,17 +1,108 @@
 """`GET /v1/events` as a server-sent-event stream: monotonic ids, `Last-Event-ID` resume,
-keep-alive comments, and an end when the daemon closes the API."""
+keep-alive comments, an end when the daemon closes the API, and bounds: at most
+`max_event_streams` streams (429 with Retry-After beyond), a bounded queue per stream (a
+reader that falls behind gets a final `stream_dropped` message and the stream ends), and a
+deadline on every write (a reader that stopped reading is cut off)."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
+import logging
+import math
+import time
+from collections import Counter
 
 from aiohttp import web
 
-from ftd.events import Event, EventLog
+from ftd.api.connections import ApiLimits, RefusalLog
+from ftd.errors import TooManyRequests
+from ftd.events import Event, EventLog, Lagged, Subscription
 
-KEEPALIVE_S = 15.0
+log = logging.getLogger("ftd.api")
+
+ENCODED_CACHE = 4096
+"""Encoded events kept for the streams (each event is encoded once, not once per reader)."""
+DROPPED_EVENT = "stream_dropped"
+
+
+DROP_REPORT_INTERVAL_S = 60.0
+
+
+class _Stalled(Exception):
+    """A write to the stream did not complete within its deadline."""
+
+
+class _DropReports:
+    """A warning for the first dropped reader, then at most one a minute with the count
+    since: readers that keep falling behind must not flood the log."""
+
+    def __init__(self) -> None:
+        self._last = -math.inf
+        self._since_last = 0
+
+    def dropped(self, peer: str, why: str) -> None:
+        now = time.monotonic()
+        if now - self._last < DROP_REPORT_INTERVAL_S:
+            self._since_last += 1
+            return
+        more = ""
+        if self._since_last:
+            more = f" ({self._since_last} more dropped since the last report)"
+        log.warning("dropped the event stream of %s: %s%s", peer, why, more)
+        self._last, self._since_last = now, 0
+
+
+class StreamHub:
+    """The open event streams of one API: the cap, the counts, the shared encodings."""
+
+    def __init__(self, limits: ApiLimits) -> None:
+        self.limits = limits
+        self._open: set[Subscription] = set()
+        self.refused = 0
+        self.dropped: Counter[str] = Counter()
+        """Streams ended because the reader fell behind (lagged) or stopped reading (stalled)."""
+        self._encoded: dict[int, bytes] = {}
+        self._refusals = RefusalLog("API event streams")
+        self.reports = _DropReports()
+        self._closed = False
+
+    @property
+    def open(self) -> int:
+        return len(self._open)
+
+    def subscribe(self, events: EventLog, since: int) -> Subscription:
+        if self._closed or len(self._open) >= self.limits.max_event_streams:
+            self.refused += 1
+            self._refusals.refused("cap", f"{self.open} event streams open, the most it keeps")
+            raise TooManyRequests(
+                f"{len(self._open)} event streams are open, the most this daemon serves: retry "
+                "later, or read `GET /v1/events?since=ID` as JSON",
+                self.limits.stream_retry_after_s,
+            )
+        self._refusals.admitted()
+        subscription = events.subscribe(since, self.limits.stream_max_pending)
+        self._open.add(subscription)
+        return subscription
+
+    def release(self, subscription: Subscription) -> None:
+        subscription.close()
+        self._open.discard(subscription)
+
+    def encode(self, event: Event) -> bytes:
+        encoded = self._encoded.get(event.id)
+        if encoded is None:
+            encoded = format_event(event)
+            if len(self._encoded) >= ENCODED_CACHE:
+                del self._encoded[next(iter(self._encoded))]
+            self._encoded[event.id] = encoded
+        return encoded
+
+    def close_all(self) -> None:
+        """End every stream (the API is closing) and accept no new ones."""
+        self._closed = True
+        for subscription in self._open:
+            subscription.end()
 
 
 def format_event(event: Event) -> bytes:
@@ -19,9 +110,26 @@ def format_event(event: Event) -> bytes:
     return f"id: {event.id}\nevent: {event.kind}\ndata: {data}\n\n".encode()
 
 
+def dropped_message(subscription: Subscription, reason: str) -> bytes:
+    """The final message to a reader that fell behind. It has no id, so a reconnecting
+    EventSource resumes after the last event it did get."""
+    data = json.dumps({"reason": reason, "last_id": subscription.cursor})
+    return f"event: {DROPPED_EVENT}\ndata: {data}\n\n".encode()
+
+
+async def _write(response: web.StreamResponse, data: bytes, limits: ApiLimits) -> None:
+    try:
+        async with asyncio.timeout(limits.stream_write_timeout_s):
+            await response.write(data)
+    except TimeoutError:
+        raise _Stalled from None
+
+
 async def stream_events(
-    request: web.Request, events: EventLog, since: int, closing: asyncio.Event
+    request: web.Request, events: EventLog, since: int, hub: StreamHub
 ) -> web.StreamResponse:
+    subscription = hub.subscribe(events, since)  # TooManyRequests beyond the cap
+    limits = hub.limits
     response = web.StreamResponse(
         headers={
             "Content-Type": "text/event-stream",
@@ -29,30 +137,37 @@ async def stream_events(
             "X-Accel-Buffering": "no",
         }
     )
-    await response.prepare(request)
-    cursor = since
-    await response.write(b"retry: 1000\n\n")
-    closed = asyncio.ensure_future(closing.wait())
+    response.force_close()  # a stream ends its connection (an EventSource reconnects)
+    peer = request.remote or "the admin socket"
     try:
-        while not closing.is_set():
-            waiter = asyncio.ensure_future(events.wait_after(cursor))
-            done, _ = await asyncio.wait(
-                {waiter, closed}, timeout=KEEPALIVE_S, return_when=asyncio.FIRST_COMPLETED
-            )
-            if waiter not in done:
-                waiter.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await waiter
-                if not done:
-                    await response.write(b": keep-alive\n\n")
+        await response.prepare(request)
+        await _write(response, b"retry: 1000\n\n", limits)
+        while True:
+            try:
+                async with asyncio.timeout(limits.stream_keepalive_s):
+                    batch = await subscription.next_batch()
+            except TimeoutError:
+                await _write(response, b": keep-alive\n\n", limits)
                 continue
-            for event in waiter.result():
-                await response.write(format_event(event))
-                cursor = event.id
+            except Lagged as lagged:
+                hub.dropped["lagged"] += 1
+                hub.reports.dropped(peer, f"it {lagged}")
+                await _write(response, dropped_message(subscription, str(lagged)), limits)
+                break
+            if not batch:
+                break  # the API is closing
+            await _write(response, b"".join(hub.encode(event) for event in batch), limits)
+        async with asyncio.timeout(limits.stream_write_timeout_s):
+            await response.write_eof()
+    except (_Stalled, TimeoutError):
+        hub.dropped["stalled"] += 1
+        hub.reports.dropped(
+            peer, f"a write did not complete in {limits.stream_write_timeout_s:g} s"
+        )
+        if request.transport is not None:
+            request.transport.abort()
     except ConnectionResetError:
         pass  # the client went away
     finally:
-        closed.cancel()
-    with contextlib.suppress(ConnectionResetError):
-        await response.write_eof()
+        hub.release(subscription)
     return response
