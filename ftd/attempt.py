@@ -25,7 +25,7 @@ from ftd.coordination import Coordinator, Round
 from ftd.event_kind import EventKind
 from ftd.events import Event, EventLog
 from ftd.ft_config import parse_simulated_fault
-from ftd.guard import OrphanGuard
+from ftd.guard import GuardKeeper
 from ftd.health import HealthService
 from ftd.inprocess import InprocessRounds, rank_env
 from ftd.launch import Placement, worker_envs
@@ -49,7 +49,7 @@ class AttemptTools:
     cmd: tuple[str, ...]
     spawner: Spawner
     health: HealthService
-    guard: OrphanGuard
+    guard: GuardKeeper
     events: EventLog
     status: NodeStatus
     coordinator: Coordinator
@@ -177,7 +177,7 @@ class Attempt:
         signal_number = faults.KILL_SIGNAL if kind == "kill" else faults.HANG_SIGNAL
         assert signal_number is not None
         asyncio.get_running_loop().call_later(
-            delay_s, _deliver_fault, self.group, local_rank, pid, signal_number
+            delay_s, self.group.signal_process, local_rank, pid, signal_number
         )
 
     def failure_summary(self, root: Failure) -> str:
@@ -232,14 +232,6 @@ def _log_line_prefixes(role: str, placement: Placement, nprocs: int) -> dict[int
         )
         for lr in range(nprocs)
     }
-
-
-def _deliver_fault(group: WorkerGroup, local_rank: int, pid: int, signal_number: int) -> None:
-    """The rank's ftd_client carries the fault out on this signal; a rank that was replaced
-    since the request is left alone."""
-    if group.pids.get(local_rank) == pid and group.statuses[local_rank].exit_code is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal_number)
 
 
 def _remove_empty_stacks(attempt_dir: Path) -> None:

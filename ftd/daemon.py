@@ -16,6 +16,7 @@ import contextlib
 import ctypes
 import logging
 import os
+import resource
 import signal
 import sys
 import tempfile
@@ -34,7 +35,7 @@ from ftd.coordination import CoordinationError, Coordinator, create_coordinator
 from ftd.errors import StartupError
 from ftd.event_kind import EventKind
 from ftd.events import EventLog
-from ftd.guard import OrphanGuard
+from ftd.guard import GuardKeeper
 from ftd.health import HealthService
 from ftd.ipc import socket_path
 from ftd.launch import build_command
@@ -43,6 +44,7 @@ from ftd.persist import Persistence
 from ftd.rundir import prepare_run_dir
 from ftd.spawn import Spawner, get_spawner
 from ftd.spawn.rank_main import DAEMON_HANDLED_SIGNALS
+from ftd.spawn.zygote_server import NOFILE_ENV
 from ftd.state import NodeStatus
 from ftd.store import AttemptStores
 from ftd.supervisor import Running, Supervisor
@@ -56,6 +58,18 @@ TEARDOWN_STEP_TIMEOUT_S = 30.0
 stop is exempt (its kill escalation bounds it)."""
 SECRETS_FROM_ENV = ("FTD_API_TOKEN",)
 """Read at start-up, then taken out of this process's environment: no rank inherits them."""
+
+
+def _raise_descriptor_limit() -> None:
+    """A flood of connections must not leave the daemon without descriptors for its ranks:
+    its own soft limit goes up to the hard one (its zygote puts the ranks' back)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    os.environ.setdefault(NOFILE_ENV, str(soft))
+    if soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError) as error:
+            log.warning("could not raise the descriptor limit to %d: %s", hard, error)
 
 
 def _become_subreaper() -> None:
@@ -74,7 +88,7 @@ class Daemon:
     background: Background
     coordinator: Coordinator
     health: HealthService
-    guard: OrphanGuard
+    guard: GuardKeeper
     stores: AttemptStores
     spawner: Spawner
     supervisor: Supervisor
@@ -118,9 +132,19 @@ class Daemon:
     async def _set_up(self) -> None:
         config = self.config
         prepare_run_dir(self.run_dir)
-        self.events = EventLog(self.run_dir / "events.jsonl")
+        try:
+            self.events = EventLog(self.run_dir / "events.jsonl")
+        except OSError as error:
+            raise StartupError(
+                f"cannot open {self.run_dir / 'events.jsonl'}: {error.strerror} (a link or "
+                "another user's file there is refused)"
+            ) from None
         self._on_teardown("closing the event log", lambda: _now(self.events.close))
         self.persist = Persistence(self._persist_failed)
+        if self.events.journal is not None:
+            self.events.journal.on_failure = lambda cause, detail: self._persist_failed(
+                str(self.run_dir / "events.jsonl"), cause, detail
+            )
         self.board = StatusBoard(config, self.status, self.events, self.persist, self.run_dir)
         self.background = Background()
         self._on_teardown("finishing background work", self.background.close)
@@ -149,8 +173,10 @@ class Daemon:
             nproc_per_node=config.nproc_per_node,
         )
         _become_subreaper()
-        self.guard = await asyncio.to_thread(OrphanGuard, self.daemon_id)
-        self._on_teardown("closing the orphan guard", lambda: asyncio.to_thread(self.guard.close))
+        _raise_descriptor_limit()
+        self.guard = await asyncio.to_thread(GuardKeeper, self.daemon_id, self._guard_restarted)
+        self.guard.watch()
+        self._on_teardown("closing the orphan guard", self._close_guard)
         self.health.start()
         self._on_teardown("closing the rank socket", lambda: _now(self.health.close))
         try:  # nodes are only lost once rounds run, by when the supervisor exists
@@ -232,6 +258,13 @@ class Daemon:
     async def _send_summary(self, summary: dict[str, object]) -> None:
         with contextlib.suppress(CoordinationError):
             await self.coordinator.publish_status(summary)
+
+    async def _close_guard(self) -> None:
+        self.guard.unwatch()
+        await asyncio.to_thread(self.guard.close)
+
+    def _guard_restarted(self, old_pid: int, new_pid: int) -> None:
+        self.events.emit(EventKind.GUARD_RESTARTED, old_pid=old_pid, pid=new_pid)
 
     def _persist_failed(self, path: str, cause: str, detail: str) -> None:
         self.events.emit(EventKind.PERSIST_FAILED, path=path, cause=cause, detail=detail)

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import errno
 import json
 import logging
+import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 log = logging.getLogger("ftd.events")
 
@@ -113,12 +116,12 @@ class EventLog:
         self._slots: list[Event | None] = [None] * capacity
         """Event `id` lives at `id % capacity` while it is among the newest `capacity`."""
         self._next_id = 1
-        self._file: IO[str] | None = None
+        self._journal: Journal | None = None
         self._changed: asyncio.Event | None = None
         self._subscribers: set[Subscription] = set()
         if path is not None:
             self._next_id = _last_id(path) + 1
-            self._file = path.open("a", encoding="utf-8", buffering=1)
+            self._journal = Journal(path)
         self._first_id = self._next_id
         """The first id this process emitted (older ones are only in the file)."""
 
@@ -126,8 +129,8 @@ class EventLog:
         event = Event(self._next_id, time.time(), kind, data)
         self._next_id += 1
         self._slots[event.id % self._capacity] = event
-        if self._file is not None:
-            self._file.write(json.dumps(event.to_dict(), default=str) + "\n")
+        if self._journal is not None:
+            self._journal.append(json.dumps(event.to_dict(), default=str) + "\n")
         for subscription in self._subscribers:
             subscription.offer(event)
         if self._changed is not None:
@@ -173,9 +176,71 @@ class EventLog:
     def close(self) -> None:
         for subscription in list(self._subscribers):
             subscription.end()
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        if self._journal is not None:
+            self._journal.close()
+            self._journal = None
+
+    @property
+    def journal(self) -> Journal | None:
+        return self._journal
+
+
+class Journal:
+    """events.jsonl: appended a whole line at a time (a write cut short is undone, so no line
+    is ever torn), never following a planted link, never raising: a full disk or a file-size
+    limit loses the line from the file only (the ring keeps it), said once until writes work
+    again."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+        self._fd = os.open(path, flags, 0o600)
+        self._size = os.fstat(self._fd).st_size
+        self.lost = 0
+        """Lines that could not be written (they are in memory only)."""
+        self.failing: str | None = None
+        self.on_failure: Callable[[str, str], object] | None = None
+        """(cause, detail) when writes start failing (not for each line)."""
+
+    def append(self, line: str) -> None:
+        if self._fd < 0:
+            return
+        data = line.encode()
+        try:
+            written = os.write(self._fd, data)
+            if written != len(data):  # cut short (file-size limit, disk full): undo the part
+                os.ftruncate(self._fd, self._size)
+                raise OSError(errno.ENOSPC, f"only {written} of {len(data)} bytes written")
+        except OSError as error:
+            self.lost += 1
+            cause = errno.errorcode.get(error.errno or 0, "error").lower()
+            if self.failing != cause:
+                self.failing = cause
+                log.error(
+                    "could not append to %s (%s: %s): events are kept in memory (GET /v1/events)"
+                    " until it can be written again",
+                    self.path,
+                    cause,
+                    error.strerror or error,
+                )
+                if self.on_failure is not None:
+                    callback, self.on_failure = self.on_failure, None  # no recursion
+                    try:
+                        callback(cause, str(error.strerror or error))
+                    finally:
+                        self.on_failure = callback
+            return
+        self._size += written
+        if self.failing is not None:
+            log.warning(
+                "%s is written again (%d events were kept in memory only)", self.path, self.lost
+            )
+            self.failing = None
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
 
 def _last_id(path: Path) -> int:

@@ -10,21 +10,32 @@ from __future__ import annotations
 import difflib
 import signal
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
+from ftd_client.protocol import MAX_SECTION_NAME
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-PositiveSeconds = float
+MIN_TIMEOUT_S = 0.1
+"""No hang timeout below this: a rank cannot be expected to answer faster, and a tiny value
+(5e-324 through the API) would judge every rank hung at once."""
+MAX_TIMEOUT_S = 30 * 24 * 3600.0
+"""No hang timeout above 30 days: larger values are mistakes (or overflow a timer)."""
+MAX_SECTIONS = 1024
+
+Seconds = Annotated[float, Field(ge=MIN_TIMEOUT_S, le=MAX_TIMEOUT_S, allow_inf_nan=False)]
+"""Every hang timeout, from every source (CLI, YAML, API, a rank's load_state_dict, learning)."""
 
 
 class RankTimeouts(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    initial_rank_heartbeat_timeout: float | None = Field(None, gt=0)
-    rank_heartbeat_timeout: float | None = Field(None, gt=0)
-    rank_section_timeouts: dict[str, float | None] = Field(default_factory=dict)
-    rank_out_of_section_timeout: float | None = Field(None, gt=0)
+    initial_rank_heartbeat_timeout: Seconds | None = None
+    rank_heartbeat_timeout: Seconds | None = None
+    rank_section_timeouts: dict[str, Seconds | None] = Field(
+        default_factory=dict, max_length=MAX_SECTIONS
+    )
+    rank_out_of_section_timeout: Seconds | None = None
 
     @field_validator("rank_section_timeouts", mode="before")
     @classmethod
@@ -35,12 +46,10 @@ class RankTimeouts(BaseModel):
 
     @field_validator("rank_section_timeouts")
     @classmethod
-    def _positive_sections(cls, value: dict[str, float | None]) -> dict[str, float | None]:
-        for name, timeout in value.items():
-            if not name:
-                raise ValueError("a section name is empty")
-            if timeout is not None and timeout <= 0:
-                raise ValueError(f"section {name!r}: timeout must be > 0, got {timeout}")
+    def _section_names(cls, value: dict[str, float | None]) -> dict[str, float | None]:
+        for name in value:
+            if not name or len(name) > MAX_SECTION_NAME:
+                raise ValueError(f"a section name must be 1 to {MAX_SECTION_NAME} characters")
         return value
 
     @field_validator(
@@ -55,8 +64,8 @@ class RankTimeouts(BaseModel):
 
 
 class FaultToleranceConfig(RankTimeouts):
-    safety_factor: float = Field(5.0, gt=0)
-    min_learned_timeout: float = Field(1.0, ge=0)
+    safety_factor: float = Field(5.0, gt=0, le=1000, allow_inf_nan=False)
+    min_learned_timeout: Seconds = 1.0
     """A timeout learned from a fast, quiet run must not kill a rank on its first hiccup."""
     rank_termination_signal: str = "SIGKILL"
     log_level: str = "INFO"

@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 
 
 class OrphanGuard:
@@ -58,6 +59,76 @@ class OrphanGuard:
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait()
+
+
+class GuardKeeper:
+    """The daemon's one guard, kept alive: the process groups it watches are remembered here,
+    and if the guard dies (killed, OOM) a new one is started with them, and it is said."""
+
+    def __init__(self, daemon_id: str, on_restart: Callable[[int, int], object]) -> None:
+        self._daemon_id = daemon_id
+        self._on_restart = on_restart
+        """(old pid, new pid) after a guard died and was replaced."""
+        self._groups: set[int] = set()
+        self._guard = OrphanGuard(daemon_id)
+        self._pidfd = -1
+        self._closed = False
+
+    @property
+    def pid(self) -> int:
+        return self._guard.pid
+
+    def watch(self) -> None:
+        """From the event loop's thread: notice the guard's death at once (pidfd)."""
+        import asyncio
+
+        self._pidfd = os.pidfd_open(self._guard.pid)
+        asyncio.get_running_loop().add_reader(self._pidfd, self._guard_died)
+
+    def _guard_died(self) -> None:
+        import asyncio
+        import logging
+
+        loop = asyncio.get_running_loop()
+        loop.remove_reader(self._pidfd)
+        os.close(self._pidfd)
+        self._pidfd = -1
+        if self._closed:
+            return
+        old = self._guard
+        old.close()  # reaps it
+        self._guard = OrphanGuard(self._daemon_id)
+        for pgid in self._groups:
+            self._guard.register(pgid)
+        logging.getLogger("ftd.guard").error(
+            "the orphan guard (pid %d) died: started another (pid %d) watching %d process groups",
+            old.pid,
+            self._guard.pid,
+            len(self._groups),
+        )
+        self._on_restart(old.pid, self._guard.pid)
+        self.watch()
+
+    def register(self, pgid: int) -> None:
+        self._groups.add(pgid)
+        self._guard.register(pgid)
+
+    def unregister(self, pgid: int) -> None:
+        self._groups.discard(pgid)
+        self._guard.unregister(pgid)
+
+    def close(self) -> None:
+        """Blocking (briefly); from the loop's thread first `unwatch`."""
+        self._closed = True
+        self._guard.close()
+
+    def unwatch(self) -> None:
+        if self._pidfd >= 0:
+            import asyncio
+
+            asyncio.get_running_loop().remove_reader(self._pidfd)
+            os.close(self._pidfd)
+            self._pidfd = -1
 
 
 def tagged_pids(daemon_id: str) -> list[int]:

@@ -111,6 +111,8 @@ class HealthService:
         if group is not None and group is not self._group:
             return
         self._group = None
+        self.server.previous_pids = self.monitor.pids()
+        self.server.forget_connections()
         self.monitor.detach()
         if self._first_steps is not None and not self._first_steps.done():
             self._first_steps.set_result(None)

@@ -1,9 +1,11 @@
 """The daemon's unix packet socket for ranks (wire format: ftd_client.protocol).
 
-The socket is mode 0600; each rank connects once, and the kernel's SO_PEERCRED tells the pid of
-the process that connected. The daemon accepts messages only from ranks it spawned or their
-descendants. Bad messages (malformed, oversized, unknown version, not from a rank, out of
-order) are dropped, counted by cause, and logged once per cause and sender.
+The socket is mode 0600; each rank connects once, and the kernel's SO_PEERCRED tells the pid and
+uid of the process that connected. A connection is kept only when it comes from this user's
+ranks of the current attempt or their descendants, checked when it is accepted: a stranger
+never takes a slot, however many connections it opens. Bad messages (malformed, oversized,
+unknown version, out of order) are dropped, counted by cause, and logged once per cause and
+sender.
 """
 
 from __future__ import annotations
@@ -42,7 +44,6 @@ Authorize = Callable[[int], None]
 class _Connection:
     sock: socket.socket
     pid: int
-    authorized: bool = False
 
 
 class RankSocketServer:
@@ -52,6 +53,8 @@ class RankSocketServer:
         self._authorize = authorize
         self.dropped: collections.Counter[str] = collections.Counter()
         self.received = 0
+        self.previous_pids: set[int] = set()
+        """Ranks of earlier attempts: connections from them are refused without a word."""
         self._logged: set[tuple[str, int]] = set()
         self._listener: socket.socket | None = None
         self._connections: dict[int, _Connection] = {}
@@ -127,16 +130,38 @@ class RankSocketServer:
             except OSError as error:
                 log.warning("rank socket accept failed: %s", error)
                 return
-            if len(self._connections) >= MAX_CONNECTIONS:
-                self.dropped["too_many_connections"] += 1
+            # Identity before a slot: only this user's ranks (and their descendants) are kept;
+            # a stranger's connection is closed at once and takes nothing.
+            pid, uid = _peer(conn)
+            if uid != os.geteuid():
+                self._refuse(conn, "wrong_user", pid, f"pid {pid} runs as uid {uid}")
+                continue
+            if pid in self.previous_pids:  # a rank of an earlier attempt, on its way out
+                self.dropped["previous_attempt"] += 1
                 conn.close()
                 continue
+            try:
+                self._authorize(pid)
+            except ProtocolError as error:
+                self._refuse(conn, error.cause, pid, str(error))
+                continue
+            if len(self._connections) >= MAX_CONNECTIONS:
+                self._refuse(conn, "too_many_connections", pid, f"{MAX_CONNECTIONS} are open")
+                continue
             conn.setblocking(False)
-            creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, UCRED.size)
-            pid = int(UCRED.unpack(creds)[0])
             connection = _Connection(conn, pid)
             self._connections[conn.fileno()] = connection
             self._loop.add_reader(conn.fileno(), self._on_readable, connection)
+
+    def _refuse(self, conn: socket.socket, cause: str, pid: int, detail: str) -> None:
+        conn.close()
+        self._drop(cause, pid, f"refused a connection: {detail}")
+
+    def forget_connections(self) -> None:
+        """A new attempt begins: the previous attempt's ranks (still being stopped, or their
+        stray children) lose their connections; their messages are not this attempt's."""
+        for fd in list(self._connections):
+            self._hang_up(fd)
 
     def _hang_up(self, fd: int) -> None:
         entry = self._connections.pop(fd, None)
@@ -159,15 +184,6 @@ class RankSocketServer:
                 return
             now = time.monotonic()
             self.received += 1
-            if not connection.authorized:
-                # Identity before parsing: a stranger gets nothing read and its connection closed.
-                try:
-                    self._authorize(pid)
-                except ProtocolError as error:
-                    self._drop(error.cause, pid, str(error))
-                    self._hang_up(conn.fileno())
-                    return
-                connection.authorized = True
             try:
                 if flags & socket.MSG_TRUNC or len(data) > protocol.MAX_MESSAGE_BYTES:
                     raise ProtocolError("oversized", f"more than {protocol.MAX_MESSAGE_BYTES} B")
@@ -209,6 +225,13 @@ class RankSocketServer:
         except OSError as error:  # the rank went away or stopped reading: it retries or not
             self.dropped["reply_failed"] += 1
             log.debug("reply to a rank failed: %s", error)
+
+
+def _peer(conn: socket.socket) -> tuple[int, int]:
+    """The connecting process's pid and uid, from the kernel (SO_PEERCRED)."""
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, UCRED.size)
+    pid, uid, _ = UCRED.unpack(creds)
+    return int(pid), int(uid)
 
 
 def _peer_closed(conn: socket.socket) -> bool:

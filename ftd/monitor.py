@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 from ftd_client.protocol import ProtocolError
 
-from ftd.ft_config import RankTimeouts
+from ftd.ft_config import MAX_TIMEOUT_S, RankTimeouts
 
 log = logging.getLogger("ftd.monitor")
 
@@ -51,8 +51,12 @@ class RankHealth:
     local_rank: int
     global_rank: int
     pid: int
+    attached_at: float | None = None
+    """When the daemon started watching the rank (it was just started)."""
     connected_at: float | None = None
     """Monotonic time of the handshake; None while the rank has not contacted the daemon."""
+    done: bool = False
+    """The rank said goodbye: it is no longer timed."""
     stack_signal: int | None = None
     last_heartbeat: float | None = None
     last_seen: float | None = None
@@ -92,6 +96,8 @@ class Deadline:
     def reason(self, rank: RankHealth, now: float) -> str:
         """One sentence for logs, events and the failure summary."""
         what = {
+            "never_connected": "never contacted the daemon within initial_rank_heartbeat_timeout "
+            "(no ftd_client, or stuck before it started)",
             "initial_heartbeat": "sent no first heartbeat within initial_rank_heartbeat_timeout",
             "heartbeat": "sent no heartbeat within rank_heartbeat_timeout",
             "section": f"stayed in section {self.section!r} past its timeout",
@@ -119,8 +125,13 @@ def valid_stack_signal(value: object) -> int | None:
 
 def next_deadline(rank: RankHealth, timeouts: RankTimeouts) -> Deadline | None:
     """The rank's nearest deadline under `timeouts`, or None when nothing is being timed."""
-    if rank.connected_at is None or rank.hung:
+    if rank.hung or rank.done:
         return None
+    if rank.connected_at is None:
+        limit = timeouts.initial_rank_heartbeat_timeout
+        if rank.attached_at is None or limit is None:
+            return None
+        return Deadline(rank.attached_at + limit, "never_connected", limit)
     candidates: list[Deadline] = []
     if rank.last_heartbeat is None:
         if (limit := timeouts.initial_rank_heartbeat_timeout) is not None:
@@ -173,7 +184,7 @@ def learn_timeouts(
     now_learned = set(learned)
 
     def blend(key: str, previous: float | None, observed: float) -> float:
-        value = max(observed * safety_factor, floor)
+        value = min(max(observed * safety_factor, floor), MAX_TIMEOUT_S)
         if key in learned and previous is not None:
             value = (previous + value) / 2
         now_learned.add(key)
@@ -289,7 +300,10 @@ class Monitor:
     def attach(self, ranks: list[tuple[int, int, int]]) -> None:
         """A new attempt's ranks as (local_rank, global_rank, pid); forgets the previous ones."""
         self.detach()
-        self._by_pid = {pid: RankHealth(lr, gr, pid) for lr, gr, pid in ranks}
+        now = self._clock.now()
+        self._by_pid = {pid: RankHealth(lr, gr, pid, attached_at=now) for lr, gr, pid in ranks}
+        for rank in self._by_pid.values():
+            self._arm(rank, now)
 
     def detach(self) -> None:
         for rank in self._by_pid.values():
@@ -303,8 +317,14 @@ class Monitor:
         old = self._by_pid.pop(old_pid, None) if old_pid is not None else None
         if old is not None:
             self._disarm(old)
-        rank = self._by_pid[pid] = RankHealth(local_rank, global_rank, pid)
+        now = self._clock.now()
+        rank = self._by_pid[pid] = RankHealth(local_rank, global_rank, pid, attached_at=now)
+        self._arm(rank, now)
         return rank
+
+    def pids(self) -> set[int]:
+        """Every pid that speaks for a rank now (ranks and their adopted descendants)."""
+        return set(self._by_pid)
 
     def rank_of(self, pid: int) -> RankHealth | None:
         return self._by_pid.get(pid)
@@ -329,6 +349,7 @@ class Monitor:
         if rank.connected_at is None:
             rank.connected_at = now
             rank.out_of_section_since = now
+        rank.done = False
         rank.last_seen = now
         rank.stack_signal = valid_stack_signal(stack_signal)
         self._rearm_if_earlier(rank, now)
@@ -386,7 +407,7 @@ class Monitor:
     def on_goodbye(self, rank: RankHealth) -> None:
         """The rank stopped monitoring itself (shutdown): nothing more is timed for it."""
         self._disarm(rank)
-        rank.connected_at = None
+        rank.done = True
 
     # -- deadlines ---------------------------------------------------------------------------
 
@@ -445,7 +466,12 @@ class Monitor:
             late_s,
         )
         for rank in self.ranks():
-            if rank.connected_at is None or rank.hung:
+            if rank.hung or rank.done:
+                continue
+            rank.attached_at = now
+            if rank.connected_at is None:
+                self._disarm(rank)
+                self._arm(rank, now)
                 continue
             rank.connected_at = now if rank.last_heartbeat is None else rank.connected_at
             if rank.last_heartbeat is not None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from ftd.state import Failure, RankStatus
 
 
@@ -42,4 +44,21 @@ def failure_summary(
     message: str = ChildFailedError(name, failures).format_msg()
     if root.kind not in ("exit", "signal"):
         message += f"\nreason: {root.reason}"
+    if root.error_file and not Path(root.error_file).exists():
+        tail = stderr_tail(Path(root.error_file).with_name("stderr.log"))
+        if tail:
+            message += f"\nthe last lines of rank {root.global_rank}'s stderr:\n{tail}"
     return message
+
+
+def stderr_tail(path: Path, lines: int = 20, max_bytes: int = 8192) -> str:
+    """The end of a rank's captured stderr (with -r/-t), for a failure with no error file."""
+    try:
+        with path.open("rb") as file:
+            file.seek(0, 2)
+            size = file.tell()
+            file.seek(max(0, size - max_bytes))
+            data = file.read()
+    except OSError:
+        return ""
+    return "\n".join(data.decode(errors="replace").splitlines()[-lines:])

@@ -143,11 +143,14 @@ class Supervisor:
 
     async def _join(self) -> Round | None:
         """Join the next round with this node's workers' store ready; None when stopped."""
-        config, stores = self.config, self.tools.stores
+        config = self.config
         if config.master_port:
             port = config.master_port  # a fixed port is bound by node rank 0 once it is known
         else:
-            _, port = await stores.fresh()
+            fresh = await self._workers_store()
+            if fresh is None:
+                return None
+            port = fresh
         me = Member(
             node_id=config.node_id,
             addr=self.address,
@@ -164,8 +167,8 @@ class Supervisor:
                 return None
             raise CoordinationError(self.coordinator.lost_reason, "store_lost")
         rnd: Round = join.result()
-        if rnd.group_rank == 0 and config.master_port:
-            await stores.fresh()
+        if rnd.group_rank == 0 and config.master_port and await self._workers_store() is None:
+            return None
         self.running.round = rnd
         self.status.restart_count = rnd.restarts
         self.board.group_rank, self.board.round = rnd.group_rank, rnd.number
@@ -187,6 +190,29 @@ class Supervisor:
         if self._recovery is not None:
             self._recovery.rendezvous = time.time()
         return rnd
+
+    async def _workers_store(self) -> int | None:
+        """A fresh workers' store for the next attempt: its port. A machine out of ports (or
+        any bind failure) is said in one line and retried, with a growing wait, until it works,
+        the daemon is stopped (None), or --rdzv-join-timeout passes (CoordinationError)."""
+        from torch.distributed import DistError
+
+        delay, waited = 0.5, 0.0
+        while True:
+            try:
+                _, port = await self.tools.stores.fresh()
+                return port
+            except (OSError, DistError, TimeoutError) as error:
+                why = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
+                if waited >= self.config.rdzv_join_timeout_s:
+                    raise CoordinationError(f"cannot host the workers' store: {why}") from None
+                log.error("cannot host the workers' store (%s); trying again in %.1fs", why, delay)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stop.wait(), delay)
+            if self.stop.is_set():
+                return None
+            waited += delay
+            delay = min(delay * 2, 10.0)
 
     async def _until_request(
         self, rnd: Round, attempt: Attempt, ended: asyncio.Future[RequestRecord]

@@ -68,6 +68,8 @@ class WorkerGroup:
         self._all_pids: list[int] = []
         self._exited: dict[int, asyncio.Future[int]] = {}
         self._pidfds: dict[int, int] = {}
+        """Each local rank's current process, as a pidfd; every pidfd is closed at stop."""
+        self._all_pidfds: list[int] = []
         self._outcome: asyncio.Future[Failure | None] = self._loop.create_future()
         self._stopping = False
         self._dropped: set[int] = set()
@@ -90,6 +92,7 @@ class WorkerGroup:
         self._exited[local_rank] = self._loop.create_future()
         fd = os.pidfd_open(handle.pid)
         self._pidfds[local_rank] = fd
+        self._all_pidfds.append(fd)
         self._loop.add_reader(fd, self._on_pidfd_readable, local_rank)
         # The rank may have exited before its pidfd was registered: readable at once then.
 
@@ -126,12 +129,13 @@ class WorkerGroup:
 
     def _on_pidfd_readable(self, local_rank: int) -> None:
         started, index = self._procs[local_rank]
-        code = started.reap(index)
+        fd = self._pidfds[local_rank]
+        code = _exit_status(fd)
         if code is None:
-            return
-        fd = self._pidfds.pop(local_rank)
+            code = started.reap(index)  # only if someone else waited for it
+            if code is None:
+                return
         self._loop.remove_reader(fd)
-        os.close(fd)
         status = self.statuses[local_rank]
         status.exit_code, status.ended_at = code, time.time()
         if self._stopping:
@@ -233,8 +237,24 @@ class WorkerGroup:
         return await asyncio.shield(self._outcome)
 
     def signal_rank(self, local_rank: int, sig: signal.Signals) -> None:
+        """`sig` to the rank's process group. Safe from pid reuse: the rank is reaped only when
+        the group stops, so its pid (the group's id) cannot name another process before."""
+        if not self._all_pidfds:
+            return  # stopped and reaped
         started, index = self._procs[local_rank]
         started.kill(index, sig)
+
+    def signal_process(self, local_rank: int, pid: int, sig: int) -> bool:
+        """`sig` to the rank's process alone, through its pidfd, if `pid` is still its current
+        process and running (a stack dump, an injected fault); whether it was sent."""
+        fd = self._pidfds.get(local_rank)
+        if fd is None or self.pids.get(local_rank) != pid or self._exited[local_rank].done():
+            return False
+        try:
+            signal.pidfd_send_signal(fd, sig)
+        except ProcessLookupError:
+            return False
+        return True
 
     def fail(self, failure: Failure) -> None:
         """Another part of the daemon (monitor, API) ends the attempt with this failure."""
@@ -273,6 +293,16 @@ class WorkerGroup:
             for index in started.ranks:
                 started.kill(index, signal.SIGKILL)
         await asyncio.to_thread(self._sweep_strays)
+        # Only now are the ranks reaped: until here each exited rank stayed a zombie, so its
+        # pid, and the process group named by it, could not be given to another process.
+        for started in self._all_started:
+            for index in started.ranks:
+                started.reap(index)
+        for fd in self._all_pidfds:
+            with contextlib.suppress(OSError):
+                self._loop.remove_reader(fd)
+            os.close(fd)
+        self._all_pidfds = []
         for started in self._all_started:
             await asyncio.wait_for(asyncio.to_thread(started.close), CLOSE_TIMEOUT_S)
         for pid in self._all_pids:
@@ -311,3 +341,15 @@ class WorkerGroup:
             log.warning("killed stray process %d left by a rank", pid)
             with contextlib.suppress(ChildProcessError):  # not our child: its parent reaps it
                 os.waitpid(pid, 0)
+
+
+def _exit_status(pidfd: int) -> int | None:
+    """The exit status of the process behind `pidfd`, without reaping it (Popen's convention:
+    the exit code, or minus the signal number); None while it runs."""
+    try:
+        info = os.waitid(os.P_PIDFD, pidfd, os.WEXITED | os.WNOWAIT | os.WNOHANG)
+    except ChildProcessError:
+        return None
+    if info is None:
+        return None
+    return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status

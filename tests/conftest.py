@@ -114,6 +114,7 @@ async def serve(tmp_path: Path) -> AsyncIterator[ServeFactory]:
         run_id: str = "test",
         echo: bool = False,
         env: dict[str, str] | None = None,
+        api_port: str | None = "0",
     ) -> Serve:
         log_dir = tmp_path / "logs"
         out = tmp_path / "out"
@@ -127,8 +128,7 @@ async def serve(tmp_path: Path) -> AsyncIterator[ServeFactory]:
             str(log_dir),
             "--run-id",
             run_id,
-            "--api-port",
-            "0",
+            *(("--api-port", api_port) if api_port is not None else ()),
             *flags,
             str(script),
             *worker_args,

@@ -744,7 +744,7 @@ async def test_ports_tokens_and_remote_reads(serve: ServeFactory) -> None:
         except OSError as error:  # someone else holds it: just as good
             assert error.errno == errno.EADDRINUSE
         run = await serve(
-            "--api-port", "29610", "--api-host", "0.0.0.0", script_args=("--hang",),
+            "--api-host", "0.0.0.0", script_args=("--hang",), api_port=None,
             run_id="remote", env={"FTD_API_TOKEN": "s3cret-token-0123456789"},
         )  # fmt: skip
         await run.stderr.expect("API port 29610 is in use on 0.0.0.0: using a free port")

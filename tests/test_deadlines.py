@@ -279,3 +279,28 @@ def test_queued_heartbeats_are_read_before_a_verdict() -> None:
     h.clock.advance_to(1.0)
     judged = {item.rank.local_rank for item in h.verdicts[0].overdue}
     assert 0 not in judged and judged == {1, 2}
+
+
+def test_a_rank_that_never_connects_is_judged_by_the_initial_timeout() -> None:
+    clock = FakeClock()
+    verdicts: list[Verdict] = []
+    monitor = Monitor(RankTimeouts(initial_rank_heartbeat_timeout=1.5), verdicts.append, clock)
+    monitor.attach([(0, 0, 100), (1, 1, 101)])
+    rank0 = monitor.rank_of(100)
+    assert rank0 is not None
+    clock.advance_to(0.5)
+    monitor.on_hello(rank0, None, 0.5)
+    monitor.on_heartbeat(rank0, 0.6)
+    clock.advance_to(100.0)
+    [verdict] = verdicts
+    assert verdict.first.rank.local_rank == 1 and verdict.at == 1.5
+    assert verdict.first.deadline.kind == "never_connected"
+
+
+def test_no_timeout_set_means_no_verdict_for_a_silent_rank() -> None:
+    clock = FakeClock()
+    verdicts: list[Verdict] = []
+    monitor = Monitor(RankTimeouts(), verdicts.append, clock)
+    monitor.attach([(0, 0, 100)])
+    clock.advance_to(1e6)
+    assert verdicts == []

@@ -36,6 +36,9 @@ from typing import Any
 PROTOCOL_VERSION = 1
 MAX_MESSAGE_BYTES = 64 * 1024
 MAX_SECTION_NAME = 128
+MAX_CONTAINERS = 256
+"""Objects and arrays in one message: the largest real one (a `set` of every section's timeout)
+has a handful; a deeply nested packet is refused before it is parsed."""
 
 HELLO = "hello"
 HEARTBEAT = "hb"
@@ -91,10 +94,12 @@ def decode(data: bytes) -> dict[str, Any]:
     """Parse and validate one packet; ProtocolError with a countable cause otherwise."""
     if len(data) > MAX_MESSAGE_BYTES:
         raise ProtocolError("oversized", f"{len(data)} bytes > {MAX_MESSAGE_BYTES}")
+    if data.count(b"{") + data.count(b"[") > MAX_CONTAINERS:  # messages are small and flat
+        raise ProtocolError("malformed", f"more than {MAX_CONTAINERS} objects or arrays")
     try:
         message = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ProtocolError("malformed", str(error)) from None
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
+        raise ProtocolError("malformed", str(error)[:200]) from None
     if not isinstance(message, dict):
         raise ProtocolError("malformed", "not a JSON object")
     if message.get("v") != PROTOCOL_VERSION:

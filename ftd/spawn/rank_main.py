@@ -300,6 +300,8 @@ def _run_main(request: dict[str, Any]) -> NoReturn:
         tb = error.__traceback__
         error.with_traceback(tb.tb_next if tb is not None else None)
         sys.excepthook(type(error), error, error.__traceback__)
+        if isinstance(error, Exception):
+            _record_uncaught(error)
         interrupted = isinstance(error, KeyboardInterrupt)
         status = 1
     del main
@@ -309,6 +311,20 @@ def _run_main(request: dict[str, Any]) -> NoReturn:
         os.kill(os.getpid(), signal.SIGINT)
         status = 130
     os._exit(status)
+
+
+def _record_uncaught(error: Exception) -> None:
+    """torchelastic's error file for an exception the script did not record itself (it died
+    before reaching its @record: at import, say), so that the failure summary shows it."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path or os.path.exists(path):
+        return
+    try:  # torch is already imported in a forked rank (the zygote preloaded it)
+        from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+
+        ErrorHandler().record_exception(error)
+    except Exception as failure:  # the error is on stderr already; this is a convenience
+        print(f"ftd: could not write the error file {path}: {failure}", file=sys.stderr)
 
 
 def _exit_status(exit_request: SystemExit) -> int:

@@ -24,6 +24,7 @@ carries in `sys.modules`.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import gc
 import json
@@ -39,6 +40,8 @@ from typing import Any
 MAX_MESSAGE = 1 << 22
 MAX_RANKS_PER_REQUEST = 64
 MAX_FDS = 3 * MAX_RANKS_PER_REQUEST  # three stdio fds per rank, under the kernel's SCM_MAX_FD
+NOFILE_ENV = "FTD_NOFILE_SOFT"
+"""The descriptor limit the daemon was started with (set by the daemon for its zygote)."""
 PR_SET_CHILD_SUBREAPER = 36
 PID_FORMAT = "=q"
 ZYGOTE_PID = os.getpid()
@@ -172,6 +175,18 @@ def serve(sock: socket.socket) -> dict[str, Any] | None:
                     os.close(fd)
 
 
+def _restore_descriptor_limit() -> None:
+    """The daemon raised its own descriptor limit; ranks get the one it was started with (a
+    program using select() breaks on descriptors above 1024)."""
+    import resource
+
+    soft = os.environ.pop(NOFILE_ENV, "")
+    if soft.isdigit():
+        _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (min(int(soft), hard), hard))
+
+
 def main(argv: list[str]) -> dict[str, Any] | None:
     fd, preload = int(argv[0]), [m for m in argv[1].split(",") if m]
     # Ctrl-C in a terminal is the daemon's to handle; the zygote ends on EOF (or SIGTERM).
@@ -179,6 +194,7 @@ def main(argv: list[str]) -> dict[str, Any] | None:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)  # ranks must reach the daemon, not us
+    _restore_descriptor_limit()
     sock = socket.socket(fileno=fd)
     started = time.monotonic()
     try:
