@@ -227,12 +227,16 @@ def ftd_phases(run_dir: Path, death_pid: int, death: float) -> dict[str, float]:
         raise RunFailed(f"no {kind} event matching {match} in ftd's event log")
 
     old_exits = [e for e in events if e["kind"] == "rank_exited" and e["data"].get("attempt") == 0]
-    return {
+    recovery = first("recovery", attempt=1)["data"]
+    phases = {
         "detected": first("rank_exited", attempt=0, pid=death_pid)["time"] - death,
         "old_exited": max(e["time"] for e in old_exits) - death,
         "old_gone": first("workers_stopped", attempt=0)["time"] - death,
         "attempt_started": first("attempt_started", attempt=1)["time"] - death,
+        "recovery_total": float(recovery["total_s"]),
     }
+    phases.update({f"stage_{name}": float(s) for name, s in recovery["stages"].items()})
+    return phases
 
 
 TORCHRUN_LOG_TIME = re.compile(r"^[IWE](\d{4} \d\d:\d\d:\d\d\.\d{6}) \d+ ")
@@ -270,6 +274,9 @@ def measure(launcher: str, args: argparse.Namespace, pair: int, position: int) -
         phases = rank_phases(out_dir, args.nproc, float(death["time"]))
         if launcher == "ftd":
             phases.update(ftd_phases(run_dir, int(death["pid"]), float(death["time"])))
+            # The daemon's own account of the restart (its `recovery` stages, fault seen →
+            # every rank resumed) against the ranks' (death → last first allreduce).
+            phases["stages_vs_measured"] = phases["recovery_total"] / phases["allreduce"] - 1
         else:
             phases.update(torchrun_phases(run_dir, float(death["time"])))
         return RunResult(launcher, pair, position, wall_s, phases)
@@ -303,6 +310,17 @@ def summarize(results: list[RunResult]) -> dict[str, Any]:
         by = {r.launcher: r for r in results if r.pair == pair}
         if len(by) == 2:
             ratios.append(by["ftd"].phases["allreduce"] / by["torchrun"].phases["allreduce"])
+    ftd_runs = [r for r in results if r.launcher == "ftd" and "stages_vs_measured" in r.phases]
+    if ftd_runs:
+        gaps = [r.phases["stages_vs_measured"] for r in ftd_runs]
+        summary["recovery_stages"] = {
+            "stages": {
+                name: _stats([r.phases[f"stage_{name}"] for r in ftd_runs])
+                for name in ("detect", "stop", "rendezvous", "spawn", "first_step")
+            },
+            "total": _stats([r.phases["recovery_total"] for r in ftd_runs]),
+            "largest_gap_to_measured": max(gaps, key=abs),
+        }
     if "ftd" in summary and "torchrun" in summary:
         summary["ratio_of_medians"] = (
             summary["ftd"]["allreduce"]["median"] / summary["torchrun"]["allreduce"]["median"]
@@ -375,6 +393,19 @@ def print_steps(steps: dict[str, dict[str, float]]) -> None:
             continue
         cells = [f"{s[key] * 1e3:7.1f}" if key in s else "      -" for s in (ftd, torchrun)]
         print(f"  {label:46} {cells[0]:>9}   {cells[1]:>9}")
+
+
+def print_recovery(summary: dict[str, Any]) -> None:
+    """ftd's recovery stages (its `recovery` events) and how they add up to what the ranks saw."""
+    recovery = summary.get("recovery_stages")
+    if not recovery:
+        return
+    print("\nftd's recovery stages (median [min-max] ms, from its `recovery` events):")
+    for name, stats in recovery["stages"].items():
+        print(f"  {name:<12} {_cell(stats)}")
+    print(f"  {'total':<12} {_cell(recovery['total'])}")
+    gap = recovery["largest_gap_to_measured"]
+    print(f"  largest gap between the stages' total and death -> first allreduce: {gap:+.1%}")
 
 
 def machine() -> dict[str, Any]:
@@ -456,6 +487,7 @@ def main(argv: list[str] | None = None) -> int:
     print_table(summary, args.pairs)
     print_steps(steps)
     print_ratio(summary)
+    print_recovery(summary)
     info["loadavg_at_end"] = os.getloadavg()
     print(f"load average at the end: {info['loadavg_at_end'][0]:.2f}")
     if args.json is not None:

@@ -59,6 +59,10 @@ def main() -> None:
     marks["allreduce"] = time.time()
     assert int(tensor.item()) == dist.get_world_size()
     write_json(os.path.join(out, f"a{attempt}_r{rank}.json"), marks)
+    if os.environ.get("FTD_SOCKET"):  # under ftd: the restart's first_step ends here
+        from ftd_client import RankClient
+
+        RankClient().resumed()
 
     dist.barrier()  # every rank is past its first allreduce
     if attempt == 0:

@@ -68,6 +68,7 @@ class HealthService:
         self._learned: frozenset[str] = frozenset()
         timeouts = self._load_state(ft.timeouts())
         self.monitor = Monitor(timeouts, self._on_hang)
+        self.monitor.connect_timeout = ft.initial_rank_heartbeat_timeout  # as configured
         self.server = RankSocketServer(socket_path, self._dispatch, self._authorize)
         self.monitor.drain = self.server.drain
         self._group: WorkerGroup | None = None
@@ -161,6 +162,8 @@ class HealthService:
             raise InvalidRequest(format_validation_error(error)) from None
         # Values set by hand are no longer learned ones.
         self._learned = self._learned - set(patch) - {f"section:{s}" for s in _sections(patch)}
+        if "initial_rank_heartbeat_timeout" in patch:  # set by hand: it bounds connecting too
+            self.monitor.connect_timeout = timeouts.initial_rank_heartbeat_timeout
         self._apply(timeouts, by, learned=False)
         return timeouts
 

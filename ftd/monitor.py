@@ -123,15 +123,18 @@ def valid_stack_signal(value: object) -> int | None:
     return int(sig)
 
 
-def next_deadline(rank: RankHealth, timeouts: RankTimeouts) -> Deadline | None:
-    """The rank's nearest deadline under `timeouts`, or None when nothing is being timed."""
+def next_deadline(
+    rank: RankHealth, timeouts: RankTimeouts, connect_timeout: float | None = None
+) -> Deadline | None:
+    """The rank's nearest deadline under `timeouts`, or None when nothing is being timed.
+    `connect_timeout` bounds the time from the rank's start to its first contact: the initial
+    heartbeat timeout as configured (a learned one measures contact → first heartbeat only)."""
     if rank.hung or rank.done:
         return None
     if rank.connected_at is None:
-        limit = timeouts.initial_rank_heartbeat_timeout
-        if rank.attached_at is None or limit is None:
+        if rank.attached_at is None or connect_timeout is None:
             return None
-        return Deadline(rank.attached_at + limit, "never_connected", limit)
+        return Deadline(rank.attached_at + connect_timeout, "never_connected", connect_timeout)
     candidates: list[Deadline] = []
     if rank.last_heartbeat is None:
         if (limit := timeouts.initial_rank_heartbeat_timeout) is not None:
@@ -291,6 +294,9 @@ class Monitor:
         self._clock = clock or LoopClock(asyncio.get_running_loop())
         self.drain = drain
         """Reads every queued rank message (the socket's), called before a verdict."""
+        self.connect_timeout: float | None = timeouts.initial_rank_heartbeat_timeout
+        """A rank that has not contacted the daemon this long after its start is judged hung:
+        the configured initial heartbeat timeout (never a learned one)."""
         self.on_first_step: Callable[[RankHealth, float], None] | None = None
         self._by_pid: dict[int, RankHealth] = {}
         self._recent_interval = 0.0
@@ -417,13 +423,13 @@ class Monitor:
 
     def _rearm_if_earlier(self, rank: RankHealth, now: float) -> None:
         """Keep the timer at or before the rank's earliest deadline (never later)."""
-        deadline = next_deadline(rank, self.timeouts)
+        deadline = next_deadline(rank, self.timeouts, self.connect_timeout)
         if deadline is not None and (rank.armed_at is None or deadline.at < rank.armed_at):
             self._disarm(rank)
             self._arm_at(rank, deadline.at, now)
 
     def _arm(self, rank: RankHealth, now: float) -> None:
-        deadline = next_deadline(rank, self.timeouts)
+        deadline = next_deadline(rank, self.timeouts, self.connect_timeout)
         if deadline is not None:
             self._arm_at(rank, deadline.at, now)
 
@@ -440,12 +446,12 @@ class Monitor:
         armed_at = rank.armed_at
         rank.timer = rank.armed_at = None
         now = self._clock.now()
-        deadline = next_deadline(rank, self.timeouts)
+        deadline = next_deadline(rank, self.timeouts, self.connect_timeout)
         if deadline is not None and deadline.at <= now and self.drain is not None:
             self.drain()  # a heartbeat queued behind this timer is a sign of life
             if rank.timer is not None:  # the drain re-armed it
                 return
-            deadline = next_deadline(rank, self.timeouts)
+            deadline = next_deadline(rank, self.timeouts, self.connect_timeout)
         if deadline is None:
             return
         if deadline.at > now:
@@ -487,7 +493,7 @@ class Monitor:
         window = min(self._recent_interval, BLAME_WINDOW_MAX_S, BLAME_WINDOW_FRACTION * due.timeout)
         overdue: list[Overdue] = []
         for rank in self.ranks():
-            deadline = next_deadline(rank, self.timeouts)
+            deadline = next_deadline(rank, self.timeouts, self.connect_timeout)
             if deadline is not None and deadline.at <= now + window:
                 overdue.append(Overdue(rank, deadline))
         if not overdue:

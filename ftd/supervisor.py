@@ -105,6 +105,9 @@ class Supervisor:
             if rnd is None:
                 return self._stopped()
             ended = coordinator.ended(rnd)
+            if not await self._ready_to_spawn():  # a signal during the zygote's preload
+                ended.cancel()
+                return self._stopped()
             attempt = await Attempt.start(self.tools, rnd)
             self.running.attempt = attempt
             self._crashed = False
@@ -190,6 +193,13 @@ class Supervisor:
         if self._recovery is not None:
             self._recovery.rendezvous = time.time()
         return rnd
+
+    async def _ready_to_spawn(self) -> bool:
+        """Wait for the start method to be ready (the zygote's preload), unless stopped first:
+        a signal then starts no rank at all."""
+        ready = asyncio.ensure_future(asyncio.to_thread(self.tools.spawner.prepare))
+        await first_of(ready, self.stop.wait())
+        return not self.stop.is_set()
 
     async def _workers_store(self) -> int | None:
         """A fresh workers' store for the next attempt: its port. A machine out of ports (or

@@ -764,6 +764,11 @@ async def test_ports_tokens_and_remote_reads(serve: ServeFactory) -> None:
                 assert status == 403, path
                 status, _, _ = await api.call("GET", path)
                 assert status == 200, path
+            # The dashboard's own files carry no data: they load without a token anywhere,
+            # and the page asks for the token for its reads.
+            for path in ("/", "/dashboard/app.js"):
+                async with api.session.get(api.url + path) as response:
+                    assert response.status == 200, path
             assert await stop(run) == 128 + signal.SIGTERM
 
 

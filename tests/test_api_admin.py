@@ -71,7 +71,7 @@ async def test_the_cli_finds_its_daemon_and_never_guesses(serve: ServeFactory) -
 
         # The daemon finds the default port taken and moves: clients follow api.json or
         # the admin socket, never the squatter.
-        run = await serve("--api-port", str(DEFAULT_API_PORT), script_args=("--hang",))
+        run = await serve(script_args=("--hang",), api_port=None)  # the default port
         await run.stderr.expect(f"API port {DEFAULT_API_PORT} is in use on 127.0.0.1")
         async with api_of(run) as api:
             await api.ready(0, 1)
@@ -163,6 +163,7 @@ async def test_the_admin_socket_serves_its_owner_only(serve: ServeFactory) -> No
             # Another user who gets at the socket anyway (here: its mode opened up; the
             # probe starts in the run directory, whose parents it could not traverse).
             path.chmod(0o666)
+            path.parent.chmod(0o711)  # the run directory is 0700: let it pass through
             probe = (
                 "import socket\ns = socket.socket(socket.AF_UNIX)\ns.connect('api.sock')\n"
                 "try:\n s.sendall(b'GET /v1/status HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n')\n"
@@ -174,6 +175,7 @@ async def test_the_admin_socket_serves_its_owner_only(serve: ServeFactory) -> No
                 capture_output=True, text=True, timeout=60, user=NOBODY,
             )  # fmt: skip
             path.chmod(0o600)
+            path.parent.chmod(0o700)
             assert done.stdout.strip() in ("b''", "cut"), done
             await run.stderr.expect(
                 rf"API \(unix\): a process of uid {NOBODY} \(pid \d+\) connected to the admin"

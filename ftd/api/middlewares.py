@@ -141,6 +141,11 @@ async def host_middleware(request: web.Request, handler: Handler) -> web.StreamR
     return await handler(request)
 
 
+def _is_page(path: str) -> bool:
+    """The dashboard's static files (the page, its script and style): no job data in them."""
+    return path == "/" or path.startswith("/dashboard/")
+
+
 @web.middleware
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     unmatched = request.match_info.http_exception
@@ -148,6 +153,8 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
         raise unmatched  # 404 / 405 before auth: they reveal nothing
     reads_need_token = not request.app[HOSTS].loopback_only
     needs_token = request.method not in READ_METHODS or reads_need_token
+    if request.method in READ_METHODS and _is_page(request.path):
+        needs_token = False  # the dashboard's own files hold no data; its reads need the token
     if needs_token and request.path not in UNAUTHENTICATED and not peer_of(request).trusted:
         challenge = {"WWW-Authenticate": 'Bearer realm="ftd"'}
         sent = request.headers.getall("Authorization", [])

@@ -120,11 +120,7 @@ class StoreRounds:
         cfg = self.config
         if s.decided(key(number, "closed"), RoundRecord, MAX_ROUND_RECORD_BYTES) is not None:
             return
-        count = min(
-            s.count(key(number, "joined"), 0, lambda: self.joiners_written(s, number)),
-            MAX_JOINERS_READ,
-        )
-        found = s.read_many([key(number, f"node/{i}") for i in range(1, count + 1)], Member)
+        count, found = self.join_records(s, number)
         excluded = self.read_excluded(s)
         joined = [m for m in found.values() if m.node_id not in excluded]
         if len(joined) < cfg.nnodes_min:
@@ -163,6 +159,17 @@ class StoreRounds:
         decided = s.decide(key(number, "closed"), record, RoundRecord, MAX_ROUND_RECORD_BYTES)
         if decided == record and not record.aborted:
             log.info("closed round %d with %d nodes", number, len(record.members))
+
+    def join_records(self, s: RecordStore, number: int) -> tuple[int, dict[str, Member]]:
+        """Blocking: how many joined round `number` so far, and the valid join records."""
+        joined = s.count(key(number, "joined"), 0, partial(self.joiners_written, s, number))
+        count = min(joined, MAX_JOINERS_READ)
+        keys = [key(number, f"node/{i}") for i in range(1, count + 1)]
+        return count, s.read_many(keys, Member)
+
+    def joined_ids(self, s: RecordStore, number: int) -> list[str]:
+        """Blocking: the nodes with a valid join record in round `number` so far."""
+        return sorted({m.node_id for m in self.join_records(s, number)[1].values()})
 
     def restarts_before(self, s: RecordStore, number: int, previous: RoundRecord | None) -> int:
         """The restarts used before round `number`, from the previous round's records."""

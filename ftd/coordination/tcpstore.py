@@ -58,6 +58,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("ftd.rendezvous")
 
 STORE_TIMEOUT_S = 30.0
+PROGRESS_S = 5.0
+"""A node waiting for others to join says who is there this often."""
 MAX_JOINERS_READ = 100_000
 T = TypeVar("T")
 
@@ -299,6 +301,27 @@ class StoreCoordinator:
             await asyncio.sleep(max(0.0, deadline - loop.time()))
             await self._call(self._rounds.close, number, True)
 
+        async def report_progress() -> None:
+            """A long wait says who is there and who is missing, every few seconds."""
+            loop = asyncio.get_running_loop()
+            previous = self.round.node_ids if self.round is not None else []
+            while True:
+                await asyncio.sleep(PROGRESS_S)
+                present = await self._call(self._rounds.joined_ids, number)
+                missing = [n for n in previous if n not in present]
+                log.info(
+                    "round %d: waiting for nodes: %d joined (%s), %d to %d wanted%s; "
+                    "the join timeout in %.0fs",
+                    number,
+                    len(present),
+                    ", ".join(present) or "none",
+                    cfg.nnodes_min,
+                    cfg.nnodes_max,
+                    f"; not back yet: {', '.join(missing)}" if missing else "",
+                    max(0.0, deadline - loop.time()),
+                )
+
+        progress = asyncio.ensure_future(report_progress())
         closer = asyncio.ensure_future(close_when_due())
         try:
             both: set[asyncio.Future[Any]] = {closed, closer}
@@ -307,7 +330,7 @@ class StoreCoordinator:
                 closer.result()  # it ended before the round closed: only by raising
             return await closed
         finally:
-            for task in (closer, closed):
+            for task in (closer, closed, progress):
                 task.cancel()
                 with contextlib.suppress(BaseException):
                     await task

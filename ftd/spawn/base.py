@@ -58,6 +58,11 @@ class StartedGroup(Protocol):
 class Spawner(Protocol):
     name: str
 
+    def prepare(self) -> None:
+        """Blocking: be ready to start ranks at once (the zygote's preload); never raises (a
+        start method that cannot get ready says so when `start` falls back)."""
+        ...
+
     def start(self, spec: LaunchSpec) -> StartedGroup:
         """Blocking: start every rank of the attempt (run it in a thread)."""
         ...

@@ -61,6 +61,9 @@ class PContextGroup:
 class PContextSpawner:
     name = "subprocess"
 
+    def prepare(self) -> None:
+        pass
+
     def close(self) -> None:
         pass
 

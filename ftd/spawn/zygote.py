@@ -132,6 +132,7 @@ class Zygote:
             theirs.close()
         self._sock = ours
         self._ready: dict[str, Any] | None = None
+        self._failure: ZygoteUnavailable | None = None
         self.launched_at = time.monotonic()
 
     @property
@@ -142,9 +143,19 @@ class Zygote:
         return self.proc.poll() is None
 
     def wait_ready(self) -> None:
-        """Blocking: the zygote preloaded and may fork. ZygoteUnavailable otherwise."""
+        """Blocking: the zygote preloaded and may fork. ZygoteUnavailable otherwise (the same
+        one again on every later call: the zygote says it once)."""
         if self._ready is not None:
             return
+        if self._failure is not None:
+            raise self._failure
+        try:
+            self._await_ready()
+        except ZygoteUnavailable as error:
+            self._failure = error
+            raise
+
+    def _await_ready(self) -> None:
         remaining = READY_TIMEOUT_S - (time.monotonic() - self.launched_at)
         reply = self._receive(max(remaining, 0.001), PRELOADING)
         if not reply.get("ready"):
@@ -307,6 +318,13 @@ class ZygoteSpawner:
         if not rest:
             raise ZygoteUnavailable(f"cannot parse the command {cmd!r}", permanent=True)
         return module, rest[0], rest[1:]
+
+    def prepare(self) -> None:
+        """Wait for the zygote's preload (without the lock: `close` may end the wait)."""
+        zygote = self._zygote
+        if zygote is not None and self._disabled is None:
+            with contextlib.suppress(ZygoteUnavailable):
+                zygote.wait_ready()
 
     def _ready_zygote(self) -> Zygote:
         if self._disabled is not None:
