@@ -14,6 +14,7 @@ import os
 import shutil
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -297,18 +298,26 @@ class HealthService:
         stacks = Path(group.attempt_log_dir) / str(rank.local_rank)
         stacks_file = stacks / "stacks.txt"
         notes: list[str] = []
-        if _is_stopped(rank.pid):
-            notes.append("the rank was stopped (SIGSTOP/SIGTSTP): resumed with SIGCONT, no stacks")
-            group.signal_rank(rank.local_rank, signal.SIGCONT)
-        elif rank.stack_signal is None:
+
+        def resume() -> None:
+            # A stopped process runs no signal handler. Resumed after the stack signal is
+            # pending, its faulthandler writes the stacks of where it stopped, before any
+            # Python runs, and before the termination signal ends it.
+            if _is_stopped(rank.pid):
+                notes.append("the rank was stopped (SIGSTOP/SIGTSTP): resumed with SIGCONT")
+                group.signal_rank(rank.local_rank, signal.SIGCONT)
+
+        if rank.stack_signal is None:
+            resume()
             notes.append("the rank did not register a stack dump (no ftd_client)")
+        elif await _dump_stacks(rank.pid, rank.stack_signal, stacks_file, resume):
+            notes.append(f"Python stacks in {stacks_file}")
         else:
-            if await _dump_stacks(rank.pid, rank.stack_signal, stacks_file):
-                notes.append(f"Python stacks in {stacks_file}")
-            else:
-                notes.append("the rank wrote no stacks within 1s")
-            if (native := await _native_dump(rank.pid, stacks / "stacks_native.txt")) is not None:
-                notes.append(f"native stacks in {native}")
+            notes.append(f"the rank wrote no stacks within {STACK_DUMP_WAIT_S:g}s")
+        # py-spy reads the stacks from outside: the fallback for a rank that cannot run its
+        # handler (no ftd_client, a signal blocked, C code that never returns to Python).
+        if (native := await _native_dump(rank.pid, stacks / "stacks_native.txt")) is not None:
+            notes.append(f"native stacks in {native}")
         return notes
 
     def _kill(
@@ -391,13 +400,16 @@ def _is_stopped(pid: int) -> bool:
     return state in (b"T", b"t")
 
 
-async def _dump_stacks(pid: int, stack_signal: int, path: Path) -> bool:
+async def _dump_stacks(
+    pid: int, stack_signal: int, path: Path, after_signal: Callable[[], None]
+) -> bool:
     """Signal the rank's faulthandler and await its dump (the file grows, then settles)."""
     before = _size(path)
     try:
         os.kill(pid, stack_signal)
     except OSError:
         return False
+    after_signal()
     loop = asyncio.get_running_loop()
     deadline = loop.time() + STACK_DUMP_WAIT_S
     last = before

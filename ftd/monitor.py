@@ -439,9 +439,7 @@ class Monitor:
 
     def _judge(self, now: float, due: Deadline) -> None:
         """Every rank overdue now or within one heartbeat interval is judged together."""
-        window = min(
-            self._recent_interval, BLAME_WINDOW_MAX_S, BLAME_WINDOW_FRACTION * due.timeout
-        )
+        window = min(self._recent_interval, BLAME_WINDOW_MAX_S, BLAME_WINDOW_FRACTION * due.timeout)
         overdue: list[Overdue] = []
         for rank in self.ranks():
             deadline = next_deadline(rank, self.timeouts)

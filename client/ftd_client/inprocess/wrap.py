@@ -27,7 +27,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, ParamSpec, TypeVar
 
-from ftd_client.inprocess.abort import Abort, AbortTorchDistributed
+from ftd_client.inprocess.abort import Abort, AbortTorchDistributed, release_retired
 from ftd_client.inprocess.coordination import (
     IDLE_WAIT,
     Coordination,
@@ -52,13 +52,16 @@ _calls = itertools.count()
 """Wrapped calls made by this process: each gets its own keys (all ranks count alike)."""
 
 
-def release_frames(error: BaseException) -> None:
+def release_frames(error: BaseException, groups_timeout_s: float = CLOSE_JOIN_TIMEOUT_S) -> None:
     """Free what the failed call's frames hold, process groups included.
 
     A process group destroyed while a collective was in flight lives on as long as the frames
     of that collective do, and they live in the exception's traceback: its connections stay
     open, and a peer blocked on them is never released (gloo). So the traceback goes, and a
-    collection frees what cycles hold.
+    collection frees what cycles hold (DDP's Reducer among them). The groups the abort
+    destroyed are released last, with the GIL free while their threads finish (see
+    abort.retire): under DDP, the Reducer's destructor would otherwise join a gloo worker that
+    waits for the GIL the destructor holds.
     """
     seen: set[int] = set()
     current: BaseException | None = error
@@ -69,6 +72,28 @@ def release_frames(error: BaseException) -> None:
             current.__traceback__ = None
         current = current.__cause__ or current.__context__
     gc.collect()
+    release_retired(groups_timeout_s)
+
+
+GROUP_CAPTURING_MODULES = (
+    "torch.distributed.nn.functional",
+    "torch.distributed.optim.zero_redundancy_optimizer",
+    "torch.distributed.fsdp.sharded_grad_scaler",
+)
+"""torch modules whose functions take `group.WORLD` as a default argument, evaluated when the
+module is imported: imported during a round (DDP imports the first one lazily), they would keep
+that round's default group, and its sockets, alive for the life of the process, so a peer
+blocked on it is never released (torch 2.13). Imported before the first round, they keep None."""
+
+
+def import_group_capturing_modules() -> None:
+    import importlib
+
+    for name in GROUP_CAPTURING_MODULES:
+        try:
+            importlib.import_module(name)
+        except Exception as error:  # a torch without it: nothing to pin either
+            log.debug("ftd: could not import %s: %s", name, error)
 
 
 def _seconds(value: Seconds, name: str) -> float:
@@ -215,6 +240,7 @@ class _Runner:
         kwargs: dict[str, Any],
         wants_call_wrapper: bool,
     ) -> Any:
+        import_group_capturing_modules()
         if gc.get_freeze_count() == 0:
             # What exists before the first round (torch's modules, the model) lives for the
             # whole process; frozen, release_frames' collection skips it (~200 ms less per
@@ -321,7 +347,7 @@ class _Runner:
                 f"round {rnd}: the abort did not finish within {self.wrapper.hard_timeout_s:.0f}s "
                 "(hard_timeout)"
             ) from error
-        release_frames(error)
+        release_frames(error, self.wrapper.hard_timeout_s)
         fault = self.coordination.read_fault(rnd)
         self.state = self.state.replace(fault=fault)
         log.warning(

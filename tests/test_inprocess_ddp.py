@@ -1,0 +1,45 @@
+"""In-process restart under DDP: twenty faults in one run, every one recovered in the same
+processes (tests/bin/inprocess_ddp.py, DistributedDataParallel over gloo, 2 ranks).
+
+Two torch 2.13 behaviours used to stall such a restart until the hard timeout: a module imported
+during the first round pinned that round's default group (its sockets stayed open, so the peer
+blocked in DDP's allreduce was never released), and DDP's Reducer, freed with the failed call's
+frames, destroyed its gloo group with the GIL held while a gloo worker waited for the GIL.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import BIN, ServeFactory
+from tests.test_inprocess import ENV, events
+
+FAULTS = 20
+WORLD = 2
+
+
+@pytest.mark.timeout(120)
+async def test_twenty_ddp_faults_all_recover_in_process(
+    serve: ServeFactory, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    run = await serve(
+        "--nproc-per-node", str(WORLD), "--restart-mode", "inprocess", "--max-restarts", "0",
+        script=BIN / "inprocess_ddp.py",
+        script_args=("--out", str(out), "--faults", str(FAULTS)),
+        env=ENV,
+    )  # fmt: skip
+    assert await run.wait(timeout=110) == 0, run.stderr.text[-3000:]
+    faults = events(run, "inprocess_fault")
+    assert len(faults) == FAULTS, faults
+    assert all(f["kind"] == "exception" and "injected fault" in f["reason"] for f in faults)
+    assert not events(run, "inprocess_gave_up")
+    assert not events(run, "attempt_failed")
+    finals = [json.loads((out / f"final_s{slot}").read_text()) for slot in range(WORLD)]
+    assert {f["iteration"] for f in finals} == {FAULTS}
+    assert finals[0]["params"] == finals[1]["params"]  # DDP kept the replicas equal
+    pids = {json.loads((out / f"round_i0_s{slot}").read_text())["pid"] for slot in range(WORLD)}
+    assert pids == {f["pid"] for f in finals}  # the same processes from first to last round
