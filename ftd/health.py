@@ -27,7 +27,8 @@ from ftd.errors import InvalidRequest
 from ftd.events import EventLog
 from ftd.ft_config import FaultToleranceConfig, RankTimeouts
 from ftd.ipc import RankSocketServer, parent_pid
-from ftd.monitor import Monitor, RankHealth, Verdict, learn_timeouts
+from ftd.learning import Base, Generations, NotReady, apply_values, learn_nvrx, learned_values
+from ftd.monitor import OUT_OF_SECTION, Monitor, RankHealth, Verdict, learn_timeouts
 from ftd.nvrx_server import NvrxServer
 from ftd.state import Failure, RankStatus
 from ftd.workers import WorkerGroup
@@ -66,6 +67,7 @@ class HealthService:
         self.events = events
         self.workload_request: WorkloadRequest | None = None
         self._learned: frozenset[str] = frozenset()
+        self._generations = Generations()
         timeouts = self._load_state(ft.timeouts())
         self.monitor = Monitor(timeouts, self._on_hang)
         self.server = RankSocketServer(socket_path, self._dispatch, self._authorize)
@@ -98,6 +100,7 @@ class HealthService:
 
     def attach(self, group: WorkerGroup, statuses: list[RankStatus]) -> None:
         self._group = group
+        self._generations.reset()  # a new attempt's ranks count their calls from 1
         self.monitor.attach(
             [(s.local_rank, s.global_rank, s.pid) for s in statuses if s.pid is not None]
         )
@@ -134,8 +137,11 @@ class HealthService:
         self._apply(timeouts, by, learned=True)
         return timeouts
 
-    def update(self, patch: dict[str, Any], by: str) -> RankTimeouts:
-        """Apply a partial update, validated by the same model as the CLI."""
+    def update(
+        self, patch: dict[str, Any], by: str, learned: frozenset[str] = frozenset()
+    ) -> RankTimeouts:
+        """Apply a partial update, validated by the same model as the CLI; `learned` names the
+        values that were calculated (a checkpoint's learned timeouts), the rest are set."""
         merged = {**self.timeouts.model_dump(), **patch}
         try:
             timeouts = RankTimeouts.model_validate(merged)
@@ -144,8 +150,9 @@ class HealthService:
 
             raise InvalidRequest(format_validation_error(error)) from None
         # Values set by hand are no longer learned ones.
-        self._learned = self._learned - set(patch) - {f"section:{s}" for s in _sections(patch)}
-        self._apply(timeouts, by, learned=False)
+        keys = set(patch) | {f"section:{s}" for s in _sections(patch)}
+        self._learned = (self._learned - keys) | (learned & keys)
+        self._apply(timeouts, by, learned=bool(learned & keys))
         return timeouts
 
     def _apply(self, timeouts: RankTimeouts, by: str, learned: bool) -> None:
@@ -216,7 +223,7 @@ class HealthService:
             self.monitor.on_section_end(rank, message["n"], now)
         elif kind == protocol.HELLO:
             self.monitor.on_hello(rank, message.get("stack_signal"), now)
-            return {"ok": True, "timeouts": self.timeouts.model_dump()}
+            return self._timeouts_reply(self.timeouts)
         elif kind == protocol.GOODBYE:
             self.monitor.on_goodbye(rank)
         elif kind == protocol.FAULT:
@@ -233,23 +240,70 @@ class HealthService:
         elif kind == protocol.WORKLOAD_CONTROL:
             return self._on_workload_control(rank, message)
         elif kind == protocol.CALCULATE_TIMEOUTS:
-            sections = message.get("sections")
-            if sections is not None and not isinstance(sections, list):
-                raise ProtocolError("malformed", "sections must be a list or null")
-            learned = self.learn(
-                f"rank {rank.global_rank}", sections, bool(message.get("oos", True))
-            )
-            return {"ok": True, "timeouts": learned.model_dump()}
+            return self._on_calculate(rank, message, now)
         elif kind == protocol.SET_TIMEOUTS:
             patch = message.get("timeouts")
             if not isinstance(patch, dict):
                 raise ProtocolError("malformed", "timeouts must be an object")
+            learned = _names(message.get("learned", []), "learned")
             try:
-                applied = self.update(patch, by=f"rank {rank.global_rank}")
+                applied = self.update(patch, by=f"rank {rank.global_rank}", learned=learned)
             except InvalidRequest as error:
                 return {"ok": False, "error": error.detail}
-            return {"ok": True, "timeouts": applied.model_dump()}
+            return self._timeouts_reply(applied)
         return None
+
+    def _timeouts_reply(self, timeouts: RankTimeouts) -> dict[str, Any]:
+        return {"ok": True, "timeouts": timeouts.model_dump(), "learned": sorted(self._learned)}
+
+    def _on_calculate(
+        self, rank: RankHealth, message: dict[str, Any], now: float
+    ) -> dict[str, Any]:
+        """Learn timeouts for a rank's request: ftd's rule (every observed section, blended
+        with an earlier learned value) or NVRx's (ftd/learning.py). Calls of one generation,
+        one per rank, start from the same timeouts (see ftd/learning.py)."""
+        raw = message.get("sections")
+        sections = None if raw is None else sorted(_names(raw, "sections"))
+        out_of_section = bool(message.get("oos", True))
+        rule, kind, generation = (
+            message.get("rule", "ftd"),
+            message.get("kind", "all"),
+            message.get("gen"),
+        )
+        if rule not in ("ftd", "nvrx") or kind not in ("all", "hb", "sections"):
+            raise ProtocolError("malformed", f"rule {rule!r:.20} / kind {kind!r:.20}")
+        if generation is not None and not (isinstance(generation, int) and 0 < generation < 2**31):
+            raise ProtocolError("malformed", "gen must be a positive integer")
+        current = Base(self.timeouts, self._learned)
+        base = (
+            current
+            if generation is None
+            else self._generations.base((rule, kind, generation), current)
+        )
+        floor = self.ft.min_learned_timeout
+        if rule == "nvrx":
+            if kind == "all":
+                raise ProtocolError("malformed", "NVRx's rule learns hb or sections")
+            if kind == "sections" and not rank.open_sections and rank.out_of_section_since:
+                # NVRx's maybe_bump_oos_time: the rank's current stretch out of any section.
+                self.monitor.observed.see(OUT_OF_SECTION, now - rank.out_of_section_since)
+            try:
+                values = learn_nvrx(
+                    base, self.monitor.observed, self.ft.safety_factor, kind, sections,
+                    out_of_section, floor,
+                )  # fmt: skip
+            except NotReady as error:
+                return {"ok": False, "error": f"not ready: {error}"}
+        else:
+            result, names = learn_timeouts(
+                base.timeouts, base.learned, self.monitor.observed, self.ft.safety_factor,
+                sections, out_of_section, floor=floor,
+            )  # fmt: skip
+            values = learned_values(result, names)
+        self._learned = self._learned | set(values)
+        timeouts = apply_values(self.timeouts, values)
+        self._apply(timeouts, f"rank {rank.global_rank}", learned=True)
+        return self._timeouts_reply(timeouts)
 
     def _on_workload_control(self, rank: RankHealth, message: dict[str, Any]) -> dict[str, Any]:
         self._workload(rank, WorkloadAction[message["a"]], str(message.get("d", "")))
@@ -510,6 +564,16 @@ def _verdict_reason(verdict: Verdict, culprit: RankHealth) -> str:
             "after it (waiting on it, most likely)"
         )
     return reason
+
+
+def _names(value: object, what: str) -> frozenset[str]:
+    if (
+        not isinstance(value, list)
+        or len(value) > protocol.MAX_SECTIONS
+        or not all(isinstance(n, str) and 0 < len(n) <= protocol.MAX_SECTION_NAME for n in value)
+    ):
+        raise ProtocolError("malformed", f"{what} must be a list of names")
+    return frozenset(value)
 
 
 def _at_least(value: float | None, floor: float) -> float | None:

@@ -22,24 +22,32 @@ WORLD = 2
 
 
 @pytest.mark.timeout(120)
-async def test_twenty_ddp_faults_all_recover_in_process(
-    serve: ServeFactory, tmp_path: Path
+@pytest.mark.parametrize(
+    ("faults", "options"),
+    [(FAULTS, ()), (5, ("--nvrx-api",))],
+    ids=["twenty-faults", "nvrx-wrapper-arguments"],
+)
+async def test_ddp_faults_all_recover_in_process(
+    serve: ServeFactory, tmp_path: Path, faults: int, options: tuple[str, ...]
 ) -> None:
+    """The second case passes NVRx's Wrapper arguments (store_kwargs, CudaHealthCheck and
+    FaultCounter composed, RetryController, ThreadedFinalize, timeouts) and writes a checkpoint
+    inside call_wrapper.atomic() every step, as NVIDIA's basic_example does."""
     out = tmp_path / "out"
     run = await serve(
         "--nproc-per-node", str(WORLD), "--restart-mode", "inprocess", "--max-restarts", "0",
         script=BIN / "inprocess_ddp.py",
-        script_args=("--out", str(out), "--faults", str(FAULTS)),
+        script_args=("--out", str(out), "--faults", str(faults), *options),
         env=ENV,
     )  # fmt: skip
     assert await run.wait(timeout=110) == 0, run.stderr.text[-3000:]
-    faults = events(run, "inprocess_fault")
-    assert len(faults) == FAULTS, faults
-    assert all(f["kind"] == "exception" and "injected fault" in f["reason"] for f in faults)
+    recorded = events(run, "inprocess_fault")
+    assert len(recorded) == faults, recorded
+    assert all(f["kind"] == "exception" and "injected fault" in f["reason"] for f in recorded)
     assert not events(run, "inprocess_gave_up")
     assert not events(run, "attempt_failed")
     finals = [json.loads((out / f"final_s{slot}").read_text()) for slot in range(WORLD)]
-    assert {f["iteration"] for f in finals} == {FAULTS}
+    assert {f["iteration"] for f in finals} == {faults}
     assert finals[0]["params"] == finals[1]["params"]  # DDP kept the replicas equal
     pids = {json.loads((out / f"round_i0_s{slot}").read_text())["pid"] for slot in range(WORLD)}
     assert pids == {f["pid"] for f in finals}  # the same processes from first to last round

@@ -14,8 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from ftd import nvrx_wire as wire
+from ftd.ft_config import RankTimeouts
+from ftd.learning import Base, Generations, NotReady, apply_values, learn_nvrx
+from ftd.monitor import Observations
 from ftd.nvrx_server import socket_paths
 from tests.conftest import BIN, Serve, ServeFactory
 
@@ -205,3 +210,126 @@ async def test_unmodified_nvrx_script_runs_under_ftd_serve(
     state = json.loads((out / "state_r1.json").read_text())["current_timeouts"]
     assert state["heartbeat"]["were_calculated"] is True
     assert state["section"]["calculated_sections"] == ["step"]
+
+
+# -- NVRx's rule for learned timeouts (ftd/learning.py), on fake observations ---------------
+
+
+def _seen(**sections: float) -> Observations:
+    return Observations(
+        first_heartbeat=2.0, heartbeat_interval=0.5, sections=dict(sections), out_of_section=0.2
+    )
+
+
+def _base(learned: frozenset[str] = frozenset(), **timeouts: Any) -> Base:
+    values = {"rank_section_timeouts": {"init": 20.0, "step": 10.0}, **timeouts}
+    return Base(RankTimeouts.model_validate(values), learned)
+
+
+def test_an_empty_section_list_relearns_out_of_section_only() -> None:
+    """NVRx leaves `init` alone with selected_sections=[] (it used to go 20 -> 1.64 s)."""
+    values = learn_nvrx(_base(), _seen(init=0.3, step=0.1), 5.0, "sections", [], True)
+    assert values == {"rank_out_of_section_timeout": 1.0}
+
+
+def test_sections_none_relearns_every_configured_section() -> None:
+    values = learn_nvrx(_base(), _seen(init=0.3, step=0.4, other=9.0), 5.0, "sections", None, False)
+    assert values == {"section:init": 1.5, "section:step": 2.0}
+
+
+def test_a_calculated_value_is_merged_half_and_half_a_configured_one_replaced() -> None:
+    base = _base(frozenset({"section:step"}))
+    values = learn_nvrx(base, _seen(init=1.0, step=1.0), 5.0, "sections", None, False)
+    assert values == {"section:init": 5.0, "section:step": 7.5}  # (10 + 5) / 2
+
+
+def test_heartbeat_rule_and_floor() -> None:
+    both = frozenset(["initial_rank_heartbeat_timeout", "rank_heartbeat_timeout"])
+    timeouts = {"initial_rank_heartbeat_timeout": 60.0, "rank_heartbeat_timeout": 4.0}
+    values = learn_nvrx(_base(both, **timeouts), _seen(), 5.0, "hb", floor=3.0)
+    # Both were calculated: merged 50/50 (60 with 2 * 5; 4 with 0.5 * 5), then the floor.
+    assert values == {"initial_rank_heartbeat_timeout": 35.0, "rank_heartbeat_timeout": 3.25}
+    # NVRx keeps one were_calculated flag for both: one of them configured, both replaced.
+    one = frozenset(["rank_heartbeat_timeout"])
+    values = learn_nvrx(_base(one, **timeouts), _seen(), 5.0, "hb", floor=3.0)
+    assert values == {"initial_rank_heartbeat_timeout": 10.0, "rank_heartbeat_timeout": 3.0}
+
+
+@pytest.mark.parametrize(
+    ("seen", "kind", "sections", "oos"),
+    [
+        (Observations(first_heartbeat=1.0), "hb", None, False),
+        (_seen(step=0.1), "sections", None, False),  # init never observed
+        (_seen(step=0.1), "sections", [], False),  # NVRx checks every section even then
+        (_seen(init=0.1, step=0.1), "sections", ["nope"], False),
+        (Observations(sections={"init": 1.0, "step": 1.0}), "sections", None, True),
+    ],
+)
+def test_not_ready(seen: Observations, kind: Any, sections: list[str] | None, oos: bool) -> None:
+    with pytest.raises(NotReady):
+        learn_nvrx(_base(), seen, 5.0, kind, sections, oos)
+
+
+@given(
+    intervals=st.lists(st.floats(0.01, 100.0), min_size=2, max_size=8),
+    order=st.randoms(use_true_random=False),
+)
+def test_ranks_of_one_generation_give_the_maximum_whoever_calls_last(
+    intervals: list[float], order: Any
+) -> None:
+    """Each rank's step observation arrives, then its call: the last call's result is NVRx's
+    rule on the maximum over every rank, merged once into the value before the generation."""
+    base = _base(frozenset({"section:step"}))
+    generations = Generations()
+    seen = Observations(first_heartbeat=1.0, heartbeat_interval=1.0, sections={"init": 1.0})
+    timeouts, learned = base.timeouts, base.learned
+    calls = list(intervals)
+    order.shuffle(calls)
+    for interval in calls:
+        seen.see("step", interval)
+        start = generations.base(("nvrx", "sections", 1), Base(timeouts, learned))
+        values = learn_nvrx(start, seen, 2.0, "sections", ["step"], False)
+        timeouts, learned = apply_values(timeouts, values), learned | set(values)
+    expected = round(0.5 * 10.0 + 0.5 * 2.0 * max(intervals), 6)
+    assert timeouts.rank_section_timeouts["step"] == expected
+
+
+# -- checkpoints: NVRx's state layout, both ways ---------------------------------------------
+
+
+@needs_nvrx
+@pytest.mark.timeout(60)
+async def test_nvrx_checkpoint_state_round_trips_through_ftd(
+    serve: ServeFactory, tmp_path: Path
+) -> None:
+    from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient as NvrxClient
+    from nvidia_resiliency_ext.fault_tolerance.data import HeartbeatTimeouts, SectionTimeouts
+
+    nvrx = NvrxClient()
+    nvrx.hb_timeouts = HeartbeatTimeouts(initial=30.0, subsequent=7.5, were_calculated=True)
+    nvrx.section_timeouts = SectionTimeouts({"init": 20.0, "step": 4.0}, 6.0, {"step"}, True)
+    written = json.loads(json.dumps(nvrx.state_dict()))
+    load, save = tmp_path / "nvrx_state.json", tmp_path / "ftd_state.json"
+    load.write_text(json.dumps(written))
+    run = await serve(
+        "--nproc-per-node", "1", "--ft-param-rank_section_timeouts=init:20,step:10",
+        script=BIN / "nvrx_state.py",
+        script_args=("--load", str(load), "--save", str(save), "--learn", "empty-list"),
+    )  # fmt: skip
+    assert await run.wait(timeout=50) == 0, run.stderr.text[-3000:]
+    # NVRx's state loads into ftd's client with the same values, were_calculated kept.
+    loaded = json.loads(run.stdout.text.split("loaded ", 1)[1].splitlines()[0])
+    assert loaded == written
+    # selected_sections=[] relearned the out-of-section timeout only: init stays 20.
+    sections = json.loads(run.stdout.text.split("sections ", 1)[1].splitlines()[0])
+    assert sections == {"init": 20.0, "step": 4.0}
+    # And ftd's state loads into NVRx's own client.
+    back = NvrxClient()
+    back.load_state_dict(json.loads(save.read_text()))
+    assert back.loaded_hb_timeouts == nvrx.hb_timeouts
+    assert back.loaded_section_timeouts.section == {"init": 20.0, "step": 4.0}
+    assert back.loaded_section_timeouts.calculated_sections == {"step"}
+    assert back.loaded_section_timeouts.is_out_of_section_calculated
+    kept = json.loads((run.run_dir / "ft_state.json").read_text())["learned"]
+    assert {"rank_heartbeat_timeout", "section:step", "rank_out_of_section_timeout"} <= set(kept)
+    assert "section:init" not in kept

@@ -14,6 +14,7 @@ import json
 import os
 import random
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -27,7 +28,30 @@ parser.add_argument("--out", type=Path, required=True)
 parser.add_argument("--faults", type=int, default=20)
 parser.add_argument("--steps", type=int, default=10, help="steps of the round that completes")
 parser.add_argument("--size", type=int, default=32)
+parser.add_argument(
+    "--nvrx-api",
+    action="store_true",
+    help="pass NVRx's Wrapper arguments (store_kwargs, health checks, initialize) and save a "
+    "checkpoint inside call_wrapper.atomic() every step",
+)
 args = parser.parse_args()
+NVRX_ARGS = (
+    {
+        "store_kwargs": {"port": int(os.environ.get("MASTER_PORT", "29500")) + 1},
+        "health_check": inprocess.Compose(
+            inprocess.health_check.CudaHealthCheck(),  # a no-op on CPU
+            inprocess.health_check.FaultCounter(max_rank_faults=args.faults),
+        ),
+        "initialize": inprocess.initialize.RetryController(max_iterations=args.faults + 1),
+        "finalize": inprocess.finalize.ThreadedFinalize(
+            timeout=timedelta(seconds=10), fn=lambda: None
+        ),
+        "heartbeat_timeout": timedelta(seconds=30),
+        "completion_timeout": timedelta(seconds=120),
+    }
+    if args.nvrx_api
+    else {}
+)
 
 
 def mark(name: str, payload: object) -> None:
@@ -37,7 +61,7 @@ def mark(name: str, payload: object) -> None:
     tmp.replace(args.out / name)
 
 
-@inprocess.Wrapper(soft_timeout=30, hard_timeout=40)
+@inprocess.Wrapper(soft_timeout=30, hard_timeout=40, **NVRX_ARGS)
 def train(call_wrapper: inprocess.CallWrapper | None = None) -> None:
     assert call_wrapper is not None
     rnd = call_wrapper.iteration
@@ -57,6 +81,9 @@ def train(call_wrapper: inprocess.CallWrapper | None = None) -> None:
         opt.zero_grad()
         loss.backward()
         opt.step()
+        if args.nvrx_api:
+            with call_wrapper.atomic():  # never interrupted half-written
+                torch.save(model.state_dict(), args.out / f"ckpt_s{SLOT}.pt")
     params = [round(float(p.detach().sum()), 6) for p in model.parameters()]
     # DDP's Reducer before its group (docs/inprocess.md): with torch 2.13 a Reducer that
     # outlives the group's Python object destroys the gloo group with the GIL held.

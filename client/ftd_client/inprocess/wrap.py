@@ -15,6 +15,7 @@ peers), and the rank goes to the next round's barrier.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import inspect
@@ -23,7 +24,7 @@ import logging
 import os
 import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any, ParamSpec, TypeVar
 
@@ -33,7 +34,7 @@ from ftd_client.inprocess.coordination import (
     Coordination,
     endpoint_from_env,
 )
-from ftd_client.inprocess.exceptions import RestartError, RestartInterrupt
+from ftd_client.inprocess.exceptions import RestartAbort, RestartError, RestartInterrupt
 from ftd_client.inprocess.interrupt import DEFAULT_SIGNAL, Interrupter
 from ftd_client.inprocess.keys import Fault, Members
 from ftd_client.inprocess.monitor import Watchdog, Watcher
@@ -47,6 +48,7 @@ Seconds = float | timedelta
 StateCallback = Callable[[FrozenState], object]
 
 CLOSE_JOIN_TIMEOUT_S = 10.0
+ATOMIC_POLL_S = 0.01
 
 _calls = itertools.count()
 """Wrapped calls made by this process: each gets its own keys (all ranks count alike)."""
@@ -122,6 +124,20 @@ class CallWrapper:
         """Report progress: resets the soft timeout."""
         self._runner.watchdog.ping()
 
+    @contextlib.contextmanager
+    def atomic(self) -> Iterator[None]:
+        """A block the restart never interrupts: the watcher waits for it to end before it
+        interrupts the function and runs the abort, and once the restart has begun the block
+        does not start (an interrupt arrives while waiting to enter). A block that hangs on
+        a dead peer therefore holds the restart up until the daemon's hard timeout."""
+        lock = self._runner.atomic_lock
+        while not lock.acquire(timeout=ATOMIC_POLL_S):  # interruptible between tries
+            pass
+        try:
+            yield
+        finally:
+            lock.release()
+
     def report_fault(self, reason: str) -> None:
         """End this round on every rank without raising here: the fault is announced (to the
         daemon and every peer) and this function is interrupted like the others'. For errors
@@ -158,6 +174,23 @@ class Wrapper:
         progress_watchdog_interval: Seconds = 1.0,
         max_iterations: int | None = None,
         interrupt_signal: int | None = DEFAULT_SIGNAL,
+        *,
+        initialize: Callable[[FrozenState], FrozenState] | None = None,
+        store_kwargs: dict[str, Any] | None = None,
+        store_factory: object = None,
+        enabled: bool = True,
+        completion_timeout: Seconds = 120.0,
+        rank_assignment: object = None,
+        rank_filter: object = None,
+        monitor_thread_interval: Seconds = 1.0,
+        monitor_process_interval: Seconds = 1.0,
+        heartbeat_interval: Seconds = 1.0,
+        heartbeat_timeout: Seconds = 30.0,
+        last_call_wait: Seconds = 1.0,
+        termination_grace_time: Seconds = 5.0,
+        monitor_process_logfile: str | None = None,
+        completion: object = None,
+        terminate: object = None,
     ) -> None:
         self.abort = abort if abort is not None else AbortTorchDistributed()
         self.finalize = finalize
@@ -174,9 +207,44 @@ class Wrapper:
             raise ValueError(f"max_iterations must be at least 1, got {max_iterations}")
         self.max_iterations = max_iterations
         self.interrupt_signal = interrupt_signal
+        self.initialize = initialize
+        self.enabled = enabled
+        if store_kwargs is not None and not isinstance(store_kwargs, dict):
+            raise TypeError(f"store_kwargs must be a dict, got {type(store_kwargs).__name__}")
+        # NVRx's Wrapper hosts its own TCPStore (store_factory, store_kwargs); here the rounds
+        # meet in the store of ftd's daemon (or torchrun's): both are accepted, and unused.
+        self.store_kwargs = dict(store_kwargs or {})
+        self.store_factory = store_factory
+        self.completion_timeout_s = _seconds(completion_timeout, "completion_timeout")
+        # NVRx's monitor process, heartbeats, rank assignment and termination are the
+        # daemon's work under `ftd serve` (docs/nvrx-compat.md): accepted, checked, unused.
+        for name, value in (
+            ("monitor_thread_interval", monitor_thread_interval),
+            ("monitor_process_interval", monitor_process_interval),
+            ("heartbeat_interval", heartbeat_interval),
+            ("heartbeat_timeout", heartbeat_timeout),
+            ("last_call_wait", last_call_wait),
+            ("termination_grace_time", termination_grace_time),
+        ):
+            _seconds(value, name)
+        self.unused = {
+            name: value
+            for name, value in (
+                ("rank_assignment", rank_assignment),
+                ("rank_filter", rank_filter),
+                ("monitor_process_logfile", monitor_process_logfile),
+                ("completion", completion),
+                ("terminate", terminate),
+            )
+            if value is not None
+        }
 
     def __call__(self, fn: Callable[P, R]) -> Callable[P, R]:
+        if not self.enabled:
+            return fn
         wants_call_wrapper = "call_wrapper" in inspect.signature(fn).parameters
+        if self.unused:
+            log.info("ftd: Wrapper arguments not used under ftd: %s", sorted(self.unused))
 
         @functools.wraps(fn)
         def wrapped(*args: P.args, **kwargs: P.kwargs) -> R:
@@ -209,6 +277,8 @@ class _Runner:
         self.state = FrozenState(self.slot, self.initial_world_size, self.slot, 0, 0)
         self.members: Members | None = None
         self._lock = threading.Lock()
+        self.atomic_lock = threading.RLock()
+        """Held by CallWrapper.atomic() and by the watcher while it interrupts and aborts."""
         self._finished: set[int] = set()
         """Rounds whose call returned: a late fault must not abort what the caller goes on with."""
         self._handling: set[int] = set()
@@ -259,7 +329,7 @@ class _Runner:
                 value if not ok else RestartInterrupt(f"round {rnd} had a fault before it returned")
             )
             value = None  # what a failed round returned holds nothing the next one may use
-            if isinstance(error, (KeyboardInterrupt, SystemExit)):
+            if isinstance(error, (KeyboardInterrupt, SystemExit, RestartAbort)):
                 if self._stop(rnd):  # the watcher must leave its wait before the process exits
                     self.coordination.stop_watcher(rnd, self.slot)
                 raise error
@@ -299,6 +369,8 @@ class _Runner:
         try:
             try:
                 self.interrupter.arm()
+                if self.wrapper.initialize is not None:
+                    self.state = self.wrapper.initialize(self.state)
                 return True, fn(*args, **kwargs)
             except BaseException as error:
                 return False, error
@@ -383,8 +455,9 @@ class _Runner:
             if rnd in self._finished:
                 return
             self._handling.add(rnd)
-        self.interrupter.interrupt()
-        self._abort(rnd, fault)
+        with self.atomic_lock:  # never inside the function's atomic() section
+            self.interrupter.interrupt()
+            self._abort(rnd, fault)
 
     def _abort(self, rnd: int, fault: Fault) -> None:
         state = self.state.replace(fault=fault)
