@@ -459,20 +459,37 @@ class HealthService:
             return
         notes: list[str] = []
         try:
-            results = await asyncio.gather(
-                *(self._explain(group, r) for r in [rank, *others]), return_exceptions=True
-            )
-            for who, result in zip([rank, *others], results, strict=True):
-                if isinstance(result, BaseException):
-                    log.error("could not explain rank %d: %r", who.global_rank, result)
-                    notes.append(f"rank {who.global_rank}: no stacks ({result!r})")
-                else:
-                    prefix = "" if who is rank else f"rank {who.global_rank}: "
-                    notes.extend(prefix + note for note in result)
+            notes = await self._explain_each(group, [rank, *others], unnamed=rank)
         except Exception as error:  # never lose the kill to an explanation
             notes.append(f"stacks not collected ({error!r})")
         finally:
             self._kill(group, rank, others, reason, notes)
+
+    async def explain_ranks(self, local_ranks: list[int]) -> list[str]:
+        """Write these local ranks' stacks (in-process mode: the stragglers that make the
+        daemon fall back to a process restart, before it stops them); notes on each."""
+        group = self._group
+        if group is None:
+            return []
+        ranks = [rank for rank in self.monitor.ranks() if rank.local_rank in local_ranks]
+        return await self._explain_each(group, ranks)
+
+    async def _explain_each(
+        self, group: WorkerGroup, ranks: list[RankHealth], unnamed: RankHealth | None = None
+    ) -> list[str]:
+        """Every rank's stacks at once; notes prefixed with the rank (but `unnamed`'s)."""
+        notes: list[str] = []
+        results = await asyncio.gather(
+            *(self._explain(group, r) for r in ranks), return_exceptions=True
+        )
+        for who, result in zip(ranks, results, strict=True):
+            if isinstance(result, BaseException):
+                log.error("could not explain rank %d: %r", who.global_rank, result)
+                notes.append(f"rank {who.global_rank}: no stacks ({result!r})")
+            else:
+                prefix = "" if who is unnamed else f"rank {who.global_rank}: "
+                notes.extend(prefix + note for note in result)
+        return notes
 
     async def _explain(self, group: WorkerGroup, rank: RankHealth) -> list[str]:
         stacks = Path(group.attempt_log_dir) / str(rank.local_rank)
