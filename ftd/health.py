@@ -72,7 +72,7 @@ class HealthService:
         self.monitor = Monitor(timeouts, self._on_hang)
         self.server = RankSocketServer(socket_path, self._dispatch, self._authorize)
         self.monitor.drain = self.server.drain
-        self.nvrx = NvrxServer(socket_path, self)
+        self.nvrx = NvrxServer(socket_path, self, self.server.dropped)
         self.server.followers.append(self.nvrx)
         self._group: WorkerGroup | None = None
         self._hang_tasks: set[asyncio.Task[None]] = set()

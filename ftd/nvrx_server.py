@@ -202,7 +202,7 @@ class _StreamServer:
                 self._hang_up(connection.sock.fileno())
                 return False
             except Exception:  # a bug of ours must not stop the socket serving every rank
-                self.dropped["internal_error"] += 1
+                self.dropped["nvrx_internal_error"] += 1
                 log.exception("error handling an NVRx message from pid %d", connection.pid)
                 self._hang_up(connection.sock.fileno())
                 return False
@@ -231,7 +231,7 @@ class _StreamServer:
         self._on_close(connection)
 
     def drop(self, cause: str, pid: int, detail: str) -> None:
-        self.dropped[cause] += 1
+        self.dropped[f"nvrx_{cause}"] += 1
         if (cause, pid) not in self._logged:
             self._logged.add((cause, pid))
             log.warning(
@@ -245,9 +245,14 @@ class _StreamServer:
 class NvrxServer:
     """Both of NVRx's sockets for every rank of the node."""
 
-    def __init__(self, ftd_socket: Path, host: NvrxHost) -> None:
+    def __init__(
+        self, ftd_socket: Path, host: NvrxHost, dropped: collections.Counter[str] | None = None
+    ) -> None:
         self.rank_monitor_path, self.launcher_path = socket_paths(ftd_socket)
-        self.dropped: collections.Counter[str] = collections.Counter()
+        self.dropped: collections.Counter[str] = (
+            collections.Counter() if dropped is None else dropped
+        )
+        """Drops by cause, prefixed `nvrx_` (shared with the rank socket's: /v1/status)."""
         self._host = host
         logged: set[tuple[str, int]] = set()
         self._rank_monitor = _StreamServer(

@@ -116,3 +116,77 @@ def test_atomic_holds_the_restart_off_and_waits_for_one_in_progress() -> None:
     assert order == ["checkpoint written", "abort"]
     with call_wrapper.atomic(), call_wrapper.atomic():  # reentrant, like NVRx's
         pass
+
+
+# -- rank assignment -------------------------------------------------------------------------
+
+ra = inprocess.rank_assignment
+
+
+def assigned(assignment: Any, world: int, gone: set[int], store: Any = None) -> dict[int, Any]:
+    """Each surviving initial rank's resulting state."""
+    members = [r for r in range(world) if r not in gone]
+    results = {}
+    for slot in members:
+        s = FrozenState(slot, world, slot, world, 1, active_rank=slot, active_world_size=world)
+        results[slot] = ra.assign(assignment, s, members, store)
+    return results
+
+
+def test_shift_ranks_and_fill_gaps_as_nvrx_draws_them() -> None:
+    shifted = assigned(ra.ShiftRanks(), 8, {1, 4, 5})
+    assert [shifted[s].rank for s in (0, 2, 3, 6, 7)] == [0, 1, 2, 3, 4]
+    filled = assigned(ra.FillGaps(), 8, {1, 4, 5})
+    assert [filled[s].rank for s in (0, 6, 2, 3, 7)] == [0, 1, 2, 3, 4]
+    assert {s.world_size for s in filled.values()} == {5}
+    assert all(s.mode is inprocess.Mode.ACTIVE for s in filled.values())
+
+
+def test_filters_make_reserves() -> None:
+    states = assigned(inprocess.Compose(ra.MaxActiveWorldSize(4), ra.ShiftRanks()), 6, {0})
+    active = {slot: s.active_rank for slot, s in states.items() if s.mode is inprocess.Mode.ACTIVE}
+    assert active == {1: 0, 2: 1, 3: 2, 4: 3}
+    assert states[5].mode is inprocess.Mode.INACTIVE and states[5].active_rank is None
+    divisible = assigned(
+        inprocess.Compose(ra.ActiveWorldSizeDivisibleBy(2), ra.ShiftRanks()), 4, {3}
+    )
+    assert {s.active_world_size for s in divisible.values()} == {2}
+    assert divisible[2].mode is inprocess.Mode.INACTIVE
+
+
+def test_a_terminated_rank_is_discarded() -> None:
+    state = FrozenState(1, 4, 1, 4, 1)
+    with pytest.raises(ra.RankDiscarded):
+        ra.assign(ra.ShiftRanks(), state, [0, 2, 3], None)  # slot 1 is not a member
+    with pytest.raises(ra.RankDiscarded):  # terminated by a filter, discarded by no one else
+        ra.assign(lambda ctx: ra.RankAssignmentCtx(ctx.state, None, {1}), state, [0, 1, 2, 3], None)
+
+
+def test_filter_count_grouped_by_key_counts_through_a_real_store() -> None:
+    """Two hosts of 2 ranks; host b lost one: both of b's ranks are dropped, a's shifted."""
+    import torch.distributed as dist
+
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    hosts = {0: "a", 1: "a", 2: "b", 3: "b"}
+    members = [0, 1, 2]  # slot 3 (host b) is gone
+    assignment = inprocess.Compose(
+        ra.ShiftRanks(),
+        ra.FilterCountGroupedByKey(lambda s: hosts[s.rank], lambda count: count == 2),
+    )
+    results: dict[int, Any] = {}
+
+    def rank(slot: int) -> None:
+        store = dist.TCPStore("127.0.0.1", server.port, is_master=False)
+        s = FrozenState(slot, 4, slot, 4, 1)
+        try:
+            results[slot] = ra.assign(assignment, s, members, store)
+        except ra.RankDiscarded as error:
+            results[slot] = error
+
+    threads = [threading.Thread(target=rank, args=(slot,)) for slot in members]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert isinstance(results[2], ra.RankDiscarded)
+    assert (results[0].rank, results[1].rank, results[0].world_size) == (0, 1, 2)

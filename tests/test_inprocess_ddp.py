@@ -51,3 +51,27 @@ async def test_ddp_faults_all_recover_in_process(
     assert finals[0]["params"] == finals[1]["params"]  # DDP kept the replicas equal
     pids = {json.loads((out / f"round_i0_s{slot}").read_text())["pid"] for slot in range(WORLD)}
     assert pids == {f["pid"] for f in finals}  # the same processes from first to last round
+
+
+@pytest.mark.timeout(90)
+async def test_a_reserve_rank_takes_a_dead_ranks_place(serve: ServeFactory, tmp_path: Path) -> None:
+    """3 ranks, at most 2 active: slot 2 waits as a reserve until slot 1 dies (not respawned),
+    then joins round 1 as rank 1 of 2."""
+    out = tmp_path / "out"
+    run = await serve(
+        "--nproc-per-node", "3", "--restart-mode", "inprocess", "--no-inprocess-respawn",
+        script=BIN / "inprocess_reserve.py", script_args=("--out", str(out)), env=ENV,
+    )  # fmt: skip
+    assert await run.wait(timeout=80) == 0, run.stderr.text[-3000:]
+
+    def call(name: str) -> dict[str, int]:
+        data: dict[str, int] = json.loads((out / name).read_text())
+        return data
+
+    assert call("call_i0_s0.json") == {"rank": 0, "world": 2}
+    assert call("call_i0_s1.json") == {"rank": 1, "world": 2}
+    assert not (out / "call_i0_s2.json").exists()  # the reserve did not call the function
+    assert call("call_i1_s0.json") == {"rank": 0, "world": 2}
+    assert call("call_i1_s2.json") == {"rank": 1, "world": 2}
+    assert call("final_s2.json")["sum"] == 2.0
+    assert (out / "returned_s0.json").exists() and (out / "returned_s2.json").exists()

@@ -153,10 +153,10 @@ async def test_attacks_are_refused_and_counted_and_the_daemon_goes_on(
     def knock() -> bytes:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as stranger:
             stranger.connect(match.group(1))
-            stranger.sendall(wire.frame(pickle.dumps(_Evil())))
             try:
+                stranger.sendall(wire.frame(pickle.dumps(_Evil())))
                 return stranger.recv(100)
-            except ConnectionResetError:  # closed with the stranger's bytes unread
+            except (BrokenPipeError, ConnectionResetError):  # closed, its bytes unread
                 return b""
 
     assert await asyncio.get_running_loop().run_in_executor(None, knock) == b""
@@ -169,6 +169,10 @@ async def test_attacks_are_refused_and_counted_and_the_daemon_goes_on(
     for cause in ("refused_class", "bad_field", "malformed", "oversized", "truncated"):
         assert f"[{cause}]" in run.stderr.text, cause
     assert not Path("/tmp/ftd-nvrx-pwned").exists()
+    dropped = run.status()["ipc"]["dropped"]  # type: ignore[index]
+    for cause in ("refused_class", "bad_field", "malformed", "oversized", "truncated"):
+        assert dropped.get(f"nvrx_{cause}", 0) >= 1, dropped  # type: ignore[union-attr]
+    assert dropped["nvrx_refused_class"] >= 3  # type: ignore[index]
 
 
 def test_socket_paths_fit_af_unix(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ once and respawns them) and, with less help, under torchrun. docs/inprocess.md e
 design; keys.py is the contract with the daemon. torch is imported only once the Wrapper runs.
 """
 
-from ftd_client.inprocess import abort, finalize, health_check, initialize
+from ftd_client.inprocess import abort, finalize, health_check, initialize, rank_assignment
 from ftd_client.inprocess.abort import Abort, AbortTorchDistributed, AbortTransformerEngine
 from ftd_client.inprocess.compose import Compose
 from ftd_client.inprocess.exceptions import (
@@ -25,7 +25,7 @@ from ftd_client.inprocess.health_check import CudaHealthCheck, FaultCounter, Hea
 from ftd_client.inprocess.initialize import Initialize, RetryController
 from ftd_client.inprocess.keys import Fault
 from ftd_client.inprocess.manager import RoundManager
-from ftd_client.inprocess.state import FrozenState
+from ftd_client.inprocess.state import FrozenState, Mode
 from ftd_client.inprocess.wrap import CallWrapper, Wrapper
 
 __all__ = [
@@ -43,6 +43,7 @@ __all__ = [
     "HealthCheck",
     "HealthCheckError",
     "Initialize",
+    "Mode",
     "RestartAbort",
     "RestartError",
     "RestartInterrupt",
@@ -54,4 +55,5 @@ __all__ = [
     "finalize",
     "health_check",
     "initialize",
+    "rank_assignment",
 ]

@@ -29,6 +29,7 @@ from datetime import timedelta
 from typing import Any, ParamSpec, TypeVar
 
 from ftd_client.inprocess.abort import Abort, AbortTorchDistributed, release_retired
+from ftd_client.inprocess.compose import Compose
 from ftd_client.inprocess.coordination import (
     IDLE_WAIT,
     Coordination,
@@ -38,7 +39,8 @@ from ftd_client.inprocess.exceptions import RestartAbort, RestartError, RestartI
 from ftd_client.inprocess.interrupt import DEFAULT_SIGNAL, Interrupter
 from ftd_client.inprocess.keys import Fault, Members
 from ftd_client.inprocess.monitor import Watchdog, Watcher
-from ftd_client.inprocess.state import FrozenState
+from ftd_client.inprocess.rank_assignment import RankAssignmentCtx, assign
+from ftd_client.inprocess.state import FrozenState, Mode
 
 log = logging.getLogger("ftd_client.inprocess")
 
@@ -46,6 +48,7 @@ P = ParamSpec("P")
 R = TypeVar("R")
 Seconds = float | timedelta
 StateCallback = Callable[[FrozenState], object]
+RankAssignmentFn = Callable[[RankAssignmentCtx], RankAssignmentCtx]
 
 CLOSE_JOIN_TIMEOUT_S = 10.0
 ATOMIC_POLL_S = 0.01
@@ -180,8 +183,8 @@ class Wrapper:
         store_factory: object = None,
         enabled: bool = True,
         completion_timeout: Seconds = 120.0,
-        rank_assignment: object = None,
-        rank_filter: object = None,
+        rank_assignment: RankAssignmentFn | None = None,
+        rank_filter: RankAssignmentFn | None = None,
         monitor_thread_interval: Seconds = 1.0,
         monitor_process_interval: Seconds = 1.0,
         heartbeat_interval: Seconds = 1.0,
@@ -216,6 +219,9 @@ class Wrapper:
         self.store_kwargs = dict(store_kwargs or {})
         self.store_factory = store_factory
         self.completion_timeout_s = _seconds(completion_timeout, "completion_timeout")
+        # NVRx applies the filter after the assignment; None keeps ftd's own (ShiftRanks).
+        steps = [step for step in (rank_filter, rank_assignment) if step is not None]
+        self.rank_assignment: RankAssignmentFn | None = Compose(*steps) if steps else None
         # NVRx's monitor process, heartbeats, rank assignment and termination are the
         # daemon's work under `ftd serve` (docs/nvrx-compat.md): accepted, checked, unused.
         for name, value in (
@@ -230,8 +236,6 @@ class Wrapper:
         self.unused = {
             name: value
             for name, value in (
-                ("rank_assignment", rank_assignment),
-                ("rank_filter", rank_filter),
                 ("monitor_process_logfile", monitor_process_logfile),
                 ("completion", completion),
                 ("terminate", terminate),
@@ -294,6 +298,7 @@ class _Runner:
             self._on_fault,
         )
         self._watchdog_store: Any = None
+        self._assignment_store: Any = None
         on_main = threading.current_thread() is threading.main_thread()
         self.watchdog = Watchdog(
             wrapper.soft_timeout_s, wrapper.progress_interval_s, self._on_soft_timeout, on_main
@@ -322,7 +327,7 @@ class _Runner:
             self._enter(rnd, members)
             if wants_call_wrapper:
                 kwargs = {**kwargs, "call_wrapper": CallWrapper(self)}
-            ok, value = self._call(fn, args, kwargs)
+            ok, value = self._call_active(fn, args, kwargs)
             if ok and self._finish(rnd):
                 return value
             error: BaseException = (
@@ -348,8 +353,26 @@ class _Runner:
         env["MASTER_PORT"] = str(members.master_port)
         env["TORCHELASTIC_USE_AGENT_STORE"] = "True"  # the round's store is hosted already
         self.state = FrozenState(
-            self.slot, self.initial_world_size, rank, len(members.slots), rnd, fault=None
+            self.slot,
+            self.initial_world_size,
+            rank,
+            len(members.slots),
+            rnd,
+            active_rank=rank,
+            active_world_size=len(members.slots),
         )
+        if self.wrapper.rank_assignment is not None:
+            if self._assignment_store is None:
+                self._assignment_store = self.coordination.client(self.wrapper.barrier_timeout_s)
+            self.state = assign(
+                self.wrapper.rank_assignment,
+                self.state,
+                list(members.slots),
+                self._assignment_store,
+            )
+            if self.state.active_rank is not None:
+                env["RANK"] = str(self.state.active_rank)
+                env["WORLD_SIZE"] = str(self.state.active_world_size)
         self._aborted[rnd] = threading.Event()
         self.watcher.watch(rnd)
         self.watchdog.arm(rnd)
@@ -360,6 +383,16 @@ class _Runner:
             len(members.slots),
             self.slot,
         )
+
+    def _call_active(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[bool, Any]:
+        """`_call` on an active rank. A reserve (inactive) waits for the round's end as if it
+        had returned, and joins the next round if a fault ends this one first."""
+        if self.state.mode is Mode.INACTIVE:
+            self.watchdog.disarm()
+            return True, None
+        return self._call(fn, args, kwargs)
 
     def _call(
         self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
