@@ -24,6 +24,9 @@ $(DEMO_STAMP): pyproject.toml constraints.txt
 $(STAMP): $(DEMO_STAMP)
 	@echo "=== installing the test tools (pytest, ruff, mypy, playwright, ...) into $(VENV) ==="
 	$(PIP) -e '.[test]'
+	@echo "=== installing NVIDIA's nvidia-resiliency-ext for the drop-in tests (optional) ==="
+	$(PIP) -e '.[nvrx]' \
+		|| echo "nvidia-resiliency-ext not installed: its tests in tests/test_nvrx_compat.py are skipped"
 	touch $(STAMP)
 
 # The main job: examples/train_ddp.py under `ftd serve` on 2 ranks. Rank 1 crashes at step 25 of

@@ -14,6 +14,7 @@ from typing import Annotated, Any
 
 import yaml
 from ftd_client.protocol import MAX_SECTION_NAME
+from ftd_client.protocol import MAX_SECTIONS as MAX_PROTOCOL_SECTIONS
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 MIN_TIMEOUT_S = 0.1
@@ -21,7 +22,7 @@ MIN_TIMEOUT_S = 0.1
 (5e-324 through the API) would judge every rank hung at once."""
 MAX_TIMEOUT_S = 30 * 24 * 3600.0
 """No hang timeout above 30 days: larger values are mistakes (or overflow a timer)."""
-MAX_SECTIONS = 1024
+MAX_SECTIONS = MAX_PROTOCOL_SECTIONS
 
 Seconds = Annotated[float, Field(ge=MIN_TIMEOUT_S, le=MAX_TIMEOUT_S, allow_inf_nan=False)]
 """Every hang timeout, from every source (CLI, YAML, API, a rank's load_state_dict, learning)."""

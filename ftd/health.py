@@ -14,6 +14,7 @@ import os
 import shutil
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +22,14 @@ from ftd_client import protocol
 from ftd_client.protocol import ProtocolError, WorkloadAction
 from pydantic import ValidationError
 
+from ftd import nvrx_wire
 from ftd.errors import InvalidRequest, format_validation_error
 from ftd.events import EventLog
 from ftd.ft_config import FaultToleranceConfig, RankTimeouts
 from ftd.ipc import RankSocketServer, parent_pid
-from ftd.monitor import Monitor, RankHealth, Verdict, learn_timeouts
+from ftd.learning import Base, Generations, NotReady, apply_values, learn_nvrx, learned_values
+from ftd.monitor import OUT_OF_SECTION, Monitor, RankHealth, Verdict, learn_timeouts
+from ftd.nvrx_server import NvrxServer
 from ftd.persist import Persistence
 from ftd.state import Failure, RankStatus
 from ftd.workers import WorkerGroup
@@ -66,11 +70,14 @@ class HealthService:
         self.persist = persist or Persistence()
         self.workload_request: WorkloadRequest | None = None
         self._learned: frozenset[str] = frozenset()
+        self._generations = Generations()
         timeouts = self._load_state(ft.timeouts())
         self.monitor = Monitor(timeouts, self._on_hang)
         self.monitor.connect_timeout = ft.initial_rank_heartbeat_timeout  # as configured
         self.server = RankSocketServer(socket_path, self._dispatch, self._authorize)
         self.monitor.drain = self.server.drain
+        self.nvrx = NvrxServer(socket_path, self, self.server.dropped)
+        self.server.followers.append(self.nvrx)
         self._group: WorkerGroup | None = None
         self._hang_tasks: set[asyncio.Task[None]] = set()
         self._first_steps: asyncio.Future[float | None] | None = None
@@ -83,10 +90,16 @@ class HealthService:
 
     def start(self) -> None:
         self.server.start()
+        loop = asyncio.get_running_loop()
+        try:
+            self.nvrx.start(loop.add_reader, loop.remove_reader)
+        except OSError as error:  # ftd_client's socket still serves; NVRx's clients will fail
+            log.error("NVRx's rank sockets are not served: %s", error)
 
     def close(self) -> None:
         self.monitor.detach()
         self.server.close()
+        self.nvrx.close()
         for task in self._hang_tasks:
             task.cancel()
 
@@ -95,6 +108,7 @@ class HealthService:
     def attach(self, group: WorkerGroup, statuses: list[RankStatus]) -> None:
         """Watch this attempt's ranks (the previous attempt's are forgotten)."""
         self._group = group
+        self._generations.reset()  # a new attempt's ranks count their calls from 1
         self.monitor.attach(
             [(s.local_rank, s.global_rank, s.pid) for s in statuses if s.pid is not None]
         )
@@ -153,18 +167,24 @@ class HealthService:
         self._apply(timeouts, by, learned=True)
         return timeouts
 
-    def update(self, patch: dict[str, Any], by: str) -> RankTimeouts:
-        """Apply a partial update, validated by the same model as the CLI."""
+    def update(
+        self, patch: dict[str, Any], by: str, learned: frozenset[str] = frozenset()
+    ) -> RankTimeouts:
+        """Apply a partial update, validated by the same model as the CLI; `learned` names the
+        values that were calculated (a checkpoint's learned timeouts), the rest are set."""
         merged = {**self.timeouts.model_dump(), **patch}
         try:
             timeouts = RankTimeouts.model_validate(merged)
         except ValidationError as error:
             raise InvalidRequest(format_validation_error(error)) from None
         # Values set by hand are no longer learned ones.
-        self._learned = self._learned - set(patch) - {f"section:{s}" for s in _sections(patch)}
-        if "initial_rank_heartbeat_timeout" in patch:  # set by hand: it bounds connecting too
-            self.monitor.connect_timeout = timeouts.initial_rank_heartbeat_timeout
-        self._apply(timeouts, by, learned=False)
+        keys = set(patch) | {f"section:{s}" for s in _sections(patch)}
+        self._learned = (self._learned - keys) | (learned & keys)
+        if "initial_rank_heartbeat_timeout" in set(patch) - learned:  # set by hand: it
+            self.monitor.connect_timeout = (
+                timeouts.initial_rank_heartbeat_timeout
+            )  # bounds connects
+        self._apply(timeouts, by, learned=bool(learned & keys))
         return timeouts
 
     def _apply(self, timeouts: RankTimeouts, by: str, learned: bool) -> None:
@@ -232,7 +252,7 @@ class HealthService:
             self.monitor.on_section_end(rank, message["n"], now)
         elif kind == protocol.HELLO:
             self.monitor.on_hello(rank, message.get("stack_signal"), now)
-            return {"ok": True, "timeouts": self.timeouts.model_dump()}
+            return self._timeouts_reply(self.timeouts)
         elif kind == protocol.GOODBYE:
             self.monitor.on_goodbye(rank)
         elif kind == protocol.RESUMED:
@@ -251,27 +271,77 @@ class HealthService:
         elif kind == protocol.WORKLOAD_CONTROL:
             return self._on_workload_control(rank, message)
         elif kind == protocol.CALCULATE_TIMEOUTS:
-            sections = message.get("sections")
-            if sections is not None and not isinstance(sections, list):
-                raise ProtocolError("malformed", "sections must be a list or null")
-            learned = self.learn(
-                f"rank {rank.global_rank}", sections, bool(message.get("oos", True))
-            )
-            return {"ok": True, "timeouts": learned.model_dump()}
+            return self._on_calculate(rank, message, now)
         elif kind == protocol.SET_TIMEOUTS:
             patch = message.get("timeouts")
             if not isinstance(patch, dict):
                 raise ProtocolError("malformed", "timeouts must be an object")
+            learned = _names(message.get("learned", []), "learned")
             try:
-                applied = self.update(patch, by=f"rank {rank.global_rank}")
+                applied = self.update(patch, by=f"rank {rank.global_rank}", learned=learned)
             except InvalidRequest as error:
                 return {"ok": False, "error": error.detail}
-            return {"ok": True, "timeouts": applied.model_dump()}
+            return self._timeouts_reply(applied)
         return None
 
+    def _timeouts_reply(self, timeouts: RankTimeouts) -> dict[str, Any]:
+        return {"ok": True, "timeouts": timeouts.model_dump(), "learned": sorted(self._learned)}
+
+    def _on_calculate(
+        self, rank: RankHealth, message: dict[str, Any], now: float
+    ) -> dict[str, Any]:
+        """Learn timeouts for a rank's request: ftd's rule (every observed section, blended
+        with an earlier learned value) or NVRx's (ftd/learning.py). Calls of one generation,
+        one per rank, start from the same timeouts (see ftd/learning.py)."""
+        raw = message.get("sections")
+        sections = None if raw is None else sorted(_names(raw, "sections"))
+        out_of_section = bool(message.get("oos", True))
+        rule, kind, generation = (
+            message.get("rule", "ftd"),
+            message.get("kind", "all"),
+            message.get("gen"),
+        )
+        if rule not in ("ftd", "nvrx") or kind not in ("all", "hb", "sections"):
+            raise ProtocolError("malformed", f"rule {rule!r:.20} / kind {kind!r:.20}")
+        if generation is not None and not (isinstance(generation, int) and 0 < generation < 2**31):
+            raise ProtocolError("malformed", "gen must be a positive integer")
+        current = Base(self.timeouts, self._learned)
+        base = (
+            current
+            if generation is None
+            else self._generations.base((rule, kind, generation), current)
+        )
+        floor = self.ft.min_learned_timeout
+        if rule == "nvrx":
+            if kind == "all":
+                raise ProtocolError("malformed", "NVRx's rule learns hb or sections")
+            if kind == "sections" and not rank.open_sections and rank.out_of_section_since:
+                # NVRx's maybe_bump_oos_time: the rank's current stretch out of any section.
+                self.monitor.observed.see(OUT_OF_SECTION, now - rank.out_of_section_since)
+            try:
+                values = learn_nvrx(
+                    base, self.monitor.observed, self.ft.safety_factor, kind, sections,
+                    out_of_section, floor,
+                )  # fmt: skip
+            except NotReady as error:
+                return {"ok": False, "error": f"not ready: {error}"}
+        else:
+            result, names = learn_timeouts(
+                base.timeouts, base.learned, self.monitor.observed, self.ft.safety_factor,
+                sections, out_of_section, floor=floor,
+            )  # fmt: skip
+            values = learned_values(result, names)
+        self._learned = self._learned | set(values)
+        timeouts = apply_values(self.timeouts, values)
+        self._apply(timeouts, f"rank {rank.global_rank}", learned=True)
+        return self._timeouts_reply(timeouts)
+
     def _on_workload_control(self, rank: RankHealth, message: dict[str, Any]) -> dict[str, Any]:
-        action = WorkloadAction[message["a"]]
-        request = WorkloadRequest(action, rank.global_rank, str(message.get("d", ""))[:1000])
+        self._workload(rank, WorkloadAction[message["a"]], str(message.get("d", "")))
+        return {"ok": True}
+
+    def _workload(self, rank: RankHealth, action: WorkloadAction, description: str) -> None:
+        request = WorkloadRequest(action, rank.global_rank, description[:1000])
         self.events.emit(
             "workload_control",
             action=action.name,
@@ -281,7 +351,120 @@ class HealthService:
         if action is not WorkloadAction.CONTINUE:
             log.warning("%s", request.reason())
             self.workload_request = request
-        return {"ok": True}
+
+    # -- NVRx's own rank client (ftd/nvrx_server.py) -----------------------------------------
+
+    def nvrx_authorize(self, pid: int) -> None:
+        self._rank_for(pid)
+
+    def nvrx_message(self, pid: int, message: nvrx_wire.Record, now: float) -> bytes:
+        """What NVRx's RankMonitorServer does with each message, on ftd's monitor."""
+        rank = self._rank_for(pid)
+        if isinstance(message, nvrx_wire.InitMsg):
+            self.monitor.on_hello(rank, None, now)  # NVRx's client registers no stack dump
+            return nvrx_wire.ok(cfg=self._nvrx_config())
+        if isinstance(message, nvrx_wire.HeartbeatMsg):
+            self.monitor.on_heartbeat(rank, now)
+        elif isinstance(message, nvrx_wire.SectionMsg):
+            return self._nvrx_section(rank, message, now)
+        elif isinstance(message, nvrx_wire.UpdateConfigMsg):
+            self._nvrx_update(rank, message)
+        return nvrx_wire.ok()
+
+    def _nvrx_section(self, rank: RankHealth, message: nvrx_wire.SectionMsg, now: float) -> bytes:
+        name, action = message.section, message.action
+        if action is nvrx_wire.SectionAction.CLOSE_ALL:
+            for open_name in list(rank.open_sections):
+                self.monitor.on_section_end(rank, open_name, now)
+            return nvrx_wire.ok()
+        if name is None:
+            return nvrx_wire.error("a section name is required")
+        if action is nvrx_wire.SectionAction.OPEN:
+            if name in rank.open_sections:
+                return nvrx_wire.error(f"Section '{name}' is already open.")
+            self.monitor.on_section_start(rank, name, now)
+        elif name not in rank.open_sections:
+            return nvrx_wire.error(f"Section '{name}' is not open.")
+        else:
+            self.monitor.on_section_end(rank, name, now)
+        return nvrx_wire.ok()
+
+    def _nvrx_update(self, rank: RankHealth, message: nvrx_wire.UpdateConfigMsg) -> None:
+        """Timeouts the NVRx client calculated (the same on every rank: it reduced its
+        observations across ranks first). Calculated values count as learned ones."""
+        patch: dict[str, Any] = {}
+        learned: set[str] = set()
+        unlearned: set[str] = set()
+        if (hb := message.hb_timeouts) is not None:
+            patch["initial_rank_heartbeat_timeout"] = hb.initial
+            patch["rank_heartbeat_timeout"] = hb.subsequent
+            names = {"initial_rank_heartbeat_timeout", "rank_heartbeat_timeout"}
+            (learned if hb.were_calculated else unlearned).update(names)
+        if (sections := message.section_timeouts) is not None:
+            patch["rank_section_timeouts"] = dict(sections.section)
+            patch["rank_out_of_section_timeout"] = sections.out_of_section
+            keys = {f"section:{name}" for name in sections.section}
+            calculated = {f"section:{name}" for name in sections.calculated_sections}
+            learned |= calculated & keys
+            unlearned |= keys - calculated
+            oos = "rank_out_of_section_timeout"
+            (learned if sections.is_out_of_section_calculated else unlearned).add(oos)
+        floor = self.ft.min_learned_timeout  # as for timeouts the daemon learns itself
+        for name in learned:
+            if name.startswith("section:"):
+                section = name.removeprefix("section:")
+                patch["rank_section_timeouts"][section] = _at_least(
+                    patch["rank_section_timeouts"][section], floor
+                )
+            else:
+                patch[name] = _at_least(patch[name], floor)
+        try:
+            timeouts = RankTimeouts.model_validate({**self.timeouts.model_dump(), **patch})
+        except ValidationError as error:
+            raise nvrx_wire.Refused("bad_timeouts", str(error).splitlines()[0]) from None
+        self._learned = (self._learned - unlearned) | learned
+        self._apply(timeouts, f"rank {rank.global_rank} (NVRx client)", learned=bool(learned))
+
+    def _nvrx_config(self) -> nvrx_wire.Ref:
+        """NVRx's FaultToleranceConfig as its client reads it: the timeouts in force."""
+        timeouts = self.timeouts
+        return nvrx_wire.Ref(
+            nvrx_wire.CONFIG_MODULE,
+            "FaultToleranceConfig",
+            {
+                "workload_check_interval": self.ft.workload_check_interval,
+                "initial_rank_heartbeat_timeout": timeouts.initial_rank_heartbeat_timeout,
+                "rank_heartbeat_timeout": timeouts.rank_heartbeat_timeout,
+                "rank_section_timeouts": dict(timeouts.rank_section_timeouts),
+                "rank_out_of_section_timeout": timeouts.rank_out_of_section_timeout,
+                "node_health_check_interval": 5.0,
+                "safety_factor": self.ft.safety_factor,
+                "rank_termination_signal": nvrx_wire.EnumRef(
+                    "signal", "Signals", int(signal.Signals[self.ft.rank_termination_signal])
+                ),
+                "log_level": logging.getLevelNamesMapping().get(
+                    self.ft.log_level.upper(), logging.INFO
+                ),
+                "restart_check_interval": 60.0,
+                "enable_nic_monitor": False,
+                "pci_topo_file": None,
+                "link_down_path_template": None,
+            },
+        )
+
+    def nvrx_disconnected(self, pid: int) -> None:
+        """NVRx's monitor stops timing a rank whose connection closed."""
+        rank = self.monitor.rank_of(pid)
+        if rank is not None:
+            self.monitor.on_goodbye(rank)
+
+    def nvrx_workload_control(self, pid: int, request: nvrx_wire.WorkloadControlRequest) -> None:
+        action = {
+            nvrx_wire.WorkloadAction.Continue: WorkloadAction.CONTINUE,
+            nvrx_wire.WorkloadAction.ExcludeThisNode: WorkloadAction.EXCLUDE_THIS_NODE,
+            nvrx_wire.WorkloadAction.ShutdownWorkload: WorkloadAction.SHUTDOWN_WORKLOAD,
+        }[request.action]
+        self._workload(self._rank_for(pid), action, request.description)
 
     # -- hangs -------------------------------------------------------------------------------
 
@@ -307,37 +490,62 @@ class HealthService:
             return
         notes: list[str] = []
         try:
-            results = await asyncio.gather(
-                *(self._explain(group, r) for r in [rank, *others]), return_exceptions=True
-            )
-            for who, result in zip([rank, *others], results, strict=True):
-                if isinstance(result, BaseException):
-                    log.error("could not explain rank %d: %r", who.global_rank, result)
-                    notes.append(f"rank {who.global_rank}: no stacks ({result!r})")
-                else:
-                    prefix = "" if who is rank else f"rank {who.global_rank}: "
-                    notes.extend(prefix + note for note in result)
+            notes = await self._explain_each(group, [rank, *others], unnamed=rank)
         except Exception as error:  # never lose the kill to an explanation
             notes.append(f"stacks not collected ({error!r})")
         finally:
             self._kill(group, rank, others, reason, notes)
 
+    async def explain_ranks(self, local_ranks: list[int]) -> list[str]:
+        """Write these local ranks' stacks (in-process mode: the stragglers that make the
+        daemon fall back to a process restart, before it stops them); notes on each."""
+        group = self._group
+        if group is None:
+            return []
+        ranks = [rank for rank in self.monitor.ranks() if rank.local_rank in local_ranks]
+        return await self._explain_each(group, ranks)
+
+    async def _explain_each(
+        self, group: WorkerGroup, ranks: list[RankHealth], unnamed: RankHealth | None = None
+    ) -> list[str]:
+        """Every rank's stacks at once; notes prefixed with the rank (but `unnamed`'s)."""
+        notes: list[str] = []
+        results = await asyncio.gather(
+            *(self._explain(group, r) for r in ranks), return_exceptions=True
+        )
+        for who, result in zip(ranks, results, strict=True):
+            if isinstance(result, BaseException):
+                log.error("could not explain rank %d: %r", who.global_rank, result)
+                notes.append(f"rank {who.global_rank}: no stacks ({result!r})")
+            else:
+                prefix = "" if who is unnamed else f"rank {who.global_rank}: "
+                notes.extend(prefix + note for note in result)
+        return notes
+
     async def _explain(self, group: WorkerGroup, rank: RankHealth) -> list[str]:
         stacks = Path(group.attempt_log_dir) / str(rank.local_rank)
         stacks_file = stacks / "stacks.txt"
         notes: list[str] = []
-        if _is_stopped(rank.pid):
-            notes.append("the rank was stopped (SIGSTOP/SIGTSTP): resumed with SIGCONT, no stacks")
-            group.signal_rank(rank.local_rank, signal.SIGCONT)
-        elif rank.stack_signal is None:
+
+        def resume() -> None:
+            # A stopped process runs no signal handler. Resumed after the stack signal is
+            # pending, its faulthandler writes the stacks of where it stopped, before any
+            # Python runs, and before the termination signal ends it.
+            if _is_stopped(rank.pid):
+                notes.append("the rank was stopped (SIGSTOP/SIGTSTP): resumed with SIGCONT")
+                group.signal_rank(rank.local_rank, signal.SIGCONT)
+
+        if rank.stack_signal is None:
+            resume()
             notes.append("the rank did not register a stack dump (no ftd_client)")
+        elif await _dump_stacks(rank.pid, rank.stack_signal, stacks_file, resume):
+            notes.append(f"Python stacks in {stacks_file}")
         else:
-            if await _dump_stacks(rank.pid, rank.stack_signal, stacks_file):
-                notes.append(f"Python stacks in {stacks_file}")
-            else:
-                notes.append("the rank wrote no stacks within 1s")
-            if (native := await _native_dump(rank.pid, stacks / "stacks_native.txt")) is not None:
-                notes.append(f"native stacks in {native}")
+            notes.append(f"the rank wrote no stacks within {STACK_DUMP_WAIT_S:g}s")
+        # py-spy reads the stacks from outside: the fallback for a rank that cannot run its
+        # handler (no ftd_client, a signal blocked, C code that never returns to Python).
+        if (native := await _native_dump(rank.pid, stacks / "stacks_native.txt")) is not None:
+            notes.append(f"native stacks in {native}")
         return notes
 
     def _kill(
@@ -408,6 +616,20 @@ def _verdict_reason(verdict: Verdict, culprit: RankHealth) -> str:
     return reason
 
 
+def _names(value: object, what: str) -> frozenset[str]:
+    if (
+        not isinstance(value, list)
+        or len(value) > protocol.MAX_SECTIONS
+        or not all(isinstance(n, str) and 0 < len(n) <= protocol.MAX_SECTION_NAME for n in value)
+    ):
+        raise ProtocolError("malformed", f"{what} must be a list of names")
+    return frozenset(value)
+
+
+def _at_least(value: float | None, floor: float) -> float | None:
+    return None if value is None else max(value, floor)
+
+
 def _sections(patch: dict[str, Any]) -> list[str]:
     sections = patch.get("rank_section_timeouts")
     return list(sections) if isinstance(sections, dict) else []
@@ -422,13 +644,16 @@ def _is_stopped(pid: int) -> bool:
     return state in (b"T", b"t")
 
 
-async def _dump_stacks(pid: int, stack_signal: int, path: Path) -> bool:
+async def _dump_stacks(
+    pid: int, stack_signal: int, path: Path, after_signal: Callable[[], None]
+) -> bool:
     """Signal the rank's faulthandler and await its dump (the file grows, then settles)."""
     before = _size(path)
     try:
         os.kill(pid, stack_signal)
     except OSError:
         return False
+    after_signal()
     loop = asyncio.get_running_loop()
     deadline = loop.time() + STACK_DUMP_WAIT_S
     last = before

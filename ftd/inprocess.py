@@ -71,6 +71,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("ftd.inprocess")
 
 IDLE_WAIT_S = 3600.0
+EXPLAIN_TIMEOUT_S = 15.0
+"""Bounds the stragglers' stack dumps (faulthandler's, then py-spy's) before the fallback."""
+ExplainRanks = Callable[[list[int]], Awaitable[list[str]]]
+"""(local ranks) -> notes on the stacks written for them."""
 """A wait without a deadline is cut into waits this long (closing wakes it at once)."""
 ENV_RESPAWN = "FTD_INPROCESS_RESPAWN"
 """Set in a respawned rank's environment: how many times its local rank was respawned."""
@@ -135,8 +139,12 @@ class InprocessRounds:
         events: EventLog,
         node_id: str,
         on_respawned: Callable[[int, int | None], None] | None = None,
+        explain_stragglers: ExplainRanks | None = None,
     ) -> None:
         self.group = group
+        self.explain_stragglers = explain_stragglers
+        """Writes the stacks of local ranks (HealthService.explain_ranks), for the stragglers
+        of a round before the attempt fails; notes on what was written."""
         self.store_addr = store_addr
         self.keys = Keys(prefix)
         self.world = list(range(world_size))
@@ -314,7 +322,7 @@ class InprocessRounds:
                 if self._closing.is_set():
                     return
                 if isinstance(arrivals, list):
-                    self._give_up(rnd, arrivals, hard_timeout_s)
+                    await self._give_up(rnd, arrivals, hard_timeout_s)
                     return
                 if not arrivals.live:
                     log.warning("in-process round %d: every rank was written off", rnd)
@@ -447,7 +455,7 @@ class InprocessRounds:
         self.store.compare_set(self.keys.wake(rnd, DAEMON), "", STOP)
         self.store.queue_push(self.keys.barrier, "close")
 
-    def _give_up(self, rnd: int, stragglers: list[int], hard_timeout_s: float) -> None:
+    async def _give_up(self, rnd: int, stragglers: list[int], hard_timeout_s: float) -> None:
         reason = (
             f"ranks {stragglers} did not reach in-process round {rnd}'s barrier within the "
             f"hard timeout ({hard_timeout_s:g}s): restarting the processes"
@@ -457,6 +465,17 @@ class InprocessRounds:
         by_slot = {slot: lr for lr, slot in self.local_slots.items()}
         local = by_slot.get(stragglers[0]) if stragglers else None
         status = self.group.statuses.get(local) if local is not None else None
+        # The stragglers' stacks first (this node's; other nodes' leaders see their own): what
+        # held them is gone once their processes are restarted.
+        local_stragglers = [by_slot[slot] for slot in stragglers if slot in by_slot]
+        if self.explain_stragglers is not None and local_stragglers:
+            try:
+                notes = await asyncio.wait_for(
+                    self.explain_stragglers(local_stragglers), EXPLAIN_TIMEOUT_S
+                )
+            except Exception as error:  # never lose the restart to an explanation
+                notes = [f"stacks not collected ({error!r})"]
+            reason = "; ".join([reason, *notes])
         self.group.fail(
             Failure(
                 kind="hang",

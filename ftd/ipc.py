@@ -23,7 +23,7 @@ import struct
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from ftd_client import protocol
 from ftd_client.protocol import ProtocolError
@@ -38,6 +38,14 @@ Dispatch = Callable[[int, dict[str, Any], float], dict[str, Any] | None]
 """(sender pid, message, receipt time) -> reply for answered messages; raises ProtocolError."""
 Authorize = Callable[[int], None]
 """(sender pid) -> None when the pid is a rank or a rank's descendant; raises ProtocolError."""
+
+
+class Follower(Protocol):
+    def pause(self) -> None: ...
+
+    def resume(self) -> None: ...
+
+    def drain(self) -> None: ...
 
 
 @dataclasses.dataclass(slots=True)
@@ -60,26 +68,19 @@ class RankSocketServer:
         self._connections: dict[int, _Connection] = {}
         self._paused = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.followers: list[Follower] = []
+        """Other rank sockets (NVRx's) paused, resumed and drained with this one."""
 
     def start(self) -> None:
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        listener.setblocking(False)
-        with contextlib.suppress(FileNotFoundError):
-            self.path.unlink()
-        previous_umask = os.umask(0o177)  # created 0600: no window where others could connect
-        try:
-            listener.bind(str(self.path))
-        finally:
-            os.umask(previous_umask)
-        os.chmod(self.path, 0o600)
-        listener.listen(LISTEN_BACKLOG)
-        self._listener = listener
+        listener = self._listener = listen_unix(self.path, socket.SOCK_SEQPACKET)
         self._loop = asyncio.get_running_loop()
         self._loop.add_reader(listener.fileno(), self._on_connect)
 
     def pause(self) -> None:
         """Stop reading (the kernel queues connections and messages) until `resume`: while an
         attempt's ranks are spawned, their first messages must wait for their pids to be known."""
+        for follower in self.followers:
+            follower.pause()
         if self._loop is None or self._paused:
             return
         self._paused = True
@@ -89,6 +90,8 @@ class RankSocketServer:
             self._loop.remove_reader(fd)
 
     def resume(self) -> None:
+        for follower in self.followers:
+            follower.resume()
         if self._loop is None or not self._paused:
             return
         self._paused = False
@@ -100,6 +103,8 @@ class RankSocketServer:
     def drain(self) -> None:
         """Read every message already queued, now: a timer about to judge a rank must not run
         ahead of the rank's queued heartbeats (the event loop runs due timers before I/O)."""
+        for follower in self.followers:
+            follower.drain()
         if self._loop is None or self._paused or self._listener is None:
             return
         self._on_connect()
@@ -232,6 +237,22 @@ def _peer(conn: socket.socket) -> tuple[int, int]:
     creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, UCRED.size)
     pid, uid, _ = UCRED.unpack(creds)
     return int(pid), int(uid)
+
+
+def listen_unix(path: Path, kind: socket.SocketKind) -> socket.socket:
+    """A non-blocking unix listener at `path` (replacing a stale one), created mode 0600."""
+    listener = socket.socket(socket.AF_UNIX, kind)
+    listener.setblocking(False)
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    previous_umask = os.umask(0o177)  # created 0600: no window where others could connect
+    try:
+        listener.bind(str(path))
+    finally:
+        os.umask(previous_umask)
+    os.chmod(path, 0o600)
+    listener.listen(LISTEN_BACKLOG)
+    return listener
 
 
 def _peer_closed(conn: socket.socket) -> bool:

@@ -11,6 +11,7 @@ import sys
 from dataclasses import dataclass
 
 from ftd.config import ServeConfig
+from ftd.nvrx_server import rank_env as nvrx_rank_env
 
 STACK_SIGNAL = signal.SIGUSR2
 """Ranks' ftd_client dumps its Python stacks (faulthandler) on this signal."""
@@ -82,6 +83,7 @@ def worker_envs(
         if socket_path:
             env["FTD_SOCKET"] = socket_path
             env["FTD_STACK_SIGNAL"] = str(int(STACK_SIGNAL))
+            env.update(nvrx_rank_env(socket_path))  # for nvidia_resiliency_ext's own client
         if attempt_log_dir:
             env["FTD_STACKS_FILE"] = os.path.join(attempt_log_dir, str(local_rank), "stacks.txt")
         omp = os.environ.get("OMP_NUM_THREADS")

@@ -114,7 +114,14 @@ async def test_stopped_rank_is_a_hang_resumed_then_killed(serve: ServeFactory) -
     run = await run_mode(serve, "sigstop", "--ft-param-rank_heartbeat_timeout=0.5")
     assert await run.wait() == 0
     [hang] = events(run, "rank_hung")
-    assert any("SIGSTOP" in note for note in hang["data"]["notes"])  # type: ignore[index]
+    notes = hang["data"]["notes"]  # type: ignore[index]
+    assert any("SIGSTOP" in note and "SIGCONT" in note for note in notes), notes
+    stacks = run.attempt_dir(0) / "1" / "stacks.txt"
+    assert any(note == f"Python stacks in {stacks}" for note in notes), notes
+    # The stacks are those of where it stopped: SIGCONT came after the stack signal.
+    text = stacks.read_text()
+    assert "health_worker.py" in text and "sleep" not in text.split("File")[1], text
+    assert "terminated with SIGKILL" in run.stderr.text
 
 
 async def test_hang_inside_gloo_allreduce_names_the_hung_rank(serve: ServeFactory) -> None:

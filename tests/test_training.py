@@ -134,4 +134,4 @@ async def test_nvrx_section_script_runs_through_a_hang_and_a_crash(serve: ServeF
     assert "stayed in section 'step' past its timeout" in run.stderr.text
     assert "failed with signal SIGKILL" in run.stderr.text
     assert "rank 1 attempt 2 done" in run.stdout.text
-    assert "calculated_sections=['step']" in run.stdout.text
+    assert "calculated_sections={'step'}" in run.stdout.text

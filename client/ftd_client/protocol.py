@@ -17,14 +17,19 @@ Every message has `"v"` (PROTOCOL_VERSION) and `"t"` (its type):
 | `ss` | `n` section name | no | section start |
 | `se` | `n` section name | no | section end |
 | `wc` | `a` WorkloadAction name, `d` description | yes | workload-control request |
-| `calc` | `sections` (list or null), `oos` (bool) | yes | learn timeouts from observations |
-| `set` | `timeouts` (object) | yes | apply timeouts (load_state_dict) |
+| `calc` | `sections` (list/null), `oos` (bool), `rule`, `kind`, `gen` | yes | learn timeouts |
+| `set` | `timeouts` (object), `learned` (names) | yes | apply timeouts (load_state_dict) |
 | `bye` |  | no | the rank stops monitoring |
 | `fault` | `kind`, `sections` (open now) | no | a simulated fault is being carried out |
 | `up` |  | no | the rank is training again (`resumed()`): ends a restart's first step |
 
 Messages that are answered carry `"id"` (int); the daemon replies on the same connection
-with `{"v": 1, "t": "reply", "id": <id>, "ok": bool, "error": str?, "timeouts": {...}?}`.
+with `{"v": 1, "t": "reply", "id": <id>, "ok": bool, "error": str?, "timeouts": {...}?,
+"learned": [...]?}`. `learned` names the timeouts in force that were calculated rather than set
+(`initial_rank_heartbeat_timeout`, `rank_heartbeat_timeout`, `rank_out_of_section_timeout`,
+`section:<name>`). In `calc`, `rule` is `ftd` (default) or `nvrx` (NVRx's rule), `kind` `all`,
+`hb` or `sections`, and `gen` the rank's n-th request of that rule and kind (ranks' requests of one
+generation start from the same timeouts).
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ MAX_SECTION_NAME = 128
 MAX_CONTAINERS = 256
 """Objects and arrays in one message: the largest real one (a `set` of every section's timeout)
 has a handful; a deeply nested packet is refused before it is parsed."""
+MAX_SECTIONS = 256
 
 HELLO = "hello"
 HEARTBEAT = "hb"

@@ -61,6 +61,11 @@ class RankClient:
         """Connection attempts that failed (the daemon was away); a retry is rate-limited."""
         self.timeouts: dict[str, Any] = {}
         """The timeouts in force, as the daemon last announced them."""
+        self.learned: frozenset[str] = frozenset()
+        """Which of them were calculated (`rank_heartbeat_timeout`, `section:step`, ...)."""
+        self._generations: dict[tuple[str, str], int] = {}
+        self.last_error = ""
+        """Why the last request was not answered with timeouts."""
         self._path = socket_path if socket_path is not None else os.environ.get("FTD_SOCKET")
         self._sock: socket.socket | None = None
         self._ids = itertools.count(1)
@@ -126,24 +131,45 @@ class RankClient:
         return bool(reply and reply.get("ok"))
 
     def calculate_and_set_timeouts(
-        self, sections: list[str] | None = None, out_of_section: bool = True
+        self,
+        sections: list[str] | None = None,
+        out_of_section: bool = True,
+        *,
+        rule: str = "ftd",
+        kind: str = "all",
     ) -> dict[str, Any] | None:
-        """Ask the daemon to learn timeouts from what it observed; the new timeouts, or None."""
+        """Ask the daemon to learn timeouts from what it observed; the new timeouts, or None
+        (`last_error` says why). Every rank's n-th call of a rule and kind is one generation:
+        the daemon starts them all from the same timeouts, so the result does not depend on
+        which rank called last. `rule="nvrx"` learns `kind` "hb" or "sections" by NVRx's rule."""
+        generation = self._generations[rule, kind] = self._generations.get((rule, kind), 0) + 1
         reply = self._request(
-            {"t": protocol.CALCULATE_TIMEOUTS, "sections": sections, "oos": out_of_section}
+            {
+                "t": protocol.CALCULATE_TIMEOUTS,
+                "sections": sections,
+                "oos": out_of_section,
+                "rule": rule,
+                "kind": kind,
+                "gen": generation,
+            }
         )
         return self._apply_timeouts(reply)
 
     def state_dict(self) -> dict[str, Any]:
-        """The timeouts in force, for a checkpoint."""
+        """The timeouts in force, for a checkpoint, and which of them were calculated."""
         self._drain_replies()
-        return {"timeouts": dict(self.timeouts)}
+        return {"timeouts": dict(self.timeouts), "learned": sorted(self.learned)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Apply timeouts saved by `state_dict` (e.g. from a checkpoint)."""
+        """Apply timeouts saved by `state_dict` (e.g. from a checkpoint); those it lists as
+        `learned` stay learned ones."""
         timeouts = state.get("timeouts")
+        learned = state.get("learned", [])
         if isinstance(timeouts, dict) and timeouts:
-            self._apply_timeouts(self._request({"t": protocol.SET_TIMEOUTS, "timeouts": timeouts}))
+            message = {"t": protocol.SET_TIMEOUTS, "timeouts": timeouts}
+            if isinstance(learned, list) and learned:
+                message["learned"] = [str(name) for name in learned]
+            self._apply_timeouts(self._request(message))
 
     def wait_for_handshake(self) -> dict[str, Any]:
         """Block (up to request_timeout_s) for the daemon's answer to the handshake; the
@@ -223,6 +249,7 @@ class RankClient:
         self._send(protocol.encode(hello))
 
     def _request(self, message: dict[str, Any]) -> dict[str, Any] | None:
+        self.last_error = ""
         if self._sock is None:
             return None
         request_id = next(self._ids)
@@ -265,8 +292,12 @@ class RankClient:
 
     def _apply_timeouts(self, reply: dict[str, Any] | None) -> dict[str, Any] | None:
         if not reply or not reply.get("ok") or not isinstance(reply.get("timeouts"), dict):
+            self.last_error = str(reply.get("error", "")) if reply else "no answer"
             return None
         self.timeouts = reply["timeouts"]
+        learned = reply.get("learned")
+        if isinstance(learned, list):
+            self.learned = frozenset(str(name) for name in learned)
         return self.timeouts
 
     def _register_stack_dump(self) -> int | None:

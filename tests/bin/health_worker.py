@@ -75,6 +75,7 @@ def main() -> None:
                 time.sleep(3600)
             elif mode == "sigstop":
                 os.kill(os.getpid(), signal.SIGSTOP)
+                time.sleep(3600)  # resumed by the daemon only to dump its stacks
         if mode == "no-first-heartbeat" and bad:
             time.sleep(3600)
         with client.section("step"):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -65,8 +65,15 @@ class HeartbeatTimeouts:
 class SectionTimeouts:
     section: dict[str, float | None] = field(default_factory=dict)
     out_of_section: float | None = None
-    calculated_sections: list[str] = field(default_factory=list)
+    calculated_sections: set[str] = field(default_factory=set)
     is_out_of_section_calculated: bool = False
+
+    def __post_init__(self) -> None:
+        self.calculated_sections = set(self.calculated_sections)
+
+    @property
+    def were_calculated(self) -> bool:
+        return self.calculated_sections == set(self.section) and self.is_out_of_section_calculated
 
     @property
     def are_valid(self) -> bool:
@@ -75,8 +82,13 @@ class SectionTimeouts:
         )
 
 
+HB_NAMES = ("initial_rank_heartbeat_timeout", "rank_heartbeat_timeout")
+OOS_NAME = "rank_out_of_section_timeout"
+
+
 class RankMonitorClient:
-    """NVIDIA's client interface over ftd's RankClient."""
+    """NVIDIA's client interface over ftd's RankClient; timeouts are learned by NVRx's rule
+    (see ftd/learning.py), from what the daemon observed on every rank of the node."""
 
     CURRENT_TIMEOUTS_STATE_KEY = "current_timeouts"
 
@@ -84,10 +96,10 @@ class RankMonitorClient:
         self.is_initialized = False
         self.hb_timeouts = HeartbeatTimeouts()
         self.section_timeouts = SectionTimeouts()
+        self.loaded_hb_timeouts: HeartbeatTimeouts | None = None
+        self.loaded_section_timeouts: SectionTimeouts | None = None
         self._client: RankClient | None = None
-        self._loaded: dict[str, Any] | None = None
         self._warmup_left = 0
-        self._calculated: set[str] = set()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -101,11 +113,10 @@ class RankMonitorClient:
         self._warmup_left = num_warmup_iters
         if num_warmup_iters > 0:
             self._client.start_section(WARMUP_SECTION)
-        if self._loaded:
-            self._client.load_state_dict({"timeouts": self._loaded})
-        else:
-            self._client.wait_for_handshake()
+        self._client.wait_for_handshake()
         self._refresh()
+        if self.loaded_hb_timeouts is not None or self.loaded_section_timeouts is not None:
+            self._send_loaded()
 
     def shutdown_workload_monitoring(self) -> None:
         if self._client is not None:
@@ -138,40 +149,52 @@ class RankMonitorClient:
     # -- timeouts ----------------------------------------------------------------------------
 
     def calculate_and_set_hb_timeouts(self, skip_if_not_ready: bool = False) -> bool:
-        return self._calculate(["heartbeats"], False, skip_if_not_ready)
+        """NVRx's rule: safety_factor times the longest wait for the first heartbeat and the
+        longest interval, merged 50/50 with values that were themselves calculated."""
+        return self._calculate("hb", None, False, skip_if_not_ready)
 
     def calculate_and_set_section_timeouts(
         self,
-        selected_sections: list[str] | None = None,
+        selected_sections: Collection[str] | None = None,
         calc_out_of_section: bool = True,
         skip_if_not_ready: bool = False,
     ) -> bool:
-        return self._calculate(selected_sections, calc_out_of_section, skip_if_not_ready)
+        """NVRx's rule: `selected_sections` None relearns every configured section, a list
+        those only (`[]`: none); the out-of-section timeout when `calc_out_of_section`."""
+        sections = None if selected_sections is None else list(selected_sections)
+        return self._calculate("sections", sections, calc_out_of_section, skip_if_not_ready)
 
     def calculate_and_set_timeouts(self, skip_if_not_ready: bool = False) -> bool:
         """The older, heartbeat-only name."""
         return self.calculate_and_set_hb_timeouts(skip_if_not_ready)
 
     def state_dict(self) -> Mapping[str, Any]:
-        if not self.is_initialized:
-            return {}
-        state = self._ready().state_dict()
-        return {self.CURRENT_TIMEOUTS_STATE_KEY: state["timeouts"]} if state["timeouts"] else {}
+        """NVRx's layout: only calculated timeouts are saved, the same on every rank."""
+        timeouts: dict[str, Any] = {}
+        if self.hb_timeouts.are_valid and self.hb_timeouts.were_calculated:
+            timeouts["heartbeat"] = asdict(self.hb_timeouts)
+        sections = self.section_timeouts
+        if sections.calculated_sections or sections.is_out_of_section_calculated:
+            saved = asdict(sections)
+            saved["calculated_sections"] = sorted(sections.calculated_sections)
+            timeouts["section"] = saved
+        return {self.CURRENT_TIMEOUTS_STATE_KEY: timeouts}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        timeouts = state.get(self.CURRENT_TIMEOUTS_STATE_KEY)
-        if not isinstance(timeouts, dict):
+        """NVRx's layout (`current_timeouts` with `heartbeat` and `section`); may be called
+        before or after `init_workload_monitoring`."""
+        saved = state.get(self.CURRENT_TIMEOUTS_STATE_KEY)
+        if not isinstance(saved, Mapping):
             return
-        # Also accepts NVIDIA's own HeartbeatTimeouts layout.
-        if "subsequent" in timeouts:
-            timeouts = {
-                "initial_rank_heartbeat_timeout": timeouts.get("initial"),
-                "rank_heartbeat_timeout": timeouts.get("subsequent"),
-            }
-        self._loaded = timeouts
+        try:
+            if isinstance(saved.get("heartbeat"), Mapping):
+                self.loaded_hb_timeouts = HeartbeatTimeouts(**saved["heartbeat"])
+            if isinstance(saved.get("section"), Mapping):
+                self.loaded_section_timeouts = SectionTimeouts(**saved["section"])
+        except TypeError as error:
+            raise RankMonitorClientError(f"not a RankMonitorClient state: {error}") from None
         if self.is_initialized:
-            self._ready().load_state_dict({"timeouts": timeouts})
-            self._refresh()
+            self._send_loaded()
 
     # -- workload control --------------------------------------------------------------------
 
@@ -189,39 +212,56 @@ class RankMonitorClient:
         return self._client
 
     def _calculate(
-        self, sections: list[str] | None, out_of_section: bool, skip_if_not_ready: bool
+        self, kind: str, sections: list[str] | None, out_of_section: bool, skip_if_not_ready: bool
     ) -> bool:
         client = self._ready()
         if not client.is_supervised:
             return False
-        learn_sections = [s for s in sections or [] if s != "heartbeats"] or None
-        if sections == ["heartbeats"]:
-            learn_sections = []
-        learned = client.calculate_and_set_timeouts(learn_sections, out_of_section)
+        learned = client.calculate_and_set_timeouts(
+            sections, out_of_section, rule="nvrx", kind=kind
+        )
         if learned is None:
-            if skip_if_not_ready:
+            if skip_if_not_ready and client.last_error.startswith("not ready"):
                 return False
-            raise RankMonitorClientError("the daemon could not calculate timeouts")
-        self._calculated |= set(sections or learned.get("rank_section_timeouts", {}))
-        if out_of_section:
-            self._calculated.add("__out_of_section__")
+            raise RankMonitorClientError(
+                f"Not enough data to compute timeouts ({client.last_error or 'no answer'})."
+            )
         self._refresh()
         return True
 
+    def _send_loaded(self) -> None:
+        """Loaded timeouts to the daemon: calculated values stay learned ones there."""
+        patch: dict[str, Any] = {}
+        learned: list[str] = []
+        if (hb := self.loaded_hb_timeouts) is not None:
+            patch.update(zip(HB_NAMES, (hb.initial, hb.subsequent), strict=True))
+            learned += list(HB_NAMES) if hb.were_calculated else []
+        if (sections := self.loaded_section_timeouts) is not None:
+            patch["rank_section_timeouts"] = dict(sections.section)
+            patch[OOS_NAME] = sections.out_of_section
+            learned += [f"section:{name}" for name in sorted(sections.calculated_sections)]
+            learned += [OOS_NAME] if sections.is_out_of_section_calculated else []
+        client = self._ready()
+        client.load_state_dict({"timeouts": patch, "learned": learned})
+        if client.is_supervised and client.last_error:
+            raise RankMonitorClientError(f"the daemon refused the timeouts: {client.last_error}")
+        self._refresh()
+
     def _refresh(self) -> None:
-        timeouts = self._ready().state_dict()["timeouts"]
+        client = self._ready()
+        timeouts, learned = client.timeouts, client.learned
         self.hb_timeouts = HeartbeatTimeouts(
-            timeouts.get("initial_rank_heartbeat_timeout"),
-            timeouts.get("rank_heartbeat_timeout"),
-            "heartbeats" in self._calculated,
+            timeouts.get(HB_NAMES[0]),
+            timeouts.get(HB_NAMES[1]),
+            all(name in learned for name in HB_NAMES),
         )
         sections = dict(timeouts.get("rank_section_timeouts") or {})
         sections.pop(WARMUP_SECTION, None)
         self.section_timeouts = SectionTimeouts(
             section=sections,
-            out_of_section=timeouts.get("rank_out_of_section_timeout"),
-            calculated_sections=sorted(self._calculated & set(sections)),
-            is_out_of_section_calculated="__out_of_section__" in self._calculated,
+            out_of_section=timeouts.get(OOS_NAME),
+            calculated_sections={name for name in sections if f"section:{name}" in learned},
+            is_out_of_section_calculated=OOS_NAME in learned,
         )
 
     def __repr__(self) -> str:

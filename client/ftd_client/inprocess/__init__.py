@@ -10,13 +10,22 @@ once and respawns them) and, with less help, under torchrun. docs/inprocess.md e
 design; keys.py is the contract with the daemon. torch is imported only once the Wrapper runs.
 """
 
-from ftd_client.inprocess import abort
+from ftd_client.inprocess import abort, finalize, health_check, initialize, rank_assignment
 from ftd_client.inprocess.abort import Abort, AbortTorchDistributed, AbortTransformerEngine
 from ftd_client.inprocess.compose import Compose
-from ftd_client.inprocess.exceptions import HealthCheckError, RestartError, RestartInterrupt
+from ftd_client.inprocess.exceptions import (
+    FaultCounterExceeded,
+    HealthCheckError,
+    RestartAbort,
+    RestartError,
+    RestartInterrupt,
+)
+from ftd_client.inprocess.finalize import Finalize, ThreadedFinalize
+from ftd_client.inprocess.health_check import CudaHealthCheck, FaultCounter, HealthCheck
+from ftd_client.inprocess.initialize import Initialize, RetryController
 from ftd_client.inprocess.keys import Fault
 from ftd_client.inprocess.manager import RoundManager
-from ftd_client.inprocess.state import FrozenState
+from ftd_client.inprocess.state import FrozenState, Mode
 from ftd_client.inprocess.wrap import CallWrapper, Wrapper
 
 __all__ = [
@@ -25,12 +34,26 @@ __all__ = [
     "AbortTransformerEngine",
     "CallWrapper",
     "Compose",
+    "CudaHealthCheck",
     "Fault",
+    "FaultCounter",
+    "FaultCounterExceeded",
+    "Finalize",
     "FrozenState",
+    "HealthCheck",
     "HealthCheckError",
+    "Initialize",
+    "Mode",
+    "RestartAbort",
     "RestartError",
     "RestartInterrupt",
+    "RetryController",
     "RoundManager",
+    "ThreadedFinalize",
     "Wrapper",
     "abort",
+    "finalize",
+    "health_check",
+    "initialize",
+    "rank_assignment",
 ]

@@ -22,6 +22,46 @@ log = logging.getLogger("ftd_client.inprocess")
 
 FLIGHT_RECORDER_VARIABLES = ("TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_BUFFER_SIZE")
 
+_retired: list[Any] = []
+_retired_lock = threading.Lock()
+
+
+def retire(groups: list[Any]) -> None:
+    """Keep a Python reference to each destroyed group until `release_retired` drops it.
+
+    The last reference to a process group must not be dropped while the GIL is held: a gloo
+    group's destructor joins its worker threads, and a worker finishing a collective that was
+    in flight (released by a peer's abort) destroys its work item, which takes the GIL. When
+    the training function's frames are cleared, DDP's Reducer (whose destructor keeps the GIL)
+    would be that last owner. The group's own Python object is not: torch releases the GIL
+    while destroying it. So the groups stay referenced here past the frames' release.
+    """
+    with _retired_lock:
+        _retired.extend(groups)
+
+
+def release_retired(timeout_s: float) -> bool:
+    """Drop the retired groups in a helper thread (each destructor releases the GIL while it
+    joins the group's threads); whether they were gone within `timeout_s`. A group whose
+    threads never finish stays behind with its thread, and the rank goes on."""
+    with _retired_lock:
+        groups = _retired[:]
+        _retired.clear()
+    if not groups:
+        return True
+    thread = threading.Thread(target=_drop, args=(groups,), name="ftd-release-groups", daemon=True)
+    del groups
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        log.warning("ftd: destroyed process groups still releasing after %.1fs", timeout_s)
+        return False
+    return True
+
+
+def _drop(groups: list[Any]) -> None:
+    groups.clear()
+
 
 class Abort(abc.ABC):
     """One step of the termination mechanism: called with the Wrapper's read-only state from
@@ -70,6 +110,7 @@ class AbortTorchDistributed(Abort):
 
         default = c10d._get_default_group()
         groups = [group for group in list(c10d._world.pg_map) if group is not default]
+        retire([*groups, default])
         self._destroy_each(groups, dist.destroy_process_group)
         self._destroy_each([default], lambda group: dist.destroy_process_group())
         return state

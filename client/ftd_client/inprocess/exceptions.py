@@ -17,3 +17,16 @@ class RestartError(Exception):
 
 class HealthCheckError(RestartError):
     """The health check failed: this rank should not take part in the next round."""
+
+
+class RestartAbort(BaseException):
+    """Ends the Wrapper at once, without another round (NVRx's name): raised by an
+    `initialize` such as RetryController when the job cannot usefully go on."""
+
+
+class TimeoutError(RestartError):
+    """A Wrapper step (a CUDA synchronisation, a threaded finalize) did not finish in time."""
+
+
+class FaultCounterExceeded(RestartError):
+    """This rank caused more faults than FaultCounter allows."""

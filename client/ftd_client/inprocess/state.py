@@ -3,9 +3,20 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
 from dataclasses import dataclass
 
 from ftd_client.inprocess.keys import Fault
+
+
+class Mode(enum.Enum):
+    """A rank's part in a round (NVRx's names): ACTIVE ranks call the function, INACTIVE ones
+    wait as reserves; INITIALIZED before a rank assignment ran, TERMINATED once discarded."""
+
+    INITIALIZED = enum.auto()
+    ACTIVE = enum.auto()
+    INACTIVE = enum.auto()
+    TERMINATED = enum.auto()
 
 
 @dataclass(frozen=True)
@@ -23,6 +34,11 @@ class FrozenState:
     """The round: 0 for the first call of the function, +1 for each in-process restart."""
     fault: Fault | None = None
     """What ended the round, once known."""
+    active_rank: int | None = None
+    """RANK given to the function (None: an inactive rank); `rank` unless a rank assignment
+    made some ranks reserves."""
+    active_world_size: int | None = None
+    mode: Mode = Mode.ACTIVE
 
     def replace(self, **changes: object) -> FrozenState:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]

@@ -15,6 +15,7 @@ peers), and the rank goes to the next round's barrier.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import inspect
@@ -23,21 +24,23 @@ import logging
 import os
 import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any, ParamSpec, TypeVar
 
-from ftd_client.inprocess.abort import Abort, AbortTorchDistributed
+from ftd_client.inprocess.abort import Abort, AbortTorchDistributed, release_retired
+from ftd_client.inprocess.compose import Compose
 from ftd_client.inprocess.coordination import (
     IDLE_WAIT,
     Coordination,
     endpoint_from_env,
 )
-from ftd_client.inprocess.exceptions import RestartError, RestartInterrupt
+from ftd_client.inprocess.exceptions import RestartAbort, RestartError, RestartInterrupt
 from ftd_client.inprocess.interrupt import DEFAULT_SIGNAL, Interrupter
 from ftd_client.inprocess.keys import Fault, Members
 from ftd_client.inprocess.monitor import Watchdog, Watcher
-from ftd_client.inprocess.state import FrozenState
+from ftd_client.inprocess.rank_assignment import RankAssignmentCtx, assign
+from ftd_client.inprocess.state import FrozenState, Mode
 
 log = logging.getLogger("ftd_client.inprocess")
 
@@ -45,20 +48,25 @@ P = ParamSpec("P")
 R = TypeVar("R")
 Seconds = float | timedelta
 StateCallback = Callable[[FrozenState], object]
+RankAssignmentFn = Callable[[RankAssignmentCtx], RankAssignmentCtx]
 
 CLOSE_JOIN_TIMEOUT_S = 10.0
+ATOMIC_POLL_S = 0.01
 
 _calls = itertools.count()
 """Wrapped calls made by this process: each gets its own keys (all ranks count alike)."""
 
 
-def release_frames(error: BaseException) -> None:
+def release_frames(error: BaseException, groups_timeout_s: float = CLOSE_JOIN_TIMEOUT_S) -> None:
     """Free what the failed call's frames hold, process groups included.
 
     A process group destroyed while a collective was in flight lives on as long as the frames
     of that collective do, and they live in the exception's traceback: its connections stay
     open, and a peer blocked on them is never released (gloo). So the traceback goes, and a
-    collection frees what cycles hold.
+    collection frees what cycles hold (DDP's Reducer among them). The groups the abort
+    destroyed are released last, with the GIL free while their threads finish (see
+    abort.retire): under DDP, the Reducer's destructor would otherwise join a gloo worker that
+    waits for the GIL the destructor holds.
     """
     seen: set[int] = set()
     current: BaseException | None = error
@@ -69,6 +77,28 @@ def release_frames(error: BaseException) -> None:
             current.__traceback__ = None
         current = current.__cause__ or current.__context__
     gc.collect()
+    release_retired(groups_timeout_s)
+
+
+GROUP_CAPTURING_MODULES = (
+    "torch.distributed.nn.functional",
+    "torch.distributed.optim.zero_redundancy_optimizer",
+    "torch.distributed.fsdp.sharded_grad_scaler",
+)
+"""torch modules whose functions take `group.WORLD` as a default argument, evaluated when the
+module is imported: imported during a round (DDP imports the first one lazily), they would keep
+that round's default group, and its sockets, alive for the life of the process, so a peer
+blocked on it is never released (torch 2.13). Imported before the first round, they keep None."""
+
+
+def import_group_capturing_modules() -> None:
+    import importlib
+
+    for name in GROUP_CAPTURING_MODULES:
+        try:
+            importlib.import_module(name)
+        except Exception as error:  # a torch without it: nothing to pin either
+            log.debug("ftd: could not import %s: %s", name, error)
 
 
 def _seconds(value: Seconds, name: str) -> float:
@@ -96,6 +126,20 @@ class CallWrapper:
     def ping(self) -> None:
         """Report progress: resets the soft timeout."""
         self._runner.watchdog.ping()
+
+    @contextlib.contextmanager
+    def atomic(self) -> Iterator[None]:
+        """A block the restart never interrupts: the watcher waits for it to end before it
+        interrupts the function and runs the abort, and once the restart has begun the block
+        does not start (an interrupt arrives while waiting to enter). A block that hangs on
+        a dead peer therefore holds the restart up until the daemon's hard timeout."""
+        lock = self._runner.atomic_lock
+        while not lock.acquire(timeout=ATOMIC_POLL_S):  # interruptible between tries
+            pass
+        try:
+            yield
+        finally:
+            lock.release()
 
     def report_fault(self, reason: str) -> None:
         """End this round on every rank without raising here: the fault is announced (to the
@@ -133,6 +177,23 @@ class Wrapper:
         progress_watchdog_interval: Seconds = 1.0,
         max_iterations: int | None = None,
         interrupt_signal: int | None = DEFAULT_SIGNAL,
+        *,
+        initialize: Callable[[FrozenState], FrozenState] | None = None,
+        store_kwargs: dict[str, Any] | None = None,
+        store_factory: object = None,
+        enabled: bool = True,
+        completion_timeout: Seconds = 120.0,
+        rank_assignment: RankAssignmentFn | None = None,
+        rank_filter: RankAssignmentFn | None = None,
+        monitor_thread_interval: Seconds = 1.0,
+        monitor_process_interval: Seconds = 1.0,
+        heartbeat_interval: Seconds = 1.0,
+        heartbeat_timeout: Seconds = 30.0,
+        last_call_wait: Seconds = 1.0,
+        termination_grace_time: Seconds = 5.0,
+        monitor_process_logfile: str | None = None,
+        completion: object = None,
+        terminate: object = None,
     ) -> None:
         self.abort = abort if abort is not None else AbortTorchDistributed()
         self.finalize = finalize
@@ -149,9 +210,45 @@ class Wrapper:
             raise ValueError(f"max_iterations must be at least 1, got {max_iterations}")
         self.max_iterations = max_iterations
         self.interrupt_signal = interrupt_signal
+        self.initialize = initialize
+        self.enabled = enabled
+        if store_kwargs is not None and not isinstance(store_kwargs, dict):
+            raise TypeError(f"store_kwargs must be a dict, got {type(store_kwargs).__name__}")
+        # NVRx's Wrapper hosts its own TCPStore (store_factory, store_kwargs); here the rounds
+        # meet in the store of ftd's daemon (or torchrun's): both are accepted, and unused.
+        self.store_kwargs = dict(store_kwargs or {})
+        self.store_factory = store_factory
+        self.completion_timeout_s = _seconds(completion_timeout, "completion_timeout")
+        # NVRx applies the filter after the assignment; None keeps ftd's own (ShiftRanks).
+        steps = [step for step in (rank_filter, rank_assignment) if step is not None]
+        self.rank_assignment: RankAssignmentFn | None = Compose(*steps) if steps else None
+        # NVRx's monitor process, heartbeats, rank assignment and termination are the
+        # daemon's work under `ftd serve` (docs/nvrx-compat.md): accepted, checked, unused.
+        for name, value in (
+            ("monitor_thread_interval", monitor_thread_interval),
+            ("monitor_process_interval", monitor_process_interval),
+            ("heartbeat_interval", heartbeat_interval),
+            ("heartbeat_timeout", heartbeat_timeout),
+            ("last_call_wait", last_call_wait),
+            ("termination_grace_time", termination_grace_time),
+        ):
+            _seconds(value, name)
+        self.unused = {
+            name: value
+            for name, value in (
+                ("monitor_process_logfile", monitor_process_logfile),
+                ("completion", completion),
+                ("terminate", terminate),
+            )
+            if value is not None
+        }
 
     def __call__(self, fn: Callable[P, R]) -> Callable[P, R]:
+        if not self.enabled:
+            return fn
         wants_call_wrapper = "call_wrapper" in inspect.signature(fn).parameters
+        if self.unused:
+            log.info("ftd: Wrapper arguments not used under ftd: %s", sorted(self.unused))
 
         @functools.wraps(fn)
         def wrapped(*args: P.args, **kwargs: P.kwargs) -> R:
@@ -184,6 +281,8 @@ class _Runner:
         self.state = FrozenState(self.slot, self.initial_world_size, self.slot, 0, 0)
         self.members: Members | None = None
         self._lock = threading.Lock()
+        self.atomic_lock = threading.RLock()
+        """Held by CallWrapper.atomic() and by the watcher while it interrupts and aborts."""
         self._finished: set[int] = set()
         """Rounds whose call returned: a late fault must not abort what the caller goes on with."""
         self._handling: set[int] = set()
@@ -199,6 +298,7 @@ class _Runner:
             self._on_fault,
         )
         self._watchdog_store: Any = None
+        self._assignment_store: Any = None
         on_main = threading.current_thread() is threading.main_thread()
         self.watchdog = Watchdog(
             wrapper.soft_timeout_s, wrapper.progress_interval_s, self._on_soft_timeout, on_main
@@ -215,6 +315,7 @@ class _Runner:
         kwargs: dict[str, Any],
         wants_call_wrapper: bool,
     ) -> Any:
+        import_group_capturing_modules()
         if gc.get_freeze_count() == 0:
             # What exists before the first round (torch's modules, the model) lives for the
             # whole process; frozen, release_frames' collection skips it (~200 ms less per
@@ -226,14 +327,14 @@ class _Runner:
             self._enter(rnd, members)
             if wants_call_wrapper:
                 kwargs = {**kwargs, "call_wrapper": CallWrapper(self)}
-            ok, value = self._call(fn, args, kwargs)
+            ok, value = self._call_active(fn, args, kwargs)
             if ok and self._finish(rnd):
                 return value
             error: BaseException = (
                 value if not ok else RestartInterrupt(f"round {rnd} had a fault before it returned")
             )
             value = None  # what a failed round returned holds nothing the next one may use
-            if isinstance(error, (KeyboardInterrupt, SystemExit)):
+            if isinstance(error, (KeyboardInterrupt, SystemExit, RestartAbort)):
                 if self._stop(rnd):  # the watcher must leave its wait before the process exits
                     self.coordination.stop_watcher(rnd, self.slot)
                 raise error
@@ -252,8 +353,26 @@ class _Runner:
         env["MASTER_PORT"] = str(members.master_port)
         env["TORCHELASTIC_USE_AGENT_STORE"] = "True"  # the round's store is hosted already
         self.state = FrozenState(
-            self.slot, self.initial_world_size, rank, len(members.slots), rnd, fault=None
+            self.slot,
+            self.initial_world_size,
+            rank,
+            len(members.slots),
+            rnd,
+            active_rank=rank,
+            active_world_size=len(members.slots),
         )
+        if self.wrapper.rank_assignment is not None:
+            if self._assignment_store is None:
+                self._assignment_store = self.coordination.client(self.wrapper.barrier_timeout_s)
+            self.state = assign(
+                self.wrapper.rank_assignment,
+                self.state,
+                list(members.slots),
+                self._assignment_store,
+            )
+            if self.state.active_rank is not None:
+                env["RANK"] = str(self.state.active_rank)
+                env["WORLD_SIZE"] = str(self.state.active_world_size)
         self._aborted[rnd] = threading.Event()
         self.watcher.watch(rnd)
         self.watchdog.arm(rnd)
@@ -265,6 +384,16 @@ class _Runner:
             self.slot,
         )
 
+    def _call_active(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[bool, Any]:
+        """`_call` on an active rank. A reserve (inactive) waits for the round's end as if it
+        had returned, and joins the next round if a fault ends this one first."""
+        if self.state.mode is Mode.INACTIVE:
+            self.watchdog.disarm()
+            return True, None
+        return self._call(fn, args, kwargs)
+
     def _call(
         self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[bool, Any]:
@@ -273,6 +402,8 @@ class _Runner:
         try:
             try:
                 self.interrupter.arm()
+                if self.wrapper.initialize is not None:
+                    self.state = self.wrapper.initialize(self.state)
                 return True, fn(*args, **kwargs)
             except BaseException as error:
                 return False, error
@@ -321,7 +452,7 @@ class _Runner:
                 f"round {rnd}: the abort did not finish within {self.wrapper.hard_timeout_s:.0f}s "
                 "(hard_timeout)"
             ) from error
-        release_frames(error)
+        release_frames(error, self.wrapper.hard_timeout_s)
         fault = self.coordination.read_fault(rnd)
         self.state = self.state.replace(fault=fault)
         log.warning(
@@ -357,8 +488,9 @@ class _Runner:
             if rnd in self._finished:
                 return
             self._handling.add(rnd)
-        self.interrupter.interrupt()
-        self._abort(rnd, fault)
+        with self.atomic_lock:  # never inside the function's atomic() section
+            self.interrupter.interrupt()
+            self._abort(rnd, fault)
 
     def _abort(self, rnd: int, fault: Fault) -> None:
         state = self.state.replace(fault=fault)
