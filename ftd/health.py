@@ -180,10 +180,9 @@ class HealthService:
         # Values set by hand are no longer learned ones.
         keys = set(patch) | {f"section:{s}" for s in _sections(patch)}
         self._learned = (self._learned - keys) | (learned & keys)
-        if "initial_rank_heartbeat_timeout" in set(patch) - learned:  # set by hand: it
-            self.monitor.connect_timeout = (
-                timeouts.initial_rank_heartbeat_timeout
-            )  # bounds connects
+        if "initial_rank_heartbeat_timeout" in set(patch) - learned:
+            # Set by hand, it bounds a rank's time to connect too (a learned one does not).
+            self.monitor.connect_timeout = timeouts.initial_rank_heartbeat_timeout
         self._apply(timeouts, by, learned=bool(learned & keys))
         return timeouts
 
