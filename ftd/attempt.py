@@ -139,7 +139,7 @@ class Attempt:
                 events=tools.events,
                 node_id=config.node_id,
                 on_respawned=lambda lr, old: _respawned(tools, lr, old),
-                explain_stragglers=health.explain_ranks,
+                explain_stragglers=health.hangs.explain_ranks,
             )
             await rounds.start()
         tools.events.emit(

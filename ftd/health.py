@@ -10,11 +10,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
-import shutil
 import signal
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,20 +21,20 @@ from pydantic import ValidationError
 
 from ftd import nvrx_wire
 from ftd.errors import InvalidRequest, format_validation_error
+from ftd.event_kind import EventKind
 from ftd.events import EventLog
 from ftd.ft_config import FaultToleranceConfig, RankTimeouts
+from ftd.hangs import HangHandler
 from ftd.ipc import RankSocketServer, parent_pid
 from ftd.learning import Base, Generations, NotReady, apply_values, learn_nvrx, learned_values
-from ftd.monitor import OUT_OF_SECTION, Monitor, RankHealth, Verdict, learn_timeouts
+from ftd.monitor import OUT_OF_SECTION, Monitor, RankHealth, learn_timeouts
 from ftd.nvrx_server import NvrxServer
 from ftd.persist import Persistence
-from ftd.state import Failure, RankStatus
+from ftd.state import RankStatus
 from ftd.workers import WorkerGroup
 
 log = logging.getLogger("ftd.health")
 
-STACK_DUMP_WAIT_S = 1.0
-NATIVE_DUMP_TIMEOUT_S = 10.0
 MAX_ANCESTRY = 16
 
 
@@ -72,14 +69,14 @@ class HealthService:
         self._learned: frozenset[str] = frozenset()
         self._generations = Generations()
         timeouts = self._load_state(ft.timeouts())
-        self.monitor = Monitor(timeouts, self._on_hang)
+        self.monitor = Monitor(timeouts, lambda verdict: self.hangs.on_hang(verdict))
+        self.hangs = HangHandler(self.monitor, events, ft.rank_termination_signal)
         self.monitor.connect_timeout = ft.initial_rank_heartbeat_timeout  # as configured
         self.server = RankSocketServer(socket_path, self._dispatch, self._authorize)
         self.monitor.drain = self.server.drain
         self.nvrx = NvrxServer(socket_path, self, self.server.dropped)
         self.server.followers.append(self.nvrx)
         self._group: WorkerGroup | None = None
-        self._hang_tasks: set[asyncio.Task[None]] = set()
         self._first_steps: asyncio.Future[float | None] | None = None
         self._not_stepped: set[int] = set()
         self.monitor.on_first_step = self._on_first_step
@@ -100,14 +97,13 @@ class HealthService:
         self.monitor.detach()
         self.server.close()
         self.nvrx.close()
-        for task in self._hang_tasks:
-            task.cancel()
+        self.hangs.close()
 
     # -- attempts ----------------------------------------------------------------------------
 
     def attach(self, group: WorkerGroup, statuses: list[RankStatus]) -> None:
         """Watch this attempt's ranks (the previous attempt's are forgotten)."""
-        self._group = group
+        self._group = self.hangs.group = group
         self._generations.reset()  # a new attempt's ranks count their calls from 1
         self.monitor.attach(
             [(s.local_rank, s.global_rank, s.pid) for s in statuses if s.pid is not None]
@@ -125,7 +121,7 @@ class HealthService:
         already attached, are left alone."""
         if group is not None and group is not self._group:
             return
-        self._group = None
+        self._group = self.hangs.group = None
         self.server.previous_pids = self.monitor.pids()
         self.server.forget_connections()
         self.monitor.detach()
@@ -191,7 +187,9 @@ class HealthService:
             return
         self.monitor.set_timeouts(timeouts)
         self._save_state()
-        self.events.emit("timeouts_changed", timeouts=timeouts.model_dump(), by=by, learned=learned)
+        self.events.emit(
+            EventKind.TIMEOUTS_CHANGED, timeouts=timeouts.model_dump(), by=by, learned=learned
+        )
         log.info("timeouts changed by %s: %s", by, timeouts.model_dump())
 
     def _load_state(self, configured: RankTimeouts) -> RankTimeouts:
@@ -261,7 +259,7 @@ class HealthService:
             rank.simulated_hang = rank.simulated_hang or fault == "hang"
             log.warning("rank %d is carrying out a simulated %s fault", rank.global_rank, fault)
             self.events.emit(
-                "fault_injected",
+                EventKind.FAULT_INJECTED,
                 kind=fault,
                 global_rank=rank.global_rank,
                 pid=rank.pid,
@@ -342,7 +340,7 @@ class HealthService:
     def _workload(self, rank: RankHealth, action: WorkloadAction, description: str) -> None:
         request = WorkloadRequest(action, rank.global_rank, description[:1000])
         self.events.emit(
-            "workload_control",
+            EventKind.WORKLOAD_CONTROL,
             action=action.name,
             rank=rank.global_rank,
             description=request.description,
@@ -465,155 +463,6 @@ class HealthService:
         }[request.action]
         self._workload(self._rank_for(pid), action, request.description)
 
-    # -- hangs -------------------------------------------------------------------------------
-
-    def _on_hang(self, verdict: Verdict) -> None:
-        overdue = list(verdict.overdue)
-        # Ranks waiting in a collective on an injected hang time out as well, and may do so first.
-        simulated = [r for r in self.monitor.ranks() if r.simulated_hang]
-        culprit = simulated[0] if simulated else overdue[0].rank
-        reason = _verdict_reason(verdict, culprit)
-        log.error("%s", reason)
-        others = [item.rank for item in overdue if item.rank is not culprit]
-        task = asyncio.create_task(self._explain_and_kill(culprit, others, reason))
-        self._hang_tasks.add(task)
-        task.add_done_callback(self._hang_tasks.discard)
-
-    async def _explain_and_kill(
-        self, rank: RankHealth, others: list[RankHealth], reason: str
-    ) -> None:
-        """Stacks of every overdue rank first (bounded), then the kill and the attempt's end.
-        Nothing a rank sent or did can stop the kill: every step's error is a note."""
-        group = self._group
-        if group is None:
-            return
-        notes: list[str] = []
-        try:
-            notes = await self._explain_each(group, [rank, *others], unnamed=rank)
-        except Exception as error:  # never lose the kill to an explanation
-            notes.append(f"stacks not collected ({error!r})")
-        finally:
-            self._kill(group, rank, others, reason, notes)
-
-    async def explain_ranks(self, local_ranks: list[int]) -> list[str]:
-        """Write these local ranks' stacks (in-process mode: the stragglers that make the
-        daemon fall back to a process restart, before it stops them); notes on each."""
-        group = self._group
-        if group is None:
-            return []
-        ranks = [rank for rank in self.monitor.ranks() if rank.local_rank in local_ranks]
-        return await self._explain_each(group, ranks)
-
-    async def _explain_each(
-        self, group: WorkerGroup, ranks: list[RankHealth], unnamed: RankHealth | None = None
-    ) -> list[str]:
-        """Every rank's stacks at once; notes prefixed with the rank (but `unnamed`'s)."""
-        notes: list[str] = []
-        results = await asyncio.gather(
-            *(self._explain(group, r) for r in ranks), return_exceptions=True
-        )
-        for who, result in zip(ranks, results, strict=True):
-            if isinstance(result, BaseException):
-                log.error("could not explain rank %d: %r", who.global_rank, result)
-                notes.append(f"rank {who.global_rank}: no stacks ({result!r})")
-            else:
-                prefix = "" if who is unnamed else f"rank {who.global_rank}: "
-                notes.extend(prefix + note for note in result)
-        return notes
-
-    async def _explain(self, group: WorkerGroup, rank: RankHealth) -> list[str]:
-        stacks = Path(group.attempt_log_dir) / str(rank.local_rank)
-        stacks_file = stacks / "stacks.txt"
-        notes: list[str] = []
-
-        def resume() -> None:
-            # A stopped process runs no signal handler. Resumed after the stack signal is
-            # pending, its faulthandler writes the stacks of where it stopped, before any
-            # Python runs, and before the termination signal ends it.
-            if _is_stopped(rank.pid):
-                notes.append("the rank was stopped (SIGSTOP/SIGTSTP): resumed with SIGCONT")
-                group.signal_rank(rank.local_rank, signal.SIGCONT)
-
-        if rank.stack_signal is None:
-            resume()
-            notes.append("the rank did not register a stack dump (no ftd_client)")
-        elif await _dump_stacks(rank.pid, rank.stack_signal, stacks_file, resume):
-            notes.append(f"Python stacks in {stacks_file}")
-        else:
-            notes.append(f"the rank wrote no stacks within {STACK_DUMP_WAIT_S:g}s")
-        # py-spy reads the stacks from outside: the fallback for a rank that cannot run its
-        # handler (no ftd_client, a signal blocked, C code that never returns to Python).
-        if (native := await _native_dump(rank.pid, stacks / "stacks_native.txt")) is not None:
-            notes.append(f"native stacks in {native}")
-        return notes
-
-    def _kill(
-        self,
-        group: WorkerGroup,
-        rank: RankHealth,
-        others: list[RankHealth],
-        reason: str,
-        notes: list[str],
-    ) -> None:
-        section = max(rank.open_sections, key=rank.open_sections.__getitem__, default=None)
-        signal_name = self.ft.rank_termination_signal
-        try:
-            event = self.events.emit(
-                "rank_hung",
-                local_rank=rank.local_rank,
-                global_rank=rank.global_rank,
-                pid=rank.pid,
-                reason=reason,
-                section=section,
-                also_overdue=[r.global_rank for r in others],
-                notes=notes,
-            )
-            timestamp = event.time
-        except Exception:
-            log.exception("could not record the hang of rank %d", rank.global_rank)
-            timestamp = time.time()
-        try:
-            group.signal_rank(rank.local_rank, signal.Signals[signal_name])
-        except Exception:
-            log.exception("could not signal hung rank %d", rank.global_rank)
-        full_reason = f"{reason}; {'; '.join(notes)}; terminated with {signal_name}"
-        silent = rank.last_seen if rank.last_seen is not None else rank.connected_at
-        group.fail(
-            Failure(
-                kind="hang",
-                reason=full_reason,
-                local_rank=rank.local_rank,
-                global_rank=rank.global_rank,
-                pid=rank.pid,
-                timestamp=timestamp,
-                origin=time.time() - (time.monotonic() - silent) if silent is not None else None,
-            )
-        )
-
-
-def _verdict_reason(verdict: Verdict, culprit: RankHealth) -> str:
-    """The culprit's reason, then who else was overdue and who stopped first."""
-    by_rank = {id(item.rank): item for item in verdict.overdue}
-    own = by_rank.get(id(culprit))
-    if own is not None:
-        reason = own.reason(verdict.at)
-    else:  # an announced simulated hang that has not timed out itself
-        first = verdict.first
-        reason = (
-            f"rank {culprit.global_rank} is carrying out a simulated hang; rank "
-            f"{first.rank.global_rank} was the first to time out waiting: "
-            f"{first.reason(verdict.at)}"
-        )
-    others = [item.rank.global_rank for item in verdict.overdue if item.rank is not culprit]
-    if others and own is not None:
-        silent = culprit.last_seen if culprit.last_seen is not None else culprit.connected_at
-        since = f" (silent for {verdict.at - silent:.3f}s)" if silent is not None else ""
-        reason += (
-            f"; rank {culprit.global_rank} stopped first{since}, ranks {others} stopped "
-            "after it (waiting on it, most likely)"
-        )
-    return reason
-
 
 def _names(value: object, what: str) -> frozenset[str]:
     if (
@@ -632,64 +481,3 @@ def _at_least(value: float | None, floor: float) -> float | None:
 def _sections(patch: dict[str, Any]) -> list[str]:
     sections = patch.get("rank_section_timeouts")
     return list(sections) if isinstance(sections, dict) else []
-
-
-def _is_stopped(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            state = stat.read().rsplit(b")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state in (b"T", b"t")
-
-
-async def _dump_stacks(
-    pid: int, stack_signal: int, path: Path, after_signal: Callable[[], None]
-) -> bool:
-    """Signal the rank's faulthandler and await its dump (the file grows, then settles)."""
-    before = _size(path)
-    try:
-        os.kill(pid, stack_signal)
-    except OSError:
-        return False
-    after_signal()
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + STACK_DUMP_WAIT_S
-    last = before
-    while loop.time() < deadline:
-        await asyncio.sleep(0.002)  # the dump is written from a signal handler: no event to await
-        size = _size(path)
-        if size > before and size == last:
-            return True
-        last = size
-    return _size(path) > before
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0
-
-
-async def _native_dump(pid: int, path: Path) -> Path | None:
-    """py-spy's native stacks, where py-spy is installed (bounded)."""
-    py_spy = shutil.which("py-spy")
-    if py_spy is None:
-        return None
-    with path.open("wb") as out:
-        proc = await asyncio.create_subprocess_exec(
-            py_spy,
-            "dump",
-            "--native",
-            "--pid",
-            str(pid),
-            stdout=out,
-            stderr=asyncio.subprocess.STDOUT,
-        )
-        try:
-            await asyncio.wait_for(proc.wait(), NATIVE_DUMP_TIMEOUT_S)
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
-    return path

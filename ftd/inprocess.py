@@ -60,6 +60,7 @@ from ftd_client.inprocess.keys import (
 )
 from ftd_client.store import tcp_store_client, wait_keys
 
+from ftd.event_kind import EventKind
 from ftd.events import EventLog
 from ftd.state import Failure
 from ftd.store import STORE_OP_TIMEOUT_S
@@ -143,7 +144,7 @@ class InprocessRounds:
     ) -> None:
         self.group = group
         self.explain_stragglers = explain_stragglers
-        """Writes the stacks of local ranks (HealthService.explain_ranks), for the stragglers
+        """Writes the stacks of local ranks (HangHandler.explain_ranks), for the stragglers
         of a round before the attempt fails; notes on what was written."""
         self.store_addr = store_addr
         self.keys = Keys(prefix)
@@ -234,7 +235,7 @@ class InprocessRounds:
             log.error("in-process: could not announce %s (%s)", failure.reason, error)
             return
         self.events.emit(
-            "inprocess_rank_failed",
+            EventKind.INPROCESS_RANK_FAILED,
             round=rnd,
             global_rank=slot,
             local_rank=local_rank,
@@ -253,7 +254,11 @@ class InprocessRounds:
             "%s: respawned as pid %d, joining the open in-process round", failure.reason, pid
         )
         self.events.emit(
-            "rank_respawned", global_rank=slot, local_rank=local_rank, pid=pid, old_pid=old_pid
+            EventKind.RANK_RESPAWNED,
+            global_rank=slot,
+            local_rank=local_rank,
+            pid=pid,
+            old_pid=old_pid,
         )
         if self.on_respawned is not None:
             self.on_respawned(local_rank, old_pid)
@@ -344,7 +349,7 @@ class InprocessRounds:
                     rnd + 1,
                 )
                 self.events.emit(
-                    "inprocess_fault",
+                    EventKind.INPROCESS_FAULT,
                     round=rnd,
                     kind=fault.kind,
                     global_rank=fault.rank,
@@ -410,7 +415,7 @@ class InprocessRounds:
             port,
         )
         self.events.emit(
-            "inprocess_round",
+            EventKind.INPROCESS_ROUND,
             round=rnd,
             members=list(members.slots),
             master_addr=host,
@@ -461,7 +466,9 @@ class InprocessRounds:
             f"hard timeout ({hard_timeout_s:g}s): restarting the processes"
         )
         log.error("%s", reason)
-        self.events.emit("inprocess_gave_up", round=rnd, stragglers=stragglers, reason=reason)
+        self.events.emit(
+            EventKind.INPROCESS_GAVE_UP, round=rnd, stragglers=stragglers, reason=reason
+        )
         by_slot = {slot: lr for lr, slot in self.local_slots.items()}
         local = by_slot.get(stragglers[0]) if stragglers else None
         status = self.group.statuses.get(local) if local is not None else None

@@ -1,5 +1,5 @@
 """The in-process fallback writes the stragglers' stacks before it fails the attempt, through
-the hook the daemon wires (InprocessRounds(explain_stragglers=health.explain_ranks))."""
+the hook the daemon wires (InprocessRounds(explain_stragglers=health.hangs.explain_ranks))."""
 
 from __future__ import annotations
 

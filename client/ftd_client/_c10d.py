@@ -21,13 +21,14 @@ from torch._C._distributed_c10d import (
     PrefixStore,
     ReduceOp,
     Store,
-    TCPStore,
     Work,
     _register_process_group,
     _unregister_process_group,
 )
 from torch._C._distributed_c10d import ProcessGroup as BaseProcessGroup
 from torch.futures import Future
+
+from ftd_client.store import tcp_store_client
 
 DEFAULT_TIMEOUT = timedelta(seconds=60)
 _ADDR = re.compile(r"^(?P<host>\[[0-9A-Fa-f:.]+\]|[^:/\[\]]+):(?P<port>\d+)/(?P<prefix>.+)$")
@@ -64,13 +65,7 @@ def parse_store_addr(addr: str) -> StoreAddress:
 def create_store_client(addr: str, timeout: timedelta = DEFAULT_TIMEOUT) -> Store:
     """A `PrefixStore(prefix, TCPStore(host, port))` client for `host:port/prefix`."""
     parsed = parse_store_addr(addr)
-    store = TCPStore(
-        host_name=parsed.host,
-        port=parsed.port,
-        is_master=False,
-        wait_for_workers=False,
-        timeout=timeout,
-    )
+    store = tcp_store_client(parsed.host, parsed.port, timeout.total_seconds())
     return PrefixStore(parsed.prefix, store)
 
 

@@ -37,6 +37,7 @@ from ftd_client.inprocess.keys import (
     Keys,
     Members,
 )
+from ftd_client.store import tcp_store_client, tcp_store_server, wait_keys
 
 log = logging.getLogger("ftd_client.inprocess")
 
@@ -46,15 +47,7 @@ IDLE_WAIT = timedelta(days=365)
 
 def connect(host: str, port: int, timeout_s: float) -> Any:
     """A TCPStore client (blocking; torch is imported here)."""
-    from torch.distributed import TCPStore
-
-    return TCPStore(
-        host_name=host,
-        port=port,
-        is_master=False,
-        wait_for_workers=False,
-        timeout=timedelta(seconds=timeout_s),
-    )
+    return tcp_store_client(host, port, timeout_s)
 
 
 @dataclass(frozen=True)
@@ -176,22 +169,14 @@ class Coordination:
     def _decide(self, rnd: int) -> Members:
         """Without a daemon: the ranks that arrived are the members; the first rank to get
         here hosts the round's store (first writer wins)."""
-        from torch.distributed import TCPStore
 
         arrived = [
             s
             for s in range(self.initial_world_size)
             if (value := self._check(self.keys.arrive(rnd, s))) and value != DEAD
         ]
-        server = TCPStore(
-            host_name=self.endpoint.host,
-            port=0,
-            is_master=True,
-            wait_for_workers=False,
-            timeout=timedelta(seconds=self.barrier_timeout_s),
-            use_libuv=True,
-        )
         host = _local_address(self.endpoint.host, self.endpoint.port)
+        server = tcp_store_server(host, 0, self.barrier_timeout_s)
         mine = Members(tuple(arrived), host, int(server.port), f"rank {self.slot}").encode()
         stored = self._store.compare_set(self.keys.members(rnd), "", mine)
         if stored == mine:
@@ -257,20 +242,6 @@ class Coordination:
     def close(self) -> None:
         self._round_stores.clear()
         self._store = None
-
-
-def wait_keys(store: Any, keys: list[str], timeout_s: float) -> bool:
-    """Blocking: whether every key exists within the timeout (DistNetworkError: the store is
-    gone)."""
-    from torch.distributed import DistNetworkError, DistStoreError
-
-    try:
-        store.wait(keys, timedelta(seconds=timeout_s))
-    except DistNetworkError:
-        raise
-    except DistStoreError:
-        return False
-    return True
 
 
 def _local_address(host: str, port: int) -> str:
