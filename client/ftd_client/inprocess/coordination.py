@@ -120,6 +120,13 @@ class Coordination:
     def client(self, timeout_s: float) -> Any:
         return connect(self.endpoint.host, self.endpoint.port, timeout_s)
 
+    def assignment_store(self, timeout_s: float) -> Any:
+        """A client whose keys live under this call's prefix: what rank assignments keep in
+        the store (FilterCountGroupedByKey's counts, Tree's keys) is this attempt's alone."""
+        from torch.distributed import PrefixStore
+
+        return PrefixStore(f"{self.endpoint.prefix}/assignment", self.client(timeout_s))
+
     def first_round(self) -> int:
         """The round this process joins: the daemon's open one (a respawned rank joins late)."""
         if not self.endpoint.daemon:

@@ -363,7 +363,9 @@ class _Runner:
         )
         if self.wrapper.rank_assignment is not None:
             if self._assignment_store is None:
-                self._assignment_store = self.coordination.client(self.wrapper.barrier_timeout_s)
+                self._assignment_store = self.coordination.assignment_store(
+                    self.wrapper.barrier_timeout_s
+                )
             self.state = assign(
                 self.wrapper.rank_assignment,
                 self.state,
