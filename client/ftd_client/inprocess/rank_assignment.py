@@ -12,6 +12,9 @@ Active ranks call the function with RANK = `active_rank` and WORLD_SIZE =
 `active_world_size`; inactive ones wait, as reserves, for the round to end (a fault, where
 they may become active, or every active rank returning); a rank the assignment discards
 raises RankDiscarded, and its process exits.
+
+The hierarchical assignment (Tree, Layer, LayerFlag) lives in rank_tree.py and is exposed
+here, as in NVRx.
 """
 
 from __future__ import annotations
@@ -212,3 +215,15 @@ def assign(
             result, mode=Mode.ACTIVE, active_rank=result.rank, active_world_size=result.world_size
         )
     return result
+
+
+# NVRx exposes the hierarchical assignment in this module; it lives in its own.
+from ftd_client.inprocess.rank_tree import Layer as Layer  # noqa: E402
+from ftd_client.inprocess.rank_tree import LayerFlag as LayerFlag  # noqa: E402
+from ftd_client.inprocess.rank_tree import Node as Node  # noqa: E402
+from ftd_client.inprocess.rank_tree import Placement as Placement  # noqa: E402
+from ftd_client.inprocess.rank_tree import Tree as Tree  # noqa: E402
+from ftd_client.inprocess.rank_tree import bounded_activate as bounded_activate  # noqa: E402
+from ftd_client.inprocess.rank_tree import (  # noqa: E402
+    propagate_terminations as propagate_terminations,
+)
