@@ -15,6 +15,8 @@ from ftd_client import inprocess
 from ftd_client.inprocess import CallWrapper, FrozenState
 from ftd_client.inprocess.keys import Fault
 
+from tests.test_inprocess_rank_assignment import run_ranks
+
 
 def state(rank: int = 0, world: int = 4, iteration: int = 0, fault_rank: int | None = None) -> Any:
     fault = None
@@ -173,20 +175,6 @@ def test_filter_count_grouped_by_key_counts_through_a_real_store() -> None:
         ra.ShiftRanks(),
         ra.FilterCountGroupedByKey(lambda s: hosts[s.rank], lambda count: count == 2),
     )
-    results: dict[int, Any] = {}
-
-    def rank(slot: int) -> None:
-        store = dist.TCPStore("127.0.0.1", server.port, is_master=False)
-        s = FrozenState(slot, 4, slot, 4, 1)
-        try:
-            results[slot] = ra.assign(assignment, s, members, store)
-        except ra.RankDiscarded as error:
-            results[slot] = error
-
-    threads = [threading.Thread(target=rank, args=(slot,)) for slot in members]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
+    results: dict[int, Any] = run_ranks(dict.fromkeys(members, assignment), 4, members, server.port)
     assert isinstance(results[2], ra.RankDiscarded)
     assert (results[0].rank, results[1].rank, results[0].world_size) == (0, 1, 2)

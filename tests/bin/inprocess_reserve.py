@@ -1,5 +1,7 @@
-"""A rank for the reserve test: 3 ranks, at most 2 active (MaxActiveWorldSize after
-ShiftRanks); slot 1 dies in round 0 and the reserve (slot 2) takes its place in round 1.
+"""A rank for the reserve tests: 3 ranks, at most 2 active (MaxActiveWorldSize after
+ShiftRanks), or with --tree 4 ranks in NVLink-like pairs under a job of at most 3 active
+(rank_assignment.Tree, RESERVE at both layers, the pair's key a function of the rank); slot 1
+dies in round 0 and the reserve (the last slot) takes its place in round 1.
 Each call of the function records the RANK and WORLD_SIZE it was given in --out."""
 
 from __future__ import annotations
@@ -17,16 +19,23 @@ from ftd_client.inprocess import rank_assignment
 SLOT = int(os.environ["RANK"])
 parser = argparse.ArgumentParser()
 parser.add_argument("--out", type=Path, required=True)
+parser.add_argument("--tree", action="store_true")
 args = parser.parse_args()
 
-
-@inprocess.Wrapper(
-    soft_timeout=30,
-    hard_timeout=40,
-    rank_assignment=inprocess.Compose(
-        rank_assignment.MaxActiveWorldSize(2), rank_assignment.ShiftRanks()
-    ),
+RESERVE = rank_assignment.LayerFlag.RESERVE
+ASSIGNMENT = (
+    rank_assignment.Tree(
+        [
+            rank_assignment.Layer(min_ranks=1, max_ranks=3, key_or_fn="job", flag=RESERVE),
+            rank_assignment.Layer(key_or_fn=lambda s: f"nvl{s.initial_rank // 2}", flag=RESERVE),
+        ]
+    )
+    if args.tree
+    else inprocess.Compose(rank_assignment.MaxActiveWorldSize(2), rank_assignment.ShiftRanks())
 )
+
+
+@inprocess.Wrapper(soft_timeout=30, hard_timeout=40, rank_assignment=ASSIGNMENT)
 def train(call_wrapper: inprocess.CallWrapper | None = None) -> None:
     assert call_wrapper is not None
     rnd = call_wrapper.iteration
