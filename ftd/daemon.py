@@ -196,6 +196,7 @@ class Daemon:
             self.coordinator,
             self.health,
             self.background,
+            self.board.summary,
         )
         self.api = None
         if config.api_port is not None:  # before the zygote: a taken port stops us first

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,7 @@ class NodeControl:
         coordinator: Coordinator,
         health: HealthService,
         background: Background,
+        summary: Callable[[], dict[str, Any]],
     ) -> None:
         self.config = config
         self.status = status
@@ -49,6 +50,8 @@ class NodeControl:
         self._coordinator = coordinator
         self._health = health
         self._background = background
+        self._summary = summary
+        """This node's summary, as the other nodes see it (the one-node cluster view)."""
 
     def request_restart(self, scope: str, reason: str, requested_by: str, count: bool) -> Event:
         attempt = self._running.attempt
@@ -92,7 +95,7 @@ class NodeControl:
         if self.config.multi_node and not self._coordinator.lost.is_set():
             return self._coordinator.cluster()
         return {
-            "nodes": [self.status.to_dict()],
+            "nodes": [self._summary()],
             "round": {"round": self.status.attempt, "members": [self.config.node_id]},
             "excluded": [],
         }

@@ -158,8 +158,14 @@ async def serve(tmp_path: Path) -> AsyncIterator[ServeFactory]:
             with contextlib.suppress(ProcessLookupError):
                 run.proc.kill()
             await run.proc.wait()
+        # The pipes close when the last holder exits (the ranks inherit them): give the pumps
+        # a moment to read EOF, then close whatever is left, so no transport is left to the GC.
+        await asyncio.wait(run.pumps, timeout=10)
         for pump in run.pumps:
             pump.cancel()
+        transport = getattr(run.proc, "_transport", None)
+        if transport is not None:
+            transport.close()
     # Whatever the test asserted, a daemon must not lose an error or get stuck leaving.
     careless = ("teardown gave up", "exception was never retrieved")
     lines = [line for run in started for line in run.stderr.lines]

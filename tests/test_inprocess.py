@@ -126,8 +126,14 @@ async def test_a_dead_rank_is_respawned_and_rejoins(serve: ServeFactory, tmp_pat
     assert replaced["pid"] != marker(run, f"round_i0_s{FAULTY}")["pid"]
     [respawned] = events(run, "rank_respawned")
     assert respawned["global_rank"] == FAULTY and respawned["pid"] == replaced["pid"]
+    # The round's fault is the daemon's announcement of the exit, unless a survivor's collective
+    # failed first (gloo sees the peer's sockets close): on a busy machine either comes first.
     [fault] = events(run, "inprocess_fault")
-    assert fault["kind"] == "rank_exit" and fault["global_rank"] == FAULTY
+    assert (fault["kind"], fault["global_rank"]) == ("rank_exit", FAULTY) or (
+        fault["kind"] == "exception" and fault["global_rank"] != FAULTY
+    ), fault
+    [failed] = events(run, "inprocess_rank_failed")
+    assert failed["global_rank"] == FAULTY and failed["respawn"] is True
     assert run.status()["restart_count"] == 1  # the respawn is counted
     assert not events(run, "attempt_failed")
 
