@@ -21,7 +21,7 @@ import select
 import socket
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -32,6 +32,7 @@ log = logging.getLogger("ftd.ipc")
 
 UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 MAX_CONNECTIONS = 4096
+PREVIOUS_ATTEMPT = "previous_attempt"
 LISTEN_BACKLOG = 1024
 
 Dispatch = Callable[[int, dict[str, Any], float], dict[str, Any] | None]
@@ -127,29 +128,10 @@ class RankSocketServer:
 
     def _on_connect(self) -> None:
         assert self._listener is not None and self._loop is not None
-        while True:
-            try:
-                conn, _ = self._listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as error:
-                log.warning("rank socket accept failed: %s", error)
-                return
-            # Identity before a slot: only this user's ranks (and their descendants) are kept;
-            # a stranger's connection is closed at once and takes nothing.
-            pid, uid = _peer(conn)
-            if uid != os.geteuid():
-                self._refuse(conn, "wrong_user", pid, f"pid {pid} runs as uid {uid}")
-                continue
-            if pid in self.previous_pids:  # a rank of an earlier attempt, on its way out
-                self.dropped["previous_attempt"] += 1
-                conn.close()
-                continue
-            try:
-                self._authorize(pid)
-            except ProtocolError as error:
-                self._refuse(conn, error.cause, pid, str(error))
-                continue
+        accepted = accept_ranks(
+            self._listener, self._authorize, self.previous_pids, self._refuse, "rank socket"
+        )
+        for conn, pid in accepted:
             if len(self._connections) >= MAX_CONNECTIONS:
                 self._refuse(conn, "too_many_connections", pid, f"{MAX_CONNECTIONS} are open")
                 continue
@@ -160,7 +142,10 @@ class RankSocketServer:
 
     def _refuse(self, conn: socket.socket, cause: str, pid: int, detail: str) -> None:
         conn.close()
-        self._drop(cause, pid, f"refused a connection: {detail}")
+        if cause == PREVIOUS_ATTEMPT:  # a rank of an earlier attempt, on its way out
+            self.dropped[cause] += 1
+        else:
+            self._drop(cause, pid, f"refused a connection: {detail}")
 
     def forget_connections(self) -> None:
         """A new attempt begins: the previous attempt's ranks (still being stopped, or their
@@ -230,6 +215,39 @@ class RankSocketServer:
         except OSError as error:  # the rank went away or stopped reading: it retries or not
             self.dropped["reply_failed"] += 1
             log.debug("reply to a rank failed: %s", error)
+
+
+def accept_ranks(
+    listener: socket.socket,
+    authorize: Authorize,
+    previous_pids: set[int],
+    refuse: Callable[[socket.socket, str, int, str], None],
+    what: str,
+) -> Iterator[tuple[socket.socket, int]]:
+    """Accept every pending connection; yield (connection, pid) for those from this user's
+    ranks of the current attempt and their descendants. Identity before a slot: the others are
+    handed to `refuse` (cause, pid, detail) at once and take nothing."""
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as error:
+            log.warning("%s: accept failed: %s", what, error)
+            return
+        pid, uid = _peer(conn)
+        if uid != os.geteuid():
+            refuse(conn, "wrong_user", pid, f"pid {pid} runs as uid {uid}")
+            continue
+        if pid in previous_pids:
+            refuse(conn, PREVIOUS_ATTEMPT, pid, "a rank of an earlier attempt")
+            continue
+        try:
+            authorize(pid)
+        except ProtocolError as error:
+            refuse(conn, error.cause, pid, str(error))
+            continue
+        yield conn, pid
 
 
 def _peer(conn: socket.socket) -> tuple[int, int]:

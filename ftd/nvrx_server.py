@@ -29,7 +29,7 @@ from typing import Protocol
 from ftd_client.protocol import ProtocolError
 
 from ftd import nvrx_wire as wire
-from ftd.ipc import MAX_CONNECTIONS, UCRED, listen_unix
+from ftd.ipc import MAX_CONNECTIONS, accept_ranks, listen_unix
 
 log = logging.getLogger("ftd.nvrx")
 
@@ -137,26 +137,18 @@ class _StreamServer:
             with contextlib.suppress(FileNotFoundError):
                 self.path.unlink()
 
+    def _refuse(self, conn: socket.socket, cause: str, pid: int, detail: str) -> None:
+        conn.close()
+        self.drop(cause, pid, detail)
+
     def _on_connect(self) -> None:
         assert self._listener is not None
-        while True:
-            try:
-                conn, _ = self._listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as error:
-                log.warning("NVRx socket accept failed: %s", error)
-                return
-            creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, UCRED.size)
-            pid = int(UCRED.unpack(creds)[0])
-            # Identity before reading: a stranger's bytes are never looked at.
-            try:
-                if len(self._connections) >= MAX_CONNECTIONS:
-                    raise ProtocolError("too_many_connections", f"{MAX_CONNECTIONS} open")
-                self._authorize(pid)
-            except ProtocolError as refused:
-                self.drop(refused.cause, pid, str(refused))
-                conn.close()
+        # Identity before a slot (ipc.accept_ranks): a stranger's bytes are never looked at.
+        for conn, pid in accept_ranks(
+            self._listener, self._authorize, set(), self._refuse, "NVRx socket"
+        ):
+            if len(self._connections) >= MAX_CONNECTIONS:
+                self._refuse(conn, "too_many_connections", pid, f"{MAX_CONNECTIONS} open")
                 continue
             conn.setblocking(False)
             connection = _Connection(conn, pid)
