@@ -54,10 +54,27 @@ def _add_serve(subparsers: argparse._SubParsersAction[_Parser]) -> None:
         help="ranks on this node: an integer, or 'cpu'/'auto' for one per CPU",
     )
     add(*_flag("--standalone"), action="store_true", help="single node: host the store locally")
-    add(*_flag("--rdzv-backend"), default="c10d", help="rendezvous backend (c10d)")
-    add(*_flag("--rdzv-endpoint"), default="", help="rendezvous store host:port")
+    add(
+        *_flag("--rdzv-backend"),
+        default="c10d",
+        help="rendezvous backend: c10d (alias static; a TCPStore, hosted by the daemon whose "
+        "address is the endpoint's, or by `ftd store`) or etcd (alias etcd-v3; an etcd v3 "
+        "cluster, no daemon hosts anything)",
+    )
+    add(
+        *_flag("--rdzv-endpoint"),
+        default="",
+        help="c10d: the store's host:port; etcd: the members, host:port,host:port,...",
+    )
     add(*_flag("--rdzv-id"), *_flag("--run-id"), dest="rdzv_id", default="none", help="job id")
-    add(*_flag("--rdzv-conf"), default="", help="rendezvous options: key1=v1,key2=v2")
+    add(
+        *_flag("--rdzv-conf"),
+        default="",
+        help="rendezvous options, key1=v1,key2=v2: join_timeout, last_call_timeout, "
+        "secret_file (a 0600 file: signs the daemons' records); c10d: is_host, host; etcd: "
+        "protocol, cacert, cert, key, username, password_file (a 0600 file), prefix, "
+        "lease_ttl (s, default --node-keepalive-timeout), read_timeout (s, default 5)",
+    )
     add(*_flag("--max-restarts"), type=int, default=0, help="restarts before the job fails")
     add(
         *_flag("--monitor-interval"),

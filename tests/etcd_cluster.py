@@ -178,6 +178,11 @@ class EtcdCluster:
     def endpoints(self) -> list[str]:
         return [member.url for member in self.members]
 
+    @property
+    def rdzv_endpoint(self) -> str:
+        """The members as `ftd serve --rdzv-endpoint` takes them: host:port,host:port."""
+        return ",".join(f"127.0.0.1:{member.client_port}" for member in self.members)
+
     def _command(self, member: Member) -> list[str]:
         initial = ",".join(f"{m.name}={m.peer_url}" for m in self.members)
         return [
@@ -353,14 +358,14 @@ ClusterFactory = Callable[..., Awaitable[EtcdCluster]]
 async def etcd(tmp_path: Path) -> AsyncIterator[ClusterFactory]:
     """`await etcd(size=1, tls=False)` starts a healthy cluster of real etcd members (with
     tls: https for clients, client certificates required; `cluster.tls` has the files); all
-    are killed at teardown. Skips when no etcd binary runs here."""
-    if reason := etcd_unusable():
-        pytest.skip(reason)
-    binary = etcd_binary()
-    assert binary is not None
+    are killed at teardown. Skips the test (when called) if no etcd binary runs here."""
     clusters: list[EtcdCluster] = []
 
     async def start(size: int = 1, *, tls: bool = False) -> EtcdCluster:
+        if reason := etcd_unusable():
+            pytest.skip(reason)
+        binary = etcd_binary()
+        assert binary is not None
         files = await make_tls_files(tmp_path / "tls") if tls else None
         tries = 0
         while True:

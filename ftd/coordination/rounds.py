@@ -31,6 +31,14 @@ def key(number: int, name: str) -> str:
     return f"r{number}/{name}"
 
 
+def excluded_error(node_id: str, run_id: str, reason: str) -> CoordinationError:
+    return CoordinationError(
+        f"node {node_id} is excluded from job {run_id} ({reason}); readmit it with "
+        f"`ftd readmit {node_id}` before it may join",
+        "excluded",
+    )
+
+
 @dataclass(frozen=True)
 class Late:
     """This node found round `number` closed without it."""
@@ -59,12 +67,7 @@ class StoreRounds:
                 raise CoordinationError("the daemon is stopping", "stopped")
             mark = s.read(f"excluded/{me.node_id}", MarkRecord)
             if mark is not None:
-                raise CoordinationError(
-                    f"node {me.node_id} is excluded from job {self.config.run_id} "
-                    f"({mark.reason}); readmit it with `ftd readmit {me.node_id}` before it "
-                    "may join",
-                    "excluded",
-                )
+                raise excluded_error(me.node_id, self.config.run_id, mark.reason)
             request = s.decided(key(number, "request"), RequestRecord)
             if request is not None:
                 if request.action != "restart":
