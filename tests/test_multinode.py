@@ -11,54 +11,25 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import socket
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
 import pytest
 
-from tests.conftest import ROOT, Serve, ServeFactory, pids_with_env, wait_pids_gone
-from tests.etcd_cluster import ClusterFactory, EtcdCluster
+from tests.conftest import (
+    C10D,
+    ROOT,
+    Backend,
+    Serve,
+    ServeFactory,
+    free_port,
+    pids_with_env,
+    wait_pids_gone,
+)
 
 pytestmark = pytest.mark.timeout(90)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-@dataclass(frozen=True)
-class Backend:
-    """Where a test's daemons meet: `c10d` (a TCPStore on a fresh port, hosted by the first
-    daemon) or `etcd` (one real member, started for the test)."""
-
-    name: str
-    etcd: EtcdCluster | None = None
-
-    def endpoint(self) -> str:
-        return self.etcd.rdzv_endpoint if self.etcd else f"127.0.0.1:{free_port()}"
-
-    @property
-    def in_rendezvous(self) -> str:
-        """The log line of a daemon that has met the others' store (the first to: it hosts
-        the TCPStore; under etcd it joined round 0 first, so it is node rank 0)."""
-        return "hosting the rendezvous store" if self.etcd is None else r"joined round \d+ as"
-
-
-C10D = Backend("c10d")
-
-
-@pytest.fixture(params=["c10d", "etcd"])
-async def backend(request: pytest.FixtureRequest, etcd: ClusterFactory) -> Backend:
-    if request.param == "etcd":
-        return Backend("etcd", await etcd(1))
-    return C10D
 
 
 class Cluster:
