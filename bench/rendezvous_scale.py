@@ -7,6 +7,10 @@ close after the restart, and the store operations per round (counted in-process 
 `CountingStore`, join only, up to larger N with threads).
 
     python bench/rendezvous_scale.py --nodes 2 4 8 16 --ops-nodes 2 4 8 16 32 64 128 256
+
+`--backend c10d etcd --runs 10` (rendezvous_backends.py): for each backend and N,
+one job of N daemons restarted `--runs` times: median and max of the propagation and of
+restart -> next round closed, over the runs (etcd: one real member started here).
 """
 
 from __future__ import annotations
@@ -128,8 +132,9 @@ def one_size(n: int, keepalive: float) -> dict[str, Any]:
 
 def ops_per_round(n: int) -> dict[str, Any]:
     """Store operations for N nodes to join and close one round (threads, one store)."""
-    from ftd.config import ServeConfig
     from ftd.rendezvous import CountingStore, Rendezvous, connect_store, host_store
+
+    from ftd.config import ServeConfig
 
     port = free_port()
     server = host_store("127.0.0.1", port)
@@ -173,9 +178,18 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, nargs="*", default=[2, 4, 8, 16])
     parser.add_argument("--ops-nodes", type=int, nargs="*", default=[2, 4, 8, 16, 32, 64, 128])
     parser.add_argument("--keepalive", type=float, default=5.0)
+    parser.add_argument("--backend", nargs="*", choices=["c10d", "etcd"], default=[])
+    parser.add_argument("--runs", type=int, default=10)
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT / "client"))
     sys.path.insert(0, str(ROOT))
+    if args.backend:
+        from rendezvous_backends import restarts_in_one_job
+
+        for n in args.nodes:
+            for backend in args.backend:
+                print(json.dumps(restarts_in_one_job(n, backend, args.runs)), flush=True)
+        return
     for n in args.ops_nodes:
         print(json.dumps(ops_per_round(n)), flush=True)
     for n in args.nodes:

@@ -370,32 +370,37 @@ class EtcdCoordinator:
         )
 
     async def cluster(self) -> dict[str, Any]:
-        async def read() -> dict[str, Any]:
-            rnd = self.round
-            members = rnd.node_ids if rnd else []
-            names = sorted({*members, self.node_id})
+        """Every member's summary as etcd has it; while etcd does not answer, what this node
+        knows, and why the rest is unknown (never an error for the API's caller)."""
+        rnd = self.round
+        members = rnd.node_ids if rnd else []
+        names = sorted({*members, self.node_id})
+
+        async def read() -> dict[str, dict[str, Any]]:
             _, (found, excluded) = await self._kv.reads(
                 Get("status/", prefix=True), Get("excluded")
             )
-            summaries = {
-                k.removeprefix("status/"): s for k, s in self._kv.valid(found, NodeSummary).items()
-            }
-            nodes = [
-                summaries[n].model_dump()
-                if n in summaries and summaries[n].node_id == n
-                else {"node_id": n, "state": "unknown"}
-                for n in names
-            ]
             self.excluded = self._rounds.excluded_of(excluded)
             return {
-                "nodes": nodes,
-                "round": {"round": rnd.number if rnd else 0, "members": members},
-                "excluded": [{"node_id": n, "reason": r} for n, r in sorted(self.excluded.items())],
-                "store_ops": self.ops,
-                "refused_records": dict(self.codec.refused),
+                k.removeprefix("status/"): s.model_dump()
+                for k, s in self._kv.valid(found, NodeSummary).items()
+                if k == f"status/{s.node_id}"
             }
 
-        return await self._kv.call("read the cluster", read, self._soon())
+        view: dict[str, Any] = {}
+        try:
+            summaries = await self._kv.call("read the cluster", read, self._soon())
+        except CoordinationError as error:
+            summaries, view["unavailable"] = {}, error.reason
+        unknown = {"state": "unknown"}
+        return {
+            "nodes": [summaries.get(n, {"node_id": n, **unknown}) for n in names],
+            "round": {"round": rnd.number if rnd else 0, "members": members},
+            "excluded": [{"node_id": n, "reason": r} for n, r in sorted(self.excluded.items())],
+            "store_ops": self.ops,
+            "refused_records": dict(self.codec.refused),
+            **view,
+        }
 
     # -- in-process restart ------------------------------------------------------------------
 

@@ -9,7 +9,7 @@ daemon does while etcd does not answer.
   logged once and ignored). `decide` makes a record the value of a key unless a valid one is
   there: a transaction compares the key's create_revision (absent) or, when it holds garbage,
   its mod_revision (that very garbage), so a planted value is stepped over, never obeyed.
-  `await_decided` reads, then watches from the revision read: no polling, nothing missed.
+  `await_decided` watches, then reads: no polling, nothing missed.
 - `RecordKv.call`: a call that meets an unavailable etcd is tried again, backing off, until it
   answers or a deadline passes (then CoordinationError(code="store_lost")).
 """
@@ -235,18 +235,21 @@ class RecordKv:
     async def await_decided(
         self, key: str, model: type[R], max_bytes: int = MAX_RECORD_BYTES
     ) -> tuple[R, int]:
-        """The valid record at `key` once there is one, and its mod_revision: read, then watch
-        from the revision read (a compacted history is read again). Waits out an absent etcd
-        for as long as it takes."""
+        """The valid record at `key` once there is one, and its mod_revision. The watch starts
+        first, from now, then the key is read: nothing written after the read is missed, and
+        etcd serves a watch on the present at once (one that starts in the past waits for its
+        catch-up loop, up to 100 ms). Waits out an absent etcd for as long as it takes."""
         while True:
-            record, revision = await self.call(
-                f"read {key}", lambda: self.read_decided(key, model, max_bytes), None
-            )
-            if record is not None:
-                return record, revision
+            if self.closing:
+                raise CoordinationError("the daemon is stopping", "stopped")
             try:
-                async with self.etcd.watch(key, start_revision=revision + 1) as events:
+                async with self.etcd.watch(key) as events:
                     self.ops += 1
+                    record, revision = await self.call(
+                        f"read {key}", lambda: self.read_decided(key, model, max_bytes), None
+                    )
+                    if record is not None:
+                        return record, revision
                     async for event in events:
                         self.availability.answered()
                         if event.type is EventType.PUT:
@@ -256,4 +259,5 @@ class RecordKv:
             except EtcdCompacted:
                 continue
             except (EtcdUnavailable, EtcdBadAnswer) as error:
-                self.availability.failed(f"watch {key}", error)  # the read above waits it out
+                self.availability.failed(f"watch {key}", error)
+                await asyncio.sleep(RETRY_PAUSE_S[1])  # back-off: etcd is away

@@ -21,7 +21,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from ftd.coordination.base import Report
+from ftd.coordination.base import CoordinationError, Report
 from ftd.coordination.etcd_kv import RecordKv
 from ftd.coordination.records import AliveRecord
 from ftd.etcd_client import (
@@ -163,9 +163,14 @@ class EtcdLiveness:
     async def _confirm(self, nodes: set[str]) -> None:
         """A member without an alive key when its round closed is gone: read to make sure
         (the watch may not have delivered its key yet)."""
-        with contextlib.suppress(EtcdError):
-            _, found = await self.kv.reads(*(Get(alive_key(n)) for n in sorted(nodes)))
-            for node, result in zip(sorted(nodes), found, strict=True):
+        order = sorted(nodes)
+        with contextlib.suppress(CoordinationError):  # stopping, or etcd refuses
+            _, found = await self.kv.call(
+                "read the members' alive keys",
+                lambda: self.kv.reads(*(Get(alive_key(n)) for n in order)),
+                None,
+            )
+            for node, result in zip(order, found, strict=True):
                 record, _ = self.kv.first(result, AliveRecord)
                 if result.kvs == () and node in self._watched and node not in self._done:
                     self._declare(node)
@@ -173,6 +178,13 @@ class EtcdLiveness:
                     self._done.add(node)
 
     async def _watch_alive(self) -> None:
+        try:
+            await self._follow_alive()
+        except CoordinationError as error:  # etcd refuses (permissions), or stopping
+            if not self._stopping:
+                self._on_lost(f"store lost: cannot watch the other nodes: {error.reason}")
+
+    async def _follow_alive(self) -> None:
         while not self._stopping:
             revision, _ = await self.kv.call("read the alive keys", self._read_alive, None)
             watch = self.kv.etcd.watch(

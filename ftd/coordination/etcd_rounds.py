@@ -1,8 +1,8 @@
 """The rounds of the etcd coordinator: each step one read (a transaction of gets, so all at one
 revision) and at most one conditional write. Keys, under the job's root `<prefix>/ftd/<id>/`:
 
-  round                 RoundHint: the newest round (moved forward with a compare on its
-                        mod_revision; a hint, the truth is in the round's own keys)
+  round                 RoundHint: the newest round (moved forward by the joins of a newer
+                        round; a hint, the truth is in the round's own keys)
   excluded              ExcludedRecord: the excluded nodes (compare-and-swap on mod_revision)
   r<N>/join/<node>      Member, held by the joiner's lease (a joiner that dies vanishes)
   r<N>/joined           touched by every join in the same transaction: its version is the
@@ -58,7 +58,6 @@ class RoundView:
     """Round N as read at one revision."""
 
     hint: int | None
-    hint_kv: KeyValue | None
     excluded: dict[str, str]
     closed: RoundRecord | None
     closed_kv: KeyValue | None
@@ -91,12 +90,11 @@ class EtcdRounds:
         _, (hint, excluded, closed, request) = await self.kv.reads(
             Get("round"), Get("excluded"), Get(key(number, "closed")), Get(key(number, "request"))
         )
-        pointer, hint_kv = self.kv.first(hint, RoundHint)
+        pointer, _ = self.kv.first(hint, RoundHint)
         record, closed_kv = self.kv.first(closed, RoundRecord, MAX_ROUND_RECORD_BYTES)
         decided, _ = self.kv.first(request, RequestRecord)
         return RoundView(
             hint=pointer.number if pointer is not None else None,
-            hint_kv=hint_kv,
             excluded=self.excluded_of(excluded),
             closed=record,
             closed_kv=closed_kv,
@@ -123,37 +121,36 @@ class EtcdRounds:
                         "in etcd; a new run needs a new --rdzv-id, or its keys deleted)",
                         view.request.action,
                     )
-                await self._advance_hint(number + 1, view.hint_kv)
-                number += 1
+                number += 1  # the next round's joiners move the hint
                 continue
             if view.closed is not None:
                 if view.closed.aborted:
                     raise CoordinationError(view.closed.aborted)
                 return Late(number, view.closed)
             joined = key(number, "joined")
+            # While round N is open nobody can have moved the hint past N (that takes a
+            # request, which takes a closed round): the join may move it to N unconditionally.
+            hint = (
+                [self.kv.put_op("round", RoundHint(number=number))]
+                if view.hint is None or view.hint < number
+                else []
+            )
             result = await self.kv.txn(
                 [self.kv.unchanged(key(number, "closed"), view.closed_kv)],
                 [
                     self.kv.put_op(key(number, f"join/{me.node_id}"), me, lease),
                     self.kv.put_op(joined, MarkRecord(node_id=me.node_id)),
                     Get(joined),
+                    *hint,
                 ],
             )
             if not result.succeeded:
                 continue  # closed meanwhile (or garbage replaced): read again
             counter = result.responses[2]
             assert isinstance(counter, RangeResult) and counter.kvs
-            if view.hint is None or view.hint < number:
-                await self._advance_hint(number, view.hint_kv)
             joiner = counter.kvs[0].version
             log.info("joined round %d as joiner %d", number, joiner)
             return number, joiner
-
-    async def _advance_hint(self, number: int, seen: KeyValue | None) -> None:
-        """Point the hint at round `number` unless it moved meanwhile (then someone else did)."""
-        await self.kv.txn(
-            [self.kv.unchanged("round", seen)], [self.kv.put_op("round", RoundHint(number=number))]
-        )
 
     # -- closing -----------------------------------------------------------------------------
 
