@@ -290,6 +290,77 @@ async def test_etcd_operations_per_round_grow_linearly(etcd: ClusterFactory) -> 
         assert sum(ops) <= 5 * nodes + 4, ops
 
 
+def coordinator(
+    endpoint: str, node_id: str, reports: asyncio.Queue[tuple[str, Any]], **conf: str
+) -> EtcdCoordinator:
+    config = ServeConfig(
+        entrypoint=__file__,
+        nnodes_min=1,
+        nnodes_max=2,
+        rdzv_backend="etcd",
+        rdzv_endpoint=endpoint,
+        rdzv_conf=conf,
+        run_id="unit",
+        node_id=node_id,
+        local_addr="127.0.0.1",
+        node_keepalive_timeout_s=1,
+        rdzv_last_call_timeout_s=0,
+    )
+    return EtcdCoordinator(config, SECRET, lambda kind, data: reports.put_nowait((kind, data)))
+
+
+async def test_a_lease_etcd_ended_is_replaced_and_the_others_see_the_node_leave(
+    etcd: ClusterFactory,
+) -> None:
+    members = await etcd(1)
+    ignored: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+    reports: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+    a = coordinator(members.rdzv_endpoint, "a", ignored)
+    b = coordinator(members.rdzv_endpoint, "b", reports)
+    lost: asyncio.Queue[str] = asyncio.Queue()
+    try:
+        await a.start(lambda node, reason: lost.put_nowait(reason))
+        await b.start(lambda node, reason: None)
+        me = [Member(node_id=n, addr="127.0.0.1", nproc=1, store_port=1) for n in ("a", "b")]
+        await asyncio.gather(a.join(me[0]), b.join(me[1]))
+        assert b._liveness is not None
+        old = b._liveness.lease_id
+        async with EtcdClient(members.endpoints) as admin:
+            await admin.revoke(old)  # what etcd does to a lease it heard nothing from
+            reason = await asyncio.wait_for(lost.get(), 10)
+            assert reason == "node b lost: no keepalive for 1s (its etcd lease expired)"
+            kind, _ = await asyncio.wait_for(reports.get(), 10)
+            assert kind == "coordination_lease_replaced"
+            alive = await admin.get("/ftd/unit/alive/b")
+        assert alive is not None and alive.lease == b._liveness.lease_id != old
+        assert not b.lost.is_set()
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_the_cluster_view_says_why_etcd_is_unknown(etcd: ClusterFactory) -> None:
+    members = await etcd(1)
+    reports: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+    a = coordinator(members.rdzv_endpoint, "a", reports, read_timeout="0.5")
+    try:
+        await a.start(lambda node, reason: None)
+        await a.publish_status(
+            {"node_id": "a", "state": "running", "attempt": 0, "restart_count": 0,
+             "group_rank": 0, "nproc_per_node": 1, "time": time.time()}
+        )  # fmt: skip
+        view = await a.cluster()
+        assert view["nodes"][0]["state"] == "running" and "unavailable" not in view
+        await members.kill(0)
+        view = await a.cluster()
+        assert view["nodes"] == [{"node_id": "a", "state": "unknown"}]
+        assert "etcd did not answer" in view["unavailable"], view
+        seen = {reports.get_nowait()[0] for _ in range(reports.qsize())}
+        assert "coordination_unavailable" in seen, seen
+    finally:
+        await a.close()
+
+
 def etcd_config(tmp_path: Path, **conf: str) -> ServeConfig:
     return ServeConfig(
         entrypoint=__file__,
