@@ -98,10 +98,14 @@ async def make_tls_files(directory: Path) -> TlsFiles:
         assert proc.returncode == 0, f"openssl {' '.join(args)}: {output.decode()}"
 
     await run("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-subj", "/CN=test CA")
-    for name, usage in (("server", "serverAuth,clientAuth"), ("client", "clientAuth")):
+    # No CommonName in the client's: with auth on, etcd's gateway refuses one that has it.
+    for name, usage, subject in (
+        ("server", "serverAuth,clientAuth", "/CN=t"),
+        ("client", "clientAuth", "/O=ftd test client"),
+    ):
         extensions = f"subjectAltName=IP:127.0.0.1\nextendedKeyUsage={usage}\n"
         (directory / f"{name}.ext").write_text(extensions)
-        await run("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", "/CN=t")
+        await run("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", subject)
         await run(
             *("x509", "-req", "-in", f"{name}.csr", "-out", f"{name}.crt"),
             *("-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-extfile", f"{name}.ext"),

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from ftd.config import ServeConfig
-from ftd.coordination.base import CoordinationError
+from ftd.coordination.base import CoordinationError, new_request
 from ftd.coordination.etcd import EtcdCoordinator
 from ftd.coordination.etcd_conf import parse_etcd_conf
 from ftd.coordination.etcd_rounds import RoundHint
@@ -291,9 +291,14 @@ async def test_etcd_operations_per_round_grow_linearly(etcd: ClusterFactory) -> 
 
 
 def coordinator(
-    endpoint: str, node_id: str, reports: asyncio.Queue[tuple[str, Any]], **conf: str
+    endpoint: str,
+    node_id: str,
+    reports: asyncio.Queue[tuple[str, Any]],
+    join_timeout_s: float = 600,
+    **conf: str,
 ) -> EtcdCoordinator:
     config = ServeConfig(
+        rdzv_join_timeout_s=join_timeout_s,
         entrypoint=__file__,
         nnodes_min=1,
         nnodes_max=2,
@@ -357,6 +362,82 @@ async def test_the_cluster_view_says_why_etcd_is_unknown(etcd: ClusterFactory) -
         assert "etcd did not answer" in view["unavailable"], view
         seen = {reports.get_nowait()[0] for _ in range(reports.qsize())}
         assert "coordination_unavailable" in seen, seen
+    finally:
+        await a.close()
+
+
+async def test_tls_and_an_etcd_user(etcd: ClusterFactory, tmp_path: Path) -> None:
+    members = await etcd(1, tls=True)
+    assert members.tls is not None
+    await members.enable_auth("s3cret")
+    password = tmp_path / "password"
+    password.write_text("s3cret\n")
+    password.chmod(0o600)
+    conf = {
+        "cacert": str(members.tls.ca),
+        "cert": str(members.tls.client_cert),
+        "key": str(members.tls.client_key),
+        "username": "root",
+        "password_file": str(password),
+    }
+    reports: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+    a = coordinator(members.rdzv_endpoint, "a", reports, **conf)
+    assert a.conf.endpoints[0].startswith("https://")
+    try:
+        await a.start(lambda node, reason: None)
+        rnd = await a.join(Member(node_id="a", addr="127.0.0.1", nproc=1, store_port=1))
+        assert rnd.node_ids == ["a"]
+    finally:
+        await a.close()
+    password.write_text("wrong\n")
+    b = coordinator(members.rdzv_endpoint, "b", reports, **conf)
+    try:
+        with pytest.raises(CoordinationError, match="etcd refused ftd's credentials"):
+            await b.start(lambda node, reason: None)
+    finally:
+        await b.close()
+
+
+async def test_an_endpoint_that_is_not_etcd_fails_the_start_at_once() -> None:
+    from aiohttp import web
+
+    async def refuse(request: web.Request) -> web.Response:
+        return web.Response(status=404, text="no")
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", refuse)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    reports: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+    a = coordinator(f"127.0.0.1:{port}", "a", reports)
+    try:
+        with pytest.raises(CoordinationError, match="--rdzv-endpoint: not etcd's answer"):
+            await asyncio.wait_for(a.start(lambda node, reason: None), 30)
+    finally:
+        await a.close()
+        await runner.cleanup()
+
+
+async def test_a_round_end_waits_for_etcd_no_longer_than_the_join_timeout(
+    etcd: ClusterFactory,
+) -> None:
+    members = await etcd(1)
+    reports: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+    a = coordinator(members.rdzv_endpoint, "a", reports, join_timeout_s=2, read_timeout="0.5")
+    try:
+        await a.start(lambda node, reason: None)
+        rnd = await a.join(Member(node_id="a", addr="127.0.0.1", nproc=1, store_port=1))
+        await members.kill(0)
+        started = time.monotonic()
+        with pytest.raises(CoordinationError) as error:
+            await a.request(rnd, new_request("restart", "a rank failed", "a"))
+        assert error.value.code == "store_lost"
+        assert "etcd did not answer within --rdzv-join-timeout" in error.value.reason
+        assert 2 <= time.monotonic() - started < 2 + 3
+        assert not a.lost.is_set()  # the node's lease is not known to be gone
     finally:
         await a.close()
 

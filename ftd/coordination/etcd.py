@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -107,6 +108,9 @@ class EtcdCoordinator:
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def start(self, on_node_lost: NodeLost) -> None:
+        # The workers' store is a TCPStore: import torch now, off the loop and unbounded, as
+        # the c10d backend does when it connects (on a busy machine it takes tens of seconds).
+        await asyncio.to_thread(importlib.import_module, "torch.distributed")
         await self._etcd.__aenter__()
         self._opened = True
         self._etcd.transport.on_endpoint_failed = self._endpoint_failed
@@ -126,7 +130,9 @@ class EtcdCoordinator:
             self._mark_lost,
             self._report,
         )
-        await self._call("grant this node's lease", liveness.start)
+        await self._kv.call(
+            "grant this node's lease", liveness.start, self._deadline(), trust_endpoints=False
+        )
         self._liveness = liveness
         self.excluded = await self._call("read the excluded nodes", self._rounds.read_excluded)
 

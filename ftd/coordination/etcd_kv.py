@@ -116,9 +116,18 @@ class RecordKv:
 
     # -- calls, tried again while etcd is away -----------------------------------------------
 
-    async def call(self, what: str, fn: Callable[[], Awaitable[T]], deadline: float | None) -> T:
+    async def call(
+        self,
+        what: str,
+        fn: Callable[[], Awaitable[T]],
+        deadline: float | None,
+        *,
+        trust_endpoints: bool = True,
+    ) -> T:
         """`fn()` until etcd answers; CoordinationError once `deadline` (loop time) passed
-        with etcd away, or when etcd refuses (credentials, permissions)."""
+        with etcd away, or when etcd refuses (credentials, permissions). `trust_endpoints`
+        false: an endpoint that answers what etcd does not is a mistake, not a passing fault
+        (at start: --rdzv-endpoint names something else)."""
         loop = asyncio.get_running_loop()
         pause = RETRY_PAUSE_S[0]
         while True:
@@ -127,6 +136,10 @@ class RecordKv:
             try:
                 result = await fn()
             except (EtcdUnavailable, EtcdBadAnswer) as error:
+                if isinstance(error, EtcdBadAnswer) and not trust_endpoints:
+                    raise CoordinationError(
+                        f"--rdzv-endpoint: not etcd's answer ({what}): {error}"[:2000]
+                    ) from None
                 self.availability.failed(what, error)
                 if deadline is not None and loop.time() + pause >= deadline:
                     raise CoordinationError(

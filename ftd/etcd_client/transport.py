@@ -403,9 +403,17 @@ class Transport:
             streamed = StreamRefusal.model_validate_json(raw).error
             return refusal(endpoint, streamed.grpc_code, streamed.message)
         except pydantic.ValidationError:
-            text = clip(raw[:200].decode(errors="replace"))
-            reason = f"HTTP {status}, not etcd's error: {text!r}"
-            return AttemptFailed(reason, sent=True, bad_answer=True)
+            pass
+        if raw.startswith(b"CommonName of client sending a request against gateway"):
+            return EtcdAuthError(
+                "etcd's gateway refuses client certificates with a CommonName while auth is on "
+                "(its fix for CVE-2018-16886): use a client certificate without a CN, or "
+                "username and password alone",
+                endpoint=endpoint,
+            )
+        text = clip(raw[:200].decode(errors="replace"))
+        reason = f"HTTP {status}, not etcd's error: {text!r}"
+        return AttemptFailed(reason, sent=True, bad_answer=True)
 
 
 def parse(answer: type[Answer], raw: bytes | str) -> Answer:
