@@ -495,3 +495,17 @@ def test_a_bad_etcd_conf_is_a_one_line_usage_error(tmp_path: Path) -> None:
     assert done.stderr.strip().splitlines()[-1] == (
         "ftd serve: error: --rdzv-conf lease_ttl=forever: a whole number of seconds in [1, 3600]"
     )
+
+
+def test_serve_help_lists_the_backends_and_their_options(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from ftd.cli import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "rendezvous backend: c10d (alias static;" in text
+    assert "etcd (alias etcd-v3;" in text
+    assert "etcd: the members, host:port,host:port,..." in text
+    assert "password_file (a 0600 file), prefix, lease_ttl" in text

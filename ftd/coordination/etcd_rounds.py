@@ -39,7 +39,7 @@ from ftd.coordination.records import (
     RoundNumber,
     RoundRecord,
 )
-from ftd.coordination.rounds import Late, excluded_error, key
+from ftd.coordination.rounds import Late, aborted_round, excluded_error, key
 from ftd.etcd_client import Get, KeyValue, RangeResult
 
 log = logging.getLogger("ftd.rendezvous")
@@ -190,7 +190,7 @@ class EtcdRounds:
                 request=self.kv.first(prev_request, RequestRecord)[0],
                 respawns=len(self.kv.valid(respawns, MarkRecord)) if number > 0 else 0,
             )
-            if record is None or (record.aborted and not abort):
+            if record.aborted and not abort:
                 return
             compare = [self.kv.unchanged(key(number, "closed"), closed_kv)]
             if attempt < MAX_CLOSE_TRIES - 1:
@@ -212,24 +212,10 @@ class EtcdRounds:
         previous: RoundRecord | None,
         request: RequestRecord | None,
         respawns: int,
-    ) -> RoundRecord | None:
+    ) -> RoundRecord:
         cfg = self.config
         if len(joined) < cfg.nnodes_min:
-            return RoundRecord(
-                number=number,
-                members=(),
-                restarts=self.known_restarts,
-                excluded=excluded,
-                aborted=(
-                    f"round {number}: only {len(joined)} of at least {cfg.nnodes_min} nodes "
-                    f"joined within --rdzv-join-timeout ({cfg.rdzv_join_timeout_s:g}s)"
-                    + (
-                        f"; {failed} join records failed to verify (do the nodes share one secret?)"
-                        if failed
-                        else ""
-                    )
-                ),
-            )
+            return aborted_round(cfg, number, len(joined), failed, self.known_restarts, excluded)
         before = [m.node_id for m in previous.members] if previous is not None else []
         restarts = self.known_restarts
         if number > 0:

@@ -31,6 +31,32 @@ def key(number: int, name: str) -> str:
     return f"r{number}/{name}"
 
 
+def aborted_round(
+    cfg: ServeConfig,
+    number: int,
+    joined: int,
+    unverified: int,
+    restarts: int,
+    excluded: dict[str, str],
+) -> RoundRecord:
+    """Round `number` could not form: fewer than MIN nodes joined by the join deadline."""
+    return RoundRecord(
+        number=number,
+        members=(),
+        restarts=restarts,
+        excluded=excluded,
+        aborted=(
+            f"round {number}: only {joined} of at least {cfg.nnodes_min} nodes joined within "
+            f"--rdzv-join-timeout ({cfg.rdzv_join_timeout_s:g}s)"
+            + (
+                f"; {unverified} join records failed to verify (do the nodes share one secret?)"
+                if unverified
+                else ""
+            )
+        ),
+    )
+
+
 def excluded_error(node_id: str, run_id: str, reason: str) -> CoordinationError:
     return CoordinationError(
         f"node {node_id} is excluded from job {run_id} ({reason}); readmit it with "
@@ -133,21 +159,8 @@ class StoreRounds:
         if len(joined) < cfg.nnodes_min:
             if not abort:
                 return
-            record = RoundRecord(
-                number=number,
-                members=(),
-                restarts=self.known_restarts,
-                excluded=excluded,
-                aborted=(
-                    f"round {number}: only {len(joined)} of at least {cfg.nnodes_min} nodes "
-                    f"joined within --rdzv-join-timeout ({cfg.rdzv_join_timeout_s:g}s)"
-                    + (
-                        f"; {count - len(found)} join records failed to verify (do the "
-                        "nodes share one secret?)"
-                        if len(found) < count
-                        else ""
-                    )
-                ),
+            record = aborted_round(
+                cfg, number, len(joined), count - len(found), self.known_restarts, excluded
             )
         else:
             previous = (
