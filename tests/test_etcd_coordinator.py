@@ -71,17 +71,23 @@ async def test_etcd_leader_and_node_rank_0_die_a_member_returns_a_node_joins(
     first = members.members[leader]  # listed first: every daemon talks to it
     others = [m for i, m in enumerate(members.members) if i != leader]
     endpoint = ",".join(f"127.0.0.1:{m.client_port}" for m in [first, *others])
-    cluster = Cluster(serve, "2:3", last_call=2, backend=Backend("etcd", members))
+    # A long read_timeout: on a busy machine a slow answer could move a daemon to another
+    # member before the kill (then it has nothing to notice).
+    conf = ("--rdzv-conf", "read_timeout=15")
+    cluster = Cluster(serve, "2:3", *conf, last_call=2, backend=Backend("etcd", members))
     cluster.flags = tuple(endpoint if f == cluster.endpoint else f for f in cluster.flags)
     args = ("--until", str(tmp_path / "finish"))
     a = await cluster.first("a", *args)
     b, c = await cluster.node("b", *args), await cluster.node("c", *args)
     n = await ready_together({"a": a, "b": b, "c": c}, "c")
 
+    on_leader = {id(r): "etcd: now talking to" not in r.stderr.text for r in (a, b, c)}
+    assert on_leader[id(b)] or on_leader[id(c)], "both survivors left the leader early"
     await members.kill(leader)
     down = rf"etcd member {first.url} does not answer"
     for run in (a, b, c):
-        await run.stderr.expect(down)
+        if on_leader[id(run)]:
+            await run.stderr.expect(down)
     for run, rank in ((a, 0), (b, 1), (c, 2)):  # training goes on, in the same attempt
         await run.stdout.expect(rf"step a{n} r{rank}", start=len(run.stdout.lines))
 
@@ -93,7 +99,8 @@ async def test_etcd_leader_and_node_rank_0_die_a_member_returns_a_node_joins(
 
     await members.restart(leader)
     for run in (b, c):
-        await run.stderr.expect(rf"etcd member {first.url} answers again")
+        if on_leader[id(run)]:
+            await run.stderr.expect(rf"etcd member {first.url} answers again")
 
     d = await cluster.node("d", *args)
     await d.stdout.expect(rf"ready a{n + 2} r2")
@@ -112,12 +119,14 @@ async def test_etcd_leader_and_node_rank_0_die_a_member_returns_a_node_joins(
     for run, node in ((b, "b"), (c, "c")):
         seen = kinds(run, node, *wanted)
         steps = [kind for kind, _ in seen if kind != "round_closed" or _["round"] > n]
+        noticed = ["coordination_endpoint_down"] if on_leader[id(run)] else []
+        back = ["coordination_endpoint_up"] if on_leader[id(run)] else []
         assert steps == [
-            "coordination_endpoint_down",  # the etcd leader died
+            *noticed,  # the etcd leader died
             "node_lost",  # node rank 0 died
             "cluster_request",
             "round_closed",
-            "coordination_endpoint_up",  # the etcd member is back
+            *back,  # the etcd member is back
             "cluster_request",  # d joined
             "round_closed",
         ], seen
@@ -141,7 +150,7 @@ async def test_a_killed_daemon_is_declared_dead_within_its_lease_ttl(
     # The lease's TTL is --node-keepalive-timeout (2 s), counted from its last renewal (at
     # most a third of it before the kill); etcd looks for expired leases every 500 ms.
     assert float(lost["time"]) - killed_at < 2 + 1.5, lost  # type: ignore[arg-type]
-    assert lost["data"] == {  # type: ignore[comparison-overlap]
+    assert lost["data"] == {
         "node_id": "b",
         "reason": "node b lost: no keepalive for 2s (its etcd lease expired)",
     }
@@ -295,7 +304,7 @@ def coordinator(
     node_id: str,
     reports: asyncio.Queue[tuple[str, Any]],
     join_timeout_s: float = 600,
-    **conf: str,
+    conf: dict[str, str] | None = None,
 ) -> EtcdCoordinator:
     config = ServeConfig(
         rdzv_join_timeout_s=join_timeout_s,
@@ -304,7 +313,7 @@ def coordinator(
         nnodes_max=2,
         rdzv_backend="etcd",
         rdzv_endpoint=endpoint,
-        rdzv_conf=conf,
+        rdzv_conf=conf or {},
         run_id="unit",
         node_id=node_id,
         local_addr="127.0.0.1",
@@ -347,7 +356,7 @@ async def test_a_lease_etcd_ended_is_replaced_and_the_others_see_the_node_leave(
 async def test_the_cluster_view_says_why_etcd_is_unknown(etcd: ClusterFactory) -> None:
     members = await etcd(1)
     reports: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
-    a = coordinator(members.rdzv_endpoint, "a", reports, read_timeout="0.5")
+    a = coordinator(members.rdzv_endpoint, "a", reports, conf={"read_timeout": "0.5"})
     try:
         await a.start(lambda node, reason: None)
         await a.publish_status(
@@ -381,7 +390,7 @@ async def test_tls_and_an_etcd_user(etcd: ClusterFactory, tmp_path: Path) -> Non
         "password_file": str(password),
     }
     reports: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
-    a = coordinator(members.rdzv_endpoint, "a", reports, **conf)
+    a = coordinator(members.rdzv_endpoint, "a", reports, conf=conf)
     assert a.conf.endpoints[0].startswith("https://")
     try:
         await a.start(lambda node, reason: None)
@@ -390,7 +399,7 @@ async def test_tls_and_an_etcd_user(etcd: ClusterFactory, tmp_path: Path) -> Non
     finally:
         await a.close()
     password.write_text("wrong\n")
-    b = coordinator(members.rdzv_endpoint, "b", reports, **conf)
+    b = coordinator(members.rdzv_endpoint, "b", reports, conf=conf)
     try:
         with pytest.raises(CoordinationError, match="etcd refused ftd's credentials"):
             await b.start(lambda node, reason: None)
@@ -426,7 +435,9 @@ async def test_a_round_end_waits_for_etcd_no_longer_than_the_join_timeout(
 ) -> None:
     members = await etcd(1)
     reports: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
-    a = coordinator(members.rdzv_endpoint, "a", reports, join_timeout_s=2, read_timeout="0.5")
+    a = coordinator(
+        members.rdzv_endpoint, "a", reports, join_timeout_s=2, conf={"read_timeout": "0.5"}
+    )
     try:
         await a.start(lambda node, reason: None)
         rnd = await a.join(Member(node_id="a", addr="127.0.0.1", nproc=1, store_port=1))
