@@ -114,8 +114,12 @@ async def test_rank_crash_on_one_node_restarts_every_node(
 async def ready_together(a: Serve, b: Serve) -> int:
     """The round in which a's rank 0 and b's rank 1 are both up: round 0, unless a machine so
     busy that b's daemon started after a's round 0 closed alone made it round 1 (b's scale-up)."""
-    match = await b.stdout.expect(r"ready a(\d+) r1")
-    await a.stdout.expect(rf"ready a{match.group(1)} r0")
+    try:
+        match = await b.stdout.expect(r"ready a(\d+) r1")
+        await a.stdout.expect(rf"ready a{match.group(1)} r0")
+    except TimeoutError:
+        tails = f"a:\n{a.stderr.text[-3000:]}\nb:\n{b.stderr.text[-3000:]}"
+        raise AssertionError(f"a's and b's ranks were not up together:\n{tails}") from None
     return int(match.group(1))
 
 
