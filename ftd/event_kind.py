@@ -42,6 +42,16 @@ class EventKind(enum.StrEnum):
     NODE_LOST = "node_lost"
     NODE_EXCLUDED = "node_excluded"
     NODE_READMITTED = "node_readmitted"
+    # the coordination backend (etcd)
+    COORDINATION_UNAVAILABLE = "coordination_unavailable"
+    """No etcd member answered in time (quorum lost?): the running attempt goes on, a new
+    round waits for etcd (up to --rdzv-join-timeout)."""
+    COORDINATION_RESTORED = "coordination_restored"
+    COORDINATION_ENDPOINT_DOWN = "coordination_endpoint_down"
+    """One etcd member stopped answering this daemon (the others may)."""
+    COORDINATION_ENDPOINT_UP = "coordination_endpoint_up"
+    COORDINATION_LEASE_REPLACED = "coordination_lease_replaced"
+    """etcd dropped this daemon's lease (the others saw it leave); it holds a new one."""
     # in-process restart
     INPROCESS_FAULT = "inprocess_fault"
     INPROCESS_ROUND = "inprocess_round"

@@ -120,13 +120,20 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
         help="ranks on this node: an integer, or cpu/auto for one per CPU",
     )
     add(*_flag("--standalone"), action="store_true", help="single node: no rendezvous store")
-    add(*_flag("--rdzv-backend"), default="c10d", metavar="NAME", help="rendezvous backend")
+    add(
+        *_flag("--rdzv-backend"),
+        default="c10d",
+        metavar="NAME",
+        help="c10d (alias static: a TCPStore hosted by the daemon whose address is the "
+        "endpoint's, or by `ftd store`) or etcd (alias etcd-v3: an etcd v3 cluster; no daemon "
+        "hosts anything) (default: c10d)",
+    )
     add(
         *_flag("--rdzv-endpoint"),
         default="",
         metavar="HOST:PORT",
-        help="the rendezvous store (multi-node; hosted by the node whose address matches it) "
-        "(default: 127.0.0.1:29400)",
+        help="c10d: the store's host:port (hosted by the node whose address matches it); etcd: "
+        "the members, host:port,host:port,... (default: 127.0.0.1:29400)",
     )
     add(
         *_flag("--rdzv-id"),
@@ -136,7 +143,15 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
         metavar="ID",
         help="job id, and the run directory's name (default: none; a new UUID with --standalone)",
     )
-    add(*_flag("--rdzv-conf"), default="", metavar="K=V,...", help="rendezvous options")
+    add(
+        *_flag("--rdzv-conf"),
+        default="",
+        metavar="K=V,...",
+        help="rendezvous options: join_timeout, last_call_timeout, secret_file (a 0600 file: "
+        "signs the daemons' records); c10d: is_host, host; etcd: protocol, cacert, cert, key, "
+        "username, password_file (a 0600 file), prefix, lease_ttl (s, default "
+        "--node-keepalive-timeout), read_timeout (s, default 5)",
+    )
     add(*_flag("--max-restarts"), type=int, default=0, metavar="N", help="restarts before failing")
     add(
         *_flag("--monitor-interval"),

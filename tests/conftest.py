@@ -8,6 +8,7 @@ import json
 import os
 import re
 import signal
+import socket
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -15,7 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.etcd_cluster import etcd  # noqa: F401  (the fixture: real etcd clusters)
+from tests.etcd_cluster import (
+    ClusterFactory,
+    EtcdCluster,
+    etcd,  # noqa: F401  (the fixture: real etcd clusters)
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(__file__).resolve().parent / "bin"
@@ -210,3 +215,41 @@ def pids_with_env(key: str, value: str) -> list[int]:
             except OSError:
                 pass
     return found
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@dataclass(frozen=True)
+class Backend:
+    """Where a test's daemons meet: `c10d` (a TCPStore on a fresh port, hosted by the first
+    daemon) or `etcd` (one real member, started for the test)."""
+
+    name: str
+    etcd: EtcdCluster | None = None
+
+    def endpoint(self) -> str:
+        return self.etcd.rdzv_endpoint if self.etcd else f"127.0.0.1:{free_port()}"
+
+    @property
+    def in_rendezvous(self) -> str:
+        """The log line of a daemon that has met the others' store (the first to: it hosts
+        the TCPStore; under etcd it joined round 0 first, so it is node rank 0)."""
+        return "hosting the rendezvous store" if self.etcd is None else r"joined round \d+ as"
+
+
+C10D = Backend("c10d")
+
+
+@pytest.fixture(params=["c10d", "etcd"])
+async def backend(
+    request: pytest.FixtureRequest,
+    etcd: ClusterFactory,  # noqa: F811  (the fixture imported above)
+) -> Backend:
+    if request.param == "etcd":
+        return Backend("etcd", await etcd(1))
+    return C10D

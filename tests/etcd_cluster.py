@@ -98,10 +98,14 @@ async def make_tls_files(directory: Path) -> TlsFiles:
         assert proc.returncode == 0, f"openssl {' '.join(args)}: {output.decode()}"
 
     await run("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-subj", "/CN=test CA")
-    for name, usage in (("server", "serverAuth,clientAuth"), ("client", "clientAuth")):
+    # No CommonName in the client's: with auth on, etcd's gateway refuses one that has it.
+    for name, usage, subject in (
+        ("server", "serverAuth,clientAuth", "/CN=t"),
+        ("client", "clientAuth", "/O=ftd test client"),
+    ):
         extensions = f"subjectAltName=IP:127.0.0.1\nextendedKeyUsage={usage}\n"
         (directory / f"{name}.ext").write_text(extensions)
-        await run("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", "/CN=t")
+        await run("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", subject)
         await run(
             *("x509", "-req", "-in", f"{name}.csr", "-out", f"{name}.crt"),
             *("-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-extfile", f"{name}.ext"),
@@ -177,6 +181,11 @@ class EtcdCluster:
     @property
     def endpoints(self) -> list[str]:
         return [member.url for member in self.members]
+
+    @property
+    def rdzv_endpoint(self) -> str:
+        """The members as `ftd serve --rdzv-endpoint` takes them: host:port,host:port."""
+        return ",".join(f"127.0.0.1:{member.client_port}" for member in self.members)
 
     def _command(self, member: Member) -> list[str]:
         initial = ",".join(f"{m.name}={m.peer_url}" for m in self.members)
@@ -353,14 +362,14 @@ ClusterFactory = Callable[..., Awaitable[EtcdCluster]]
 async def etcd(tmp_path: Path) -> AsyncIterator[ClusterFactory]:
     """`await etcd(size=1, tls=False)` starts a healthy cluster of real etcd members (with
     tls: https for clients, client certificates required; `cluster.tls` has the files); all
-    are killed at teardown. Skips when no etcd binary runs here."""
-    if reason := etcd_unusable():
-        pytest.skip(reason)
-    binary = etcd_binary()
-    assert binary is not None
+    are killed at teardown. Skips the test (when called) if no etcd binary runs here."""
     clusters: list[EtcdCluster] = []
 
     async def start(size: int = 1, *, tls: bool = False) -> EtcdCluster:
+        if reason := etcd_unusable():
+            pytest.skip(reason)
+        binary = etcd_binary()
+        assert binary is not None
         files = await make_tls_files(tmp_path / "tls") if tls else None
         tries = 0
         while True:

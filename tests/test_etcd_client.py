@@ -144,6 +144,32 @@ async def test_lease_revoked_elsewhere_is_reported_lost(etcd: ClusterFactory) ->
         await lease.revoke()  # already gone: fine
 
 
+async def test_a_lease_that_outlasts_silence_survives_a_quorum_loss(
+    etcd: ClusterFactory,
+) -> None:
+    """etcd expires no lease without a leader, and a new leader gives every lease a fresh TTL:
+    a keepalive told to outlast silence keeps trying past the TTL and renews the same lease
+    once a quorum is back (the daemon's lease across an etcd outage)."""
+    cluster = await etcd(3)
+    async with EtcdClient(cluster.endpoints, timeout_s=1) as client:
+        lease = await client.grant_lease(1, outlast_silence=True)
+        await client.put("held", b"x", lease)
+        leader = await cluster.leader()
+        lost = [leader, (leader + 1) % 3]
+        for index in lost:
+            await cluster.kill(index)
+        await asyncio.sleep(3 * lease.ttl_s)  # silent for three TTLs
+        assert not lease.lost
+        for index in lost:
+            await cluster.restart(index)
+        await cluster.wait_healthy()
+        renewals = lease.renewals
+        await asyncio.sleep(lease.ttl_s)  # a renewal is due every third of a TTL
+        assert not lease.lost and lease.renewals > renewals
+        held = await client.get("held")
+        assert held is not None and held.lease == lease.id
+
+
 async def test_watch_sees_a_put_at_once(etcd: ClusterFactory) -> None:
     """Latency of put → watch event and of a txn round trip on loopback."""
     cluster = await etcd()

@@ -11,7 +11,6 @@ import dataclasses
 import json
 import os
 import pickle
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ from ftd_client.inprocess import (
     FrozenState,
 )
 
-from tests.conftest import BIN, ROOT, Serve, ServeFactory
+from tests.conftest import BIN, ROOT, Backend, Serve, ServeFactory
 
 TRAIN = BIN / "inprocess_train.py"
 WORLD = 4
@@ -188,14 +187,16 @@ async def test_a_rank_stuck_in_c_code_falls_back_to_a_process_restart(
 
 @pytest.mark.timeout(90)
 async def test_a_fault_on_one_node_restarts_the_ranks_of_every_node(
-    serve: ServeFactory, tmp_path: Path
+    serve: ServeFactory, tmp_path: Path, backend: Backend
 ) -> None:
     # Two daemons of two ranks each; rank 2 (node b's local rank 0) dies. Node a's daemon leads
-    # the rounds; node b's announces the death and respawns it.
-    endpoint = f"127.0.0.1:{free_port()}"
+    # the rounds; node b's announces the death and respawns it. Under etcd, the ranks' rounds
+    # meet in a store of node a's daemon whose address it published in etcd.
+    endpoint = backend.endpoint()
     nodes = [
         await serve(
             "--nnodes", "2", "--rdzv-endpoint", endpoint, "--local-addr", "127.0.0.1",
+            "--rdzv-backend", backend.name,
             "--rdzv-last-call-timeout", "1", "--node-id", node, "--nproc-per-node", "2",
             "--max-restarts", "1", "--restart-mode", "inprocess",
             script=TRAIN,
@@ -252,13 +253,6 @@ async def test_a_managed_group_follows_the_rounds(
         # Rank 2 is asleep, not dead: only a peer's manager, given the swallowed gloo timeout,
         # can have ended the round.
         assert fault["kind"] == "exception" and fault["global_rank"] in (0, 1), fault
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def test_serve_help_documents_the_restart_mode(capsys: pytest.CaptureFixture[str]) -> None:

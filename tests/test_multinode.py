@@ -1,11 +1,16 @@
-"""Multi-node: several `ftd serve` daemons on 127.0.0.1 meeting in one c10d TCPStore."""
+"""Multi-node: several `ftd serve` daemons on 127.0.0.1 meeting through one backend.
+
+Tests that take the `backend` fixture run twice: through a c10d TCPStore and through a real
+etcd member (tests/etcd_cluster.py). The others are specific to the TCPStore backend (the
+store's host, `ftd store`, its operation count) and say so. tests/test_etcd_coordinator.py has
+what only etcd does (its members failing, quorum, leases).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import signal
-import socket
 import sys
 import time
 from pathlib import Path
@@ -13,16 +18,18 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.conftest import ROOT, Serve, ServeFactory, pids_with_env, wait_pids_gone
+from tests.conftest import (
+    C10D,
+    ROOT,
+    Backend,
+    Serve,
+    ServeFactory,
+    free_port,
+    pids_with_env,
+    wait_pids_gone,
+)
 
 pytestmark = pytest.mark.timeout(90)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 class Cluster:
@@ -35,12 +42,14 @@ class Cluster:
         *flags: str,
         job: str = "job",
         last_call: float = 3,
+        backend: Backend = C10D,
         env: dict[str, str] | None = None,
     ) -> None:
-        self.serve, self.job, self.env = serve, job, env
-        self.endpoint = f"127.0.0.1:{free_port()}"
+        self.serve, self.job, self.backend, self.env = serve, job, backend, env
+        self.endpoint = backend.endpoint()
         self.flags = (
-            *("--nnodes", nnodes, "--rdzv-endpoint", self.endpoint, "--local-addr", "127.0.0.1"),
+            *("--nnodes", nnodes, "--rdzv-backend", backend.name),
+            *("--rdzv-endpoint", self.endpoint, "--local-addr", "127.0.0.1"),
             *("--node-keepalive-timeout", "2", "--rdzv-last-call-timeout", str(last_call)),
             *("--shutdown-timeout", "2"),
             *flags,
@@ -51,6 +60,12 @@ class Cluster:
             "--node-id", node_id, *self.flags, *flags, run_id=self.job, script_args=args,
             env=self.env,
         )  # fmt: skip
+
+    async def first(self, node_id: str, *args: str) -> Serve:
+        """The first node, once it is in the rendezvous (so that it is node rank 0)."""
+        run = await self.node(node_id, *args)
+        await run.stderr.expect(self.backend.in_rendezvous)
+        return run
 
 
 def run_dir(run: Serve, node: str) -> Path:
@@ -80,11 +95,12 @@ async def api(run: Serve, node: str, method: str, path: str) -> tuple[int, dict[
         return response.status, body
 
 
-async def test_rank_crash_on_one_node_restarts_every_node(serve: ServeFactory) -> None:
-    cluster = Cluster(serve, "2", "--max-restarts", "1")
+async def test_rank_crash_on_one_node_restarts_every_node(
+    serve: ServeFactory, backend: Backend
+) -> None:
+    cluster = Cluster(serve, "2", "--max-restarts", "1", backend=backend)
     args = ("--hang-attempts", "1", "--fail-attempts", "1", "--fail-rank", "1")
-    a = await cluster.node("a", *args)
-    await a.stderr.expect("hosting the rendezvous store")
+    a = await cluster.first("a", *args)
     b = await cluster.node("b", *args)
     assert await a.wait() == 0 and await b.wait() == 0
     # a's rank 0 hung in attempt 0: only the cluster-wide restart stopped it.
@@ -100,23 +116,26 @@ async def test_rank_crash_on_one_node_restarts_every_node(serve: ServeFactory) -
 async def ready_together(a: Serve, b: Serve) -> int:
     """The round in which a's rank 0 and b's rank 1 are both up: round 0, unless a machine so
     busy that b's daemon started after a's round 0 closed alone made it round 1 (b's scale-up)."""
-    match = await b.stdout.expect(r"ready a(\d+) r1")
-    await a.stdout.expect(rf"ready a{match.group(1)} r0")
+    try:
+        match = await b.stdout.expect(r"ready a(\d+) r1")
+        await a.stdout.expect(rf"ready a{match.group(1)} r0")
+    except TimeoutError:
+        tails = f"a:\n{a.stderr.text[-3000:]}\nb:\n{b.stderr.text[-3000:]}"
+        raise AssertionError(f"a's and b's ranks were not up together:\n{tails}") from None
     return int(match.group(1))
 
 
-async def two_nodes_in_a_round(serve: ServeFactory) -> tuple[Serve, Serve, int]:
-    """Nodes a (the store's host) and b of a 1:2 job, their ranks up and hanging together in
-    round n (returned); a left alone later finishes."""
-    cluster = Cluster(serve, "1:2")
-    a = await cluster.node("a", "--hang-while-paired")
-    await a.stderr.expect("hosting the rendezvous store")
+async def two_nodes_in_a_round(serve: ServeFactory, backend: Backend) -> tuple[Serve, Serve, int]:
+    """Nodes a (node rank 0; the store's host under c10d) and b of a 1:2 job, their ranks up
+    and hanging together in round n (returned); a left alone later finishes."""
+    cluster = Cluster(serve, "1:2", backend=backend)
+    a = await cluster.first("a", "--hang-while-paired")
     b = await cluster.node("b", "--hang-while-paired")
     return a, b, await ready_together(a, b)
 
 
-async def test_sigkill_of_a_node_the_others_go_on(serve: ServeFactory) -> None:
-    a, b, n = await two_nodes_in_a_round(serve)
+async def test_sigkill_of_a_node_the_others_go_on(serve: ServeFactory, backend: Backend) -> None:
+    a, b, n = await two_nodes_in_a_round(serve, backend)
     b_ranks = ranks_of(b, "b")
     b.signal(signal.SIGKILL)
     assert await a.wait(timeout=30) == 0
@@ -126,9 +145,10 @@ async def test_sigkill_of_a_node_the_others_go_on(serve: ServeFactory) -> None:
 
 
 async def test_sigkill_of_the_store_host_stops_everyone(serve: ServeFactory) -> None:
+    """c10d only: the daemon that hosts the TCPStore takes it along (under etcd, no daemon
+    hosts anything: test_etcd_coordinator.py kills node rank 0 and the job goes on)."""
     cluster = Cluster(serve, "2")
-    a = await cluster.node("a", "--hang")
-    await a.stderr.expect("hosting the rendezvous store")
+    a = await cluster.first("a", "--hang")
     b = await cluster.node("b", "--hang")
     await b.stdout.expect("ready a0 r1")
     b_ranks = ranks_of(b, "b")
@@ -142,8 +162,8 @@ async def test_sigkill_of_the_store_host_stops_everyone(serve: ServeFactory) -> 
     assert json.loads((run_dir(b, "b") / "status.json").read_text())["state"] == "failed"
 
 
-async def test_late_node_scales_the_job_up(serve: ServeFactory) -> None:
-    cluster = Cluster(serve, "1:2", last_call=0.3)
+async def test_late_node_scales_the_job_up(serve: ServeFactory, backend: Backend) -> None:
+    cluster = Cluster(serve, "1:2", last_call=0.3, backend=backend)
     a = await cluster.node("a", "--hang-attempts", "1", "--dump-env")
     await a.stdout.expect("ready a0 r0")
     b = await cluster.node("b", "--hang-attempts", "1", "--dump-env")
@@ -155,10 +175,9 @@ async def test_late_node_scales_the_job_up(serve: ServeFactory) -> None:
     assert env["FTD_NODE_ID"] == "b" and env["TORCHELASTIC_RESTART_COUNT"] == "1"
 
 
-async def test_excluded_node_stops_and_is_refused(serve: ServeFactory) -> None:
-    cluster = Cluster(serve, "1:2")
-    a = await cluster.node("a", "--hang")
-    await a.stderr.expect("hosting the rendezvous store")
+async def test_excluded_node_stops_and_is_refused(serve: ServeFactory, backend: Backend) -> None:
+    cluster = Cluster(serve, "1:2", backend=backend)
+    a = await cluster.first("a", "--hang")
     b = await cluster.node("b", "--hang")
     n = await ready_together(a, b)
     code, body = await api(a, "a", "POST", "/v1/nodes/b/exclude")
@@ -178,11 +197,10 @@ async def test_excluded_node_stops_and_is_refused(serve: ServeFactory) -> None:
     assert await a.wait() == 128 + signal.SIGTERM
 
 
-async def test_max_restarts_are_counted_cluster_wide(serve: ServeFactory) -> None:
-    cluster = Cluster(serve, "2", "--max-restarts", "2")
+async def test_max_restarts_are_counted_cluster_wide(serve: ServeFactory, backend: Backend) -> None:
+    cluster = Cluster(serve, "2", "--max-restarts", "2", backend=backend)
     args = ("--fail-attempts", "99", "--fail-rank", "rotate")
-    a = await cluster.node("a", *args)
-    await a.stderr.expect("hosting the rendezvous store")
+    a = await cluster.first("a", *args)
     b = await cluster.node("b", *args)
     assert await a.wait() == 1 and await b.wait() == 1
     for run, node in ((a, "a"), (b, "b")):
@@ -194,6 +212,8 @@ async def test_max_restarts_are_counted_cluster_wide(serve: ServeFactory) -> Non
 
 
 async def test_two_jobs_on_one_store_do_not_meet(serve: ServeFactory, tmp_path: Path) -> None:
+    """c10d only: jobs on one `ftd store` (under etcd, each job's keys have their own prefix:
+    test_etcd_coordinator.py)."""
     port = free_port()
     store = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "ftd", "store", "--host", "127.0.0.1", "--port", str(port),
@@ -221,11 +241,13 @@ async def test_two_jobs_on_one_store_do_not_meet(serve: ServeFactory, tmp_path: 
         await asyncio.wait_for(store.wait(), 10)
 
 
-async def test_frozen_node_is_declared_dead_and_leaves_when_it_wakes(serve: ServeFactory) -> None:
+async def test_frozen_node_is_declared_dead_and_leaves_when_it_wakes(
+    serve: ServeFactory, backend: Backend
+) -> None:
     """A node that goes silent with its connections open (SIGSTOP: what the others see of a
     partitioned node, short of network namespaces) is dropped like a dead one; when it wakes
     after the job has moved on, it stops its ranks and leaves."""
-    a, b, n = await two_nodes_in_a_round(serve)
+    a, b, n = await two_nodes_in_a_round(serve, backend)
     b_ranks = ranks_of(b, "b")
     b.signal(signal.SIGSTOP)
     try:
@@ -234,14 +256,19 @@ async def test_frozen_node_is_declared_dead_and_leaves_when_it_wakes(serve: Serv
         b.signal(signal.SIGCONT)
     assert "node b lost: no keepalive for" in a.stderr.text
     assert f"ready a{n + 1} r0" in a.stdout.text  # the next round: a alone, it finished
-    assert await b.wait(timeout=30) != 0
+    if backend.etcd is None:  # the store left with its host, a: b has lost it
+        assert await b.wait(timeout=30) != 0
+        assert json.loads((run_dir(b, "b") / "status.json").read_text())["state"] == "failed"
+    else:  # etcd is still there: b takes a new lease, and finds the job over
+        await b.wait(timeout=30)
+        assert "the job is over: every node's ranks exited 0" in b.stderr.text
     assert await wait_pids_gone(b_ranks, timeout=10) == []
-    assert json.loads((run_dir(b, "b") / "status.json").read_text())["state"] == "failed"
 
 
 @pytest.mark.parametrize("nodes", [2, 4, 8, 16])
 async def test_store_operations_per_round_grow_linearly(nodes: int) -> None:
-    """A round costs O(N) operations: a constant number per node, whatever N."""
+    """c10d only (etcd's count: test_etcd_coordinator.py). A round costs O(N) operations: a
+    constant number per node, whatever N."""
     from ftd_client.store import tcp_store_server
 
     from ftd.config import ServeConfig

@@ -61,7 +61,7 @@ async def test_forged_replayed_and_malformed_records_change_nothing(
 ) -> None:
     release = tmp_path / "release"
     cluster = Cluster(serve, "2", "--max-restarts", "3", env={"FTD_RDZV_SECRET": SECRET})
-    args = ("--hang-until", str(release), "--dump-env")
+    args = ("--until", str(release), "--dump-env")
     a = await cluster.node("a", *args)
     await a.stderr.expect("hosting the rendezvous store")
     b = await cluster.node("b", *args)

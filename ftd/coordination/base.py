@@ -27,6 +27,8 @@ from ftd.launch import Placement
 ErrorCode = Literal["failed", "excluded", "store_lost", "stopped", "succeed", "fail"]
 NodeLost = Callable[[str, str], None]
 """(node id, reason): a member stopped answering; the loop decides what to do."""
+Report = Callable[[str, Mapping[str, Any]], object]
+"""(event kind, data): what a backend wants in the daemon's event log."""
 
 
 class CoordinationError(Exception):

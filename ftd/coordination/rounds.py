@@ -31,6 +31,40 @@ def key(number: int, name: str) -> str:
     return f"r{number}/{name}"
 
 
+def aborted_round(
+    cfg: ServeConfig,
+    number: int,
+    joined: int,
+    unverified: int,
+    restarts: int,
+    excluded: dict[str, str],
+) -> RoundRecord:
+    """Round `number` could not form: fewer than MIN nodes joined by the join deadline."""
+    return RoundRecord(
+        number=number,
+        members=(),
+        restarts=restarts,
+        excluded=excluded,
+        aborted=(
+            f"round {number}: only {joined} of at least {cfg.nnodes_min} nodes joined within "
+            f"--rdzv-join-timeout ({cfg.rdzv_join_timeout_s:g}s)"
+            + (
+                f"; {unverified} join records failed to verify (do the nodes share one secret?)"
+                if unverified
+                else ""
+            )
+        ),
+    )
+
+
+def excluded_error(node_id: str, run_id: str, reason: str) -> CoordinationError:
+    return CoordinationError(
+        f"node {node_id} is excluded from job {run_id} ({reason}); readmit it with "
+        f"`ftd readmit {node_id}` before it may join",
+        "excluded",
+    )
+
+
 @dataclass(frozen=True)
 class Late:
     """This node found round `number` closed without it."""
@@ -59,12 +93,7 @@ class StoreRounds:
                 raise CoordinationError("the daemon is stopping", "stopped")
             mark = s.read(f"excluded/{me.node_id}", MarkRecord)
             if mark is not None:
-                raise CoordinationError(
-                    f"node {me.node_id} is excluded from job {self.config.run_id} "
-                    f"({mark.reason}); readmit it with `ftd readmit {me.node_id}` before it "
-                    "may join",
-                    "excluded",
-                )
+                raise excluded_error(me.node_id, self.config.run_id, mark.reason)
             request = s.decided(key(number, "request"), RequestRecord)
             if request is not None:
                 if request.action != "restart":
@@ -126,21 +155,8 @@ class StoreRounds:
         if len(joined) < cfg.nnodes_min:
             if not abort:
                 return
-            record = RoundRecord(
-                number=number,
-                members=(),
-                restarts=self.known_restarts,
-                excluded=excluded,
-                aborted=(
-                    f"round {number}: only {len(joined)} of at least {cfg.nnodes_min} nodes "
-                    f"joined within --rdzv-join-timeout ({cfg.rdzv_join_timeout_s:g}s)"
-                    + (
-                        f"; {count - len(found)} join records failed to verify (do the "
-                        "nodes share one secret?)"
-                        if len(found) < count
-                        else ""
-                    )
-                ),
+            record = aborted_round(
+                cfg, number, len(joined), count - len(found), self.known_restarts, excluded
             )
         else:
             previous = (

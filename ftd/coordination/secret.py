@@ -24,7 +24,7 @@ def load_secret(rdzv_conf: Mapping[str, str], environ: MutableMapping[str, str])
     from_env = environ.pop(SECRET_ENV, "").strip()
     path = rdzv_conf.get(SECRET_FILE_CONF, "").strip()
     if path:
-        secret = _read_secret_file(path)
+        secret = read_private_file(path, f"rdzv_conf {SECRET_FILE_CONF}", MAX_SECRET_BYTES)
     elif from_env:
         secret = from_env.encode()
     else:
@@ -38,25 +38,26 @@ def load_secret(rdzv_conf: Mapping[str, str], environ: MutableMapping[str, str])
     return secret
 
 
-def _read_secret_file(path: str) -> bytes:
+def read_private_file(path: str, what: str, max_bytes: int) -> bytes:
+    """The stripped content of `path`: a regular file of this user's that nobody else may read
+    (mode 0600 or stricter), not a link; SecretError (saying `what`) otherwise."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as error:
-        raise SecretError(f"rdzv_conf secret_file {path!r}: {error.strerror}") from None
+        raise SecretError(f"{what} {path!r}: {error.strerror}") from None
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise SecretError(f"rdzv_conf secret_file {path!r} is not a regular file")
+            raise SecretError(f"{what} {path!r} is not a regular file")
         if info.st_uid != os.geteuid():
             raise SecretError(
-                f"rdzv_conf secret_file {path!r} belongs to uid {info.st_uid}, not to this "
-                f"user ({os.geteuid()})"
+                f"{what} {path!r} belongs to uid {info.st_uid}, not to this user ({os.geteuid()})"
             )
         if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
             raise SecretError(
-                f"rdzv_conf secret_file {path!r} is readable by others "
+                f"{what} {path!r} is readable by others "
                 f"(mode {stat.S_IMODE(info.st_mode):o}): chmod 600 it"
             )
-        return os.read(fd, MAX_SECRET_BYTES + 1).strip()
+        return os.read(fd, max_bytes + 1).strip()
     finally:
         os.close(fd)

@@ -1,7 +1,7 @@
 """An asyncio etcd v3 client for ftd, over etcd's gRPC-JSON gateway with aiohttp (why: see
-docs/etcd-client.md). Everything an endpoint answers is parsed into bounded, typed records: a
-broken or hostile endpoint gives EtcdBadAnswer, a dead one EtcdUnavailable, never a crash or a
-hang past `timeout_s`."""
+docs/architecture.md, "The etcd client"). Everything an endpoint answers is parsed into bounded,
+typed records: a broken or hostile endpoint gives EtcdBadAnswer, a dead one EtcdUnavailable,
+never a crash or a hang past `timeout_s`."""
 
 from ftd.etcd_client.client import EtcdClient
 from ftd.etcd_client.errors import (

@@ -184,9 +184,10 @@ class EtcdClient:
         )
         return TxnResult(answer.succeeded, revision, results)
 
-    async def grant_lease(self, ttl_s: int) -> Lease:
+    async def grant_lease(self, ttl_s: int, *, outlast_silence: bool = False) -> Lease:
         """A new lease, renewed in the background until it is revoked, its keepalive is
-        stopped, or the client closes. Watch `Lease.lost` to learn that it ended."""
+        stopped, or the client closes. Watch `Lease.lost` to learn that it ended;
+        `outlast_silence`: see Lease."""
         if isinstance(ttl_s, bool) or not 1 <= ttl_s <= MAX_TTL_S:
             raise ValueError(f"a lease TTL is a whole number of seconds >= 1, not {ttl_s!r}")
         granted_at = time.monotonic()
@@ -196,7 +197,9 @@ class EtcdClient:
         )
         if answer.error or answer.TTL < 1:
             raise EtcdBadAnswer(f"etcd granted no lease: {answer.error or answer.TTL}")
-        lease = Lease(self.transport, answer.ID, answer.TTL, granted_at)
+        lease = Lease(
+            self.transport, answer.ID, answer.TTL, granted_at, outlast_silence=outlast_silence
+        )
         self._leases.add(lease)
         task = lease.start_keepalive()
         task.add_done_callback(lambda _: self._leases.discard(lease))

@@ -44,7 +44,13 @@ async def revoke_lease(transport: Transport, lease_id: int) -> None:
 class Lease:
     """A lease etcd granted: `id`, `ttl_s` (etcd may raise a TTL to its minimum). Keys put with
     it vanish `ttl_s` after the last renewal. `lost` is set, with `lost_reason`, when the lease
-    expired or was revoked; the keepalive then stops."""
+    expired or was revoked; the keepalive then stops. `gone`: etcd itself said so (not only
+    silence past the TTL).
+
+    `outlast_silence`: when no member answers for longer than the TTL, go on trying instead of
+    declaring the lease lost; etcd expires no lease while it has no leader, and a new leader
+    gives every lease a fresh TTL, so after a quorum loss the lease is usually still there.
+    Only etcd's own answer (expired, revoked) then ends it."""
 
     def __init__(
         self,
@@ -53,12 +59,16 @@ class Lease:
         ttl_s: int,
         granted_at: float,
         clock: Callable[[], float] = time.monotonic,
+        *,
+        outlast_silence: bool = False,
     ) -> None:
         self.id = lease_id
         self.ttl_s = ttl_s
         self.renewed_at = granted_at
         self.renewals = 0
         self.lost_reason: str | None = None
+        self.gone = False
+        self.outlast_silence = outlast_silence
         self._transport = transport
         self._clock = clock
         self._lost = asyncio.Event()
@@ -99,6 +109,7 @@ class Lease:
         """End the lease now: its keys vanish at once. A lease etcd no longer has is fine."""
         await self.stop_keepalive()
         await revoke_lease(self._transport, self.id)
+        self.gone = True
         self._mark_lost("revoked")
 
     def _mark_lost(self, reason: str) -> None:
@@ -118,7 +129,9 @@ class Lease:
         while not self._stop.is_set():
             now = self._clock()
             due = next_renewal(now, renewed_at=self.renewed_at, ttl_s=self.ttl_s, failed=failed)
-            if due is None:
+            if due is None and self.outlast_silence:
+                due = now + max(self.ttl_s / 6, MIN_RETRY_S)
+            elif due is None:
                 self._lose(f"no keepalive answered within its TTL of {self.ttl_s} s")
                 return
             try:
@@ -136,6 +149,7 @@ class Lease:
                 failed = True
                 continue
             if ttl_s <= 0:
+                self.gone = True
                 self._lose("etcd says it expired or was revoked")
                 return
             if failed:
@@ -171,7 +185,8 @@ class Lease:
                 raise AttemptFailed(reason, sent=True, bad_answer=True)
             return line.result
 
-        answer = await self._transport.failover(
-            attempt, mutation=False, timeout_s=expires_at - self._clock()
-        )
+        budget_s = expires_at - self._clock()
+        if self.outlast_silence:
+            budget_s = max(budget_s, self.ttl_s / 3)
+        answer = await self._transport.failover(attempt, mutation=False, timeout_s=budget_s)
         return answer.TTL

@@ -160,6 +160,8 @@ class Transport:
         self._token: str | None = None
         self._auth_lock = asyncio.Lock()
         self._pinned = 0
+        self.on_endpoint_failed: Callable[[str, str], None] | None = None
+        """Told (endpoint, reason) when a member did not answer; see `probe`."""
 
     async def call(
         self, path: str, body: Mapping[str, object], answer: type[Answer], *, mutation: bool
@@ -190,10 +192,33 @@ class Transport:
     def stream_error(self, endpoint: str, error: StreamError) -> Exception:
         return refusal(endpoint, error.grpc_code, error.message)
 
-    def demote(self, endpoint: str) -> None:
+    def demote(self, endpoint: str, reason: str) -> None:
         """`endpoint` failed outside a call (a broken stream): start the next call elsewhere."""
         if self.endpoints[self._pinned] == endpoint:
             self._pinned = (self._pinned + 1) % len(self.endpoints)
+        self._failed(endpoint, reason)
+
+    def _failed(self, endpoint: str, reason: str) -> None:
+        if self.on_endpoint_failed is not None:
+            self.on_endpoint_failed(endpoint, reason)
+
+    async def probe(self, endpoint: str, budget_s: float) -> str | None:
+        """Ask this one member a local (serializable) read: None when it answered (a refusal,
+        of permission say, is an answer too), else why not. For health checks of a member
+        that failed; it needs no leader."""
+        body = {"key": "AA==", "serializable": True, "count_only": True}
+        payload = json.dumps(body).encode()
+
+        async def attempt(member: str, budget: float) -> bytes:
+            return await self._unary(member, "/v3/kv/range", payload, budget)
+
+        try:
+            await self._authorized(attempt, endpoint, budget_s)
+        except AttemptFailed as failure:
+            return failure.reason
+        except (EtcdError, TokenExpired):
+            pass
+        return None
 
     async def failover(
         self,
@@ -225,6 +250,7 @@ class Transport:
                     result = await self._authorized(attempt, endpoint, min(budget, remaining))
                 except AttemptFailed as failure:
                     reasons[endpoint] = failure.reason
+                    self._failed(endpoint, failure.reason)
                     if failure.bad_answer:
                         bad.add(endpoint)
                     else:
@@ -377,9 +403,17 @@ class Transport:
             streamed = StreamRefusal.model_validate_json(raw).error
             return refusal(endpoint, streamed.grpc_code, streamed.message)
         except pydantic.ValidationError:
-            text = clip(raw[:200].decode(errors="replace"))
-            reason = f"HTTP {status}, not etcd's error: {text!r}"
-            return AttemptFailed(reason, sent=True, bad_answer=True)
+            pass
+        if raw.startswith(b"CommonName of client sending a request against gateway"):
+            return EtcdAuthError(
+                "etcd's gateway refuses client certificates with a CommonName while auth is on "
+                "(its fix for CVE-2018-16886): use a client certificate without a CN, or "
+                "username and password alone",
+                endpoint=endpoint,
+            )
+        text = clip(raw[:200].decode(errors="replace"))
+        reason = f"HTTP {status}, not etcd's error: {text!r}"
+        return AttemptFailed(reason, sent=True, bad_answer=True)
 
 
 def parse(answer: type[Answer], raw: bytes | str) -> Answer:

@@ -136,7 +136,7 @@ class Watch:
             reason,
             self._resume,
         )
-        self._transport.demote(stream.endpoint)
+        self._transport.demote(stream.endpoint, reason)
         self._drop_stream()
         self.reconnects += 1
         now = time.monotonic()

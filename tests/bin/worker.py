@@ -26,13 +26,18 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--record", action="store_true", help="wrap main in torch's @record")
     parser.add_argument("--hang", action="store_true", help="sleep forever once ready")
     parser.add_argument("--hang-attempts", type=int, default=0, help="hang while attempt < N")
-    parser.add_argument("--hang-until", type=Path, help="once ready, wait for this file to exist")
     parser.add_argument(
         "--hang-while-paired",
         action="store_true",
         help="hang on the first attempt and whenever other nodes take part; finish alone",
     )
     parser.add_argument("--sleep", type=float, default=0.0, help="seconds to sleep once ready")
+    parser.add_argument(
+        "--until",
+        type=Path,
+        help="once ready, print a step line every 0.1 s until this file exists, then finish; "
+        "a file fail_a<attempt>_r<rank> in --out makes that rank fail first",
+    )
     parser.add_argument("--ignore-sigterm", action="store_true")
     parser.add_argument("--children", action="store_true", help="start a child and a setsid one")
     parser.add_argument("--say", default="", help="print this to stdout and stderr")
@@ -93,8 +98,13 @@ def main() -> None:
     print(f"ready a{ATTEMPT} r{RANK} pid {os.getpid()}", flush=True)
     if args.sleep:
         time.sleep(args.sleep)
-    while args.hang_until is not None and not args.hang_until.exists():
-        time.sleep(0.05)  # test scaffolding: the test creates the file when it is done
+    step = 0
+    while args.until is not None and not args.until.exists():
+        if args.out is not None and (args.out / f"fail_a{ATTEMPT}_r{RANK}").exists():
+            fail(args.fail_mode)
+        print(f"step a{ATTEMPT} r{RANK} {step}", flush=True)
+        step += 1
+        time.sleep(0.1)
     paired = int(os.environ["WORLD_SIZE"]) > int(os.environ["LOCAL_WORLD_SIZE"])
     if (
         args.hang
