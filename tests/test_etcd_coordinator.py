@@ -516,7 +516,7 @@ def test_serve_help_lists_the_backends_and_their_options(
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "rendezvous backend: c10d (alias static;" in text
-    assert "etcd (alias etcd-v3;" in text
+    assert "--rdzv-backend NAME c10d (alias static:" in text
+    assert "etcd (alias etcd-v3:" in text
     assert "etcd: the members, host:port,host:port,..." in text
     assert "password_file (a 0600 file), prefix, lease_ttl" in text
