@@ -74,12 +74,13 @@ def events(run_dir: Path, kind: str) -> list[dict[str, Any]]:
 
 
 def exceptions_in(text: str) -> list[str]:
-    """The last line of every traceback in `text`: the exception it ended with."""
+    """The last line of every traceback in `text`: the exception it ended with. (A rank's
+    stderr shares the daemon's: the daemon's log lines may fall inside a rank's traceback.)"""
     found, inside = [], False
     for line in text.splitlines():
         if line.startswith("Traceback (most recent call last)"):
             inside = True
-        elif inside and line and not line.startswith(" "):
+        elif inside and line and not line.startswith((" ", "[ftd ")):
             found.append(line)
             inside = False
     return found
