@@ -140,10 +140,14 @@ class Daemon:
                 "another user's file there is refused)"
             ) from None
         self._on_teardown("closing the event log", lambda: _now(self.events.close))
-        self.persist = Persistence(self._persist_failed)
-        if self.events.journal is not None:
-            self.events.journal.on_failure = lambda cause, detail: self._persist_failed(
-                str(self.run_dir / "events.jsonl"), cause, detail
+        self.persist = Persistence(self._persist_failed, self._persist_recovered)
+        journal = self.events.journal
+        if journal is not None:
+            journal.on_failure = lambda cause, detail: self._persist_failed(
+                str(journal.path), cause, detail
+            )
+            journal.on_recovery = lambda lost: self._persist_recovered(
+                str(journal.path), events_lost=lost
             )
         self.board = StatusBoard(config, self.status, self.events, self.persist, self.run_dir)
         self.background = Background()
@@ -271,6 +275,9 @@ class Daemon:
 
     def _persist_failed(self, path: str, cause: str, detail: str) -> None:
         self.events.emit(EventKind.PERSIST_FAILED, path=path, cause=cause, detail=detail)
+
+    def _persist_recovered(self, path: str, **detail: object) -> None:
+        self.events.emit(EventKind.PERSIST_RECOVERED, path=path, **detail)
 
     # -- running -----------------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ import errno
 import json
 import logging
 import os
+import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -120,8 +121,8 @@ class EventLog:
         self._changed: asyncio.Event | None = None
         self._subscribers: set[Subscription] = set()
         if path is not None:
+            self._journal = Journal(path)  # first: it refuses a link or a non-file there
             self._next_id = _last_id(path) + 1
-            self._journal = Journal(path)
         self._first_id = self._next_id
         """The first id this process emitted (older ones are only in the file)."""
 
@@ -193,24 +194,23 @@ class Journal:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-        self._fd = os.open(path, flags, 0o600)
+        self._fd = _open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         self._size = os.fstat(self._fd).st_size
         self.lost = 0
         """Lines that could not be written (they are in memory only)."""
+        self._torn = False
         self.failing: str | None = None
         self.on_failure: Callable[[str, str], object] | None = None
         """(cause, detail) when writes start failing (not for each line)."""
+        self.on_recovery: Callable[[int], object] | None = None
+        """(lines lost) when writes work again after failing."""
 
     def append(self, line: str) -> None:
         if self._fd < 0:
             return
         data = line.encode()
         try:
-            written = os.write(self._fd, data)
-            if written != len(data):  # cut short (file-size limit, disk full): undo the part
-                os.ftruncate(self._fd, self._size)
-                raise OSError(errno.ENOSPC, f"only {written} of {len(data)} bytes written")
+            self._write_whole(data)
         except OSError as error:
             self.lost += 1
             cause = errno.errorcode.get(error.errno or 0, "error").lower()
@@ -230,12 +230,37 @@ class Journal:
                     finally:
                         self.on_failure = callback
             return
-        self._size += written
+        self._size += len(data)
         if self.failing is not None:
             log.warning(
                 "%s is written again (%d events were kept in memory only)", self.path, self.lost
             )
             self.failing = None
+            if self.on_recovery is not None:
+                recovered, self.on_recovery = self.on_recovery, None  # no recursion
+                try:
+                    recovered(self.lost)
+                finally:
+                    self.on_recovery = recovered
+
+    def _write_whole(self, data: bytes) -> None:
+        """Append `data` whole, or raise OSError with the file as it was: a write cut short
+        (a file-size limit, a full disk) is followed by one for the rest, which says why it
+        cannot go on (EFBIG, ENOSPC), and the part written is cut off again."""
+        if self._torn:  # a part of an earlier line could not be cut off then
+            os.ftruncate(self._fd, self._size)
+            self._torn = False
+        done = 0
+        try:
+            while done < len(data):
+                done += os.write(self._fd, data[done:])
+        except OSError:
+            if done:
+                try:
+                    os.ftruncate(self._fd, self._size)
+                except OSError:
+                    self._torn = True
+            raise
 
     def close(self) -> None:
         if self._fd >= 0:
@@ -243,12 +268,20 @@ class Journal:
             self._fd = -1
 
 
+def _open_regular(path: Path, flags: int) -> int:
+    """A descriptor of the regular file at `path` (created 0600 with O_CREAT), never through
+    a link and never blocking on a FIFO planted there; OSError otherwise."""
+    fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file")
+    return fd
+
+
 def _last_id(path: Path) -> int:
     """The id of the file's last complete event (0 for none); a torn last line is skipped."""
-    if not path.exists():
-        return 0
     last = 0
-    with path.open(encoding="utf-8") as lines:
+    with open(_open_regular(path, os.O_RDONLY), encoding="utf-8") as lines:
         for line in lines:
             try:
                 last = max(last, int(json.loads(line)["id"]))

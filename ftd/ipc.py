@@ -199,9 +199,11 @@ class RankSocketServer:
 
     def _reply_error(self, conn: socket.socket, data: bytes, error: str) -> None:
         """A request that was understood enough to carry an id gets a negative answer."""
+        if data.count(b"{") + data.count(b"[") > protocol.MAX_CONTAINERS:
+            return  # refused unparsed by decode: parsing it here would recurse as deep
         try:
             request = json.loads(data)
-        except ValueError:
+        except (ValueError, RecursionError):
             return
         if isinstance(request, dict) and isinstance(request.get("id"), int):
             self._send(

@@ -57,12 +57,18 @@ def cause_of(error: OSError) -> str:
 class Persistence:
     """Writes files for the daemon; never raises; says once what it could not write."""
 
-    def __init__(self, on_failure: Callable[[str, str, str], object] | None = None) -> None:
+    def __init__(
+        self,
+        on_failure: Callable[[str, str, str], object] | None = None,
+        on_recovery: Callable[[str], object] | None = None,
+    ) -> None:
         self.failing: dict[str, str] = {}
         """Files whose last write failed: path → cause."""
         self.failures = 0
         self._on_failure = on_failure
         """(path, cause, detail) for the first failure of a file and cause (an event)."""
+        self._on_recovery = on_recovery
+        """(path) when a file that was failing is written again (an event)."""
 
     def write_text(self, path: Path, text: str, durable: bool = True) -> bool:
         return self.write_bytes(path, text.encode(), durable)
@@ -93,4 +99,7 @@ class Persistence:
             return False
         if self.failing.pop(key, None) is not None:
             log.warning("%s is written again", path)
+            if self._on_recovery is not None:
+                with contextlib.suppress(Exception):
+                    self._on_recovery(key)
         return True

@@ -25,6 +25,8 @@ def prepare_run_dir(run_dir: Path) -> None:
     while not probe.exists() and probe != probe.parent:
         missing.append(probe)
         probe = probe.parent
+    if missing:  # nothing is created inside a directory another user could tamper with
+        check_ancestors(missing[-1], run_dir)
     for path in reversed(missing):
         try:
             os.mkdir(path, DIR_MODE)
@@ -58,9 +60,10 @@ def check_private_dir(path: Path) -> None:
         )
 
 
-def check_ancestors(run_dir: Path) -> None:
+def check_ancestors(run_dir: Path, named: Path | None = None) -> None:
     """Whoever may rename entries of a directory above the run directory could swap it for a
-    link: each must belong to this user or root, and be writable by others only if sticky."""
+    link: each must belong to this user or root, and be writable by others only if sticky.
+    (`named`: the run directory to name, when `run_dir` is the first of its missing parents.)"""
     me = os.geteuid()
     for path in run_dir.resolve().parents:
         try:
@@ -69,8 +72,9 @@ def check_ancestors(run_dir: Path) -> None:
             raise StartupError(f"{path}: {error.strerror}") from None
         shared = info.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not info.st_mode & stat.S_ISVTX
         if info.st_uid not in (me, 0) or shared:
+            where = named or run_dir
             raise StartupError(
-                f"{path} (above the run directory {run_dir}) belongs to uid {info.st_uid} "
+                f"{path} (above the run directory {where}) belongs to uid {info.st_uid} "
                 f"with mode {stat.S_IMODE(info.st_mode):o}: another user could replace the "
                 "run directory; use a --log-dir of your own"
             )

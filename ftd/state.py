@@ -88,7 +88,8 @@ class Failure:
     """Why an attempt ended badly; `reason` is the same sentence logs and the API show."""
 
     kind: str
-    """`exit`, `signal`, `hang`, `request` or `fatal`."""
+    """`exit`, `signal`, `hang`, `start` (the ranks could not be started), `request` or
+    `fatal`."""
     reason: str
     local_rank: int | None = None
     global_rank: int | None = None

@@ -108,16 +108,9 @@ class Supervisor:
             if not await self._ready_to_spawn():  # a signal during the zygote's preload
                 ended.cancel()
                 return self._stopped()
-            attempt = await Attempt.start(self.tools, rnd)
-            self.running.attempt = attempt
-            self._crashed = False
-            self._started(attempt)
-            self.board.set_state(DaemonState.RUNNING)
-            started = time.monotonic()
             try:
-                request = await self._until_request(rnd, attempt, ended)
+                attempt, request, ran_s = await self._attempt(rnd, ended)
             except CoordinationError as error:
-                await attempt.stop(self.force)
                 return self.leave(error)
             finally:
                 self.running.attempt = None
@@ -129,7 +122,7 @@ class Supervisor:
                 await coordinator.leave(rnd)
             if request.action == "restart":
                 self.board.set_state(DaemonState.RESTARTING, request.reason)
-                await self._back_off(attempt, time.monotonic() - started)
+                await self._back_off(rnd.number, ran_s)
                 continue
             if request.action == "succeed":
                 self.board.set_state(DaemonState.SUCCEEDED, request.reason)
@@ -137,12 +130,34 @@ class Supervisor:
             self.board.set_state(DaemonState.FAILED, request.reason)
             failure = self.status.last_failure
             if failure is not None:
-                log.error(
-                    "restarts exhausted, the job failed:\n%s", attempt.failure_summary(failure)
-                )
+                summary = attempt.failure_summary(failure) if attempt else failure.reason
+                log.error("restarts exhausted, the job failed:\n%s", summary)
             else:
                 log.error("the job failed: %s", request.reason)
             return 1
+
+    async def _attempt(
+        self, rnd: Round, ended: asyncio.Future[RequestRecord]
+    ) -> tuple[Attempt | None, RequestRecord | None, float]:
+        """Start the round's ranks and run them to the round's end: the attempt (None when its
+        ranks could not be started), the request in force (None: stopped by a signal), and
+        the seconds it ran. The workers are stopped when it returns."""
+        started = time.monotonic()
+        try:
+            attempt = await Attempt.start(self.tools, rnd)
+        except Exception as error:  # a full disk, no processes left: a failed attempt
+            return None, await self._not_started(rnd, error), time.monotonic() - started
+        self.running.attempt = attempt
+        self._crashed = False
+        self._started(attempt)
+        self.board.set_state(DaemonState.RUNNING)
+        started = time.monotonic()
+        try:
+            request = await self._until_request(rnd, attempt, ended)
+        except CoordinationError:
+            await attempt.stop(self.force)
+            raise
+        return attempt, request, time.monotonic() - started
 
     async def _join(self) -> Round | None:
         """Join the next round with this node's workers' store ready; None when stopped."""
@@ -313,6 +328,35 @@ class Supervisor:
         self._mark_stopped()
         return request
 
+    async def _not_started(self, rnd: Round, error: Exception) -> RequestRecord:
+        """The ranks could not be started (their log directory on a full disk, fork failing):
+        the attempt failed for that reason, and the policy decides as after any failure (a
+        restart, counted and backed off, or the job's end)."""
+        why = str(error).splitlines()[0][:300] if str(error) else type(error).__name__
+        reason = f"the ranks of attempt {rnd.number} could not be started: {why}"
+        if isinstance(error, OSError | TimeoutError):
+            log.error("%s", reason)
+        else:  # not the machine's doing: a bug of ours, with its traceback
+            log.error("%s", reason, exc_info=error)
+        failure = Failure(kind="start", reason=reason, timestamp=time.time())
+        self.status.last_failure = failure
+        self._crashed = True
+        self.tools.events.emit(
+            EventKind.ATTEMPT_FAILED, attempt=rnd.number, failure=failure.to_dict()
+        )
+        self._begin_recovery(reason, failure)
+        me = self.config.node_id
+        used = await self.coordinator.restarts_used(rnd)
+        decision = after_attempt(failure, used, self.config.max_restarts)
+        if decision.action is Action.RESTART:
+            mine = new_request("restart", decision.reason, me, counted=failure.counted)
+        else:
+            mine = new_request("fail", decision.reason, me)
+        request = await self.coordinator.request(rnd, mine)
+        self._ending(request)
+        self._mark_stopped()
+        return request
+
     def _ending(self, request: RequestRecord) -> None:
         """Say what the round's end means while the ranks are being stopped."""
         if request.action == "restart":
@@ -383,7 +427,7 @@ class Supervisor:
         self.status.last_recovery = data
         self.tools.events.emit(EventKind.RECOVERY, **data)
 
-    async def _back_off(self, attempt: Attempt, ran_s: float) -> None:
+    async def _back_off(self, number: int, ran_s: float) -> None:
         """After attempts that failed fast one after another, wait longer before the next
         (kubelet's CrashLoopBackOff); an attempt that ran long enough resets it."""
         config = self.config
@@ -401,14 +445,14 @@ class Supervisor:
         log.warning(
             "attempt %d failed %.1fs after it started, %d fast failures in a row: waiting %.1fs "
             "before the next (--restart-backoff)",
-            attempt.number,
+            number,
             ran_s,
             self._fast_failures,
             delay,
         )
         self.tools.events.emit(
             EventKind.RESTART_BACKOFF,
-            attempt=attempt.number,
+            attempt=number,
             delay_s=delay,
             fast_failures=self._fast_failures,
         )

@@ -120,11 +120,13 @@ async def serve(tmp_path: Path) -> AsyncIterator[ServeFactory]:
         echo: bool = False,
         env: dict[str, str] | None = None,
         api_port: str | None = "0",
+        wrap: tuple[str, ...] = (),
     ) -> Serve:
         log_dir = tmp_path / "logs"
         out = tmp_path / "out"
         worker_args = ("--out", str(out)) if Path(script) == WORKER else ()
         cmd = [
+            *wrap,  # a command that ends by exec'ing the rest (prlimit, sh -c '...; exec "$@"')
             sys.executable,
             "-m",
             "ftd",

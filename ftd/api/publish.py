@@ -17,6 +17,8 @@ from typing import Any
 
 from ftd_client import discovery
 
+from ftd.persist import atomic_write
+
 log = logging.getLogger("ftd.api")
 
 API_FILE = "api.json"
@@ -86,17 +88,13 @@ def remove_socket(path: Path, inode: int) -> None:
 
 
 def publish_api_file(path: Path, info: dict[str, Any]) -> bool:
-    """Write api.json atomically (readers never see half of it); False, with a warning,
-    when it cannot be written."""
-    tmp = path.with_name(f".{path.name}.tmp")
+    """Write api.json atomically (readers never see half of it; nothing is written through
+    a link planted at its name or a temporary one); False, with a warning, when it cannot be
+    written."""
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-        with os.fdopen(fd, "w", encoding="utf-8") as file:
-            file.write(json.dumps(info, indent=1) + "\n")
-        tmp.replace(path)
+        atomic_write(path, (json.dumps(info, indent=1) + "\n").encode(), durable=False)
     except OSError as error:
         log.warning("cannot write %s (clients will not find the API there): %s", path, error)
-        tmp.unlink(missing_ok=True)
         return False
     return True
 

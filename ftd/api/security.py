@@ -50,8 +50,14 @@ def load_token(path: Path) -> tuple[str, bool]:
         raise ApiStartupError(f"cannot create the API token file {path}: {error}") from None
     else:
         token = secrets.token_urlsafe(32)
-        with os.fdopen(fd, "w") as file:
-            file.write(token + "\n")
+        try:
+            with os.fdopen(fd, "w") as file:
+                file.write(token + "\n")
+        except OSError as error:  # a full disk: no empty token file is left for the next start
+            path.unlink(missing_ok=True)
+            raise ApiStartupError(
+                f"cannot write the API token file {path}: {error.strerror or error}"
+            ) from None
         log.info("created the API token file %s", path)
         return token, False
     try:
