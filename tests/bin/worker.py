@@ -31,6 +31,7 @@ def parse_args() -> argparse.Namespace:
         action="store_true",
         help="hang on the first attempt and whenever other nodes take part; finish alone",
     )
+    parser.add_argument("--hang-until", type=Path, help="once ready, wait for this file to exist")
     parser.add_argument("--sleep", type=float, default=0.0, help="seconds to sleep once ready")
     parser.add_argument(
         "--until",
@@ -98,6 +99,8 @@ def main() -> None:
     print(f"ready a{ATTEMPT} r{RANK} pid {os.getpid()}", flush=True)
     if args.sleep:
         time.sleep(args.sleep)
+    while args.hang_until is not None and not args.hang_until.exists():
+        time.sleep(0.05)  # test scaffolding: the test creates the file when it is done
     step = 0
     while args.until is not None and not args.until.exists():
         if args.out is not None and (args.out / f"fail_a{ATTEMPT}_r{RANK}").exists():
