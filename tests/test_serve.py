@@ -174,6 +174,8 @@ async def test_ten_restarts_of_four_gloo_ranks(serve: ServeFactory) -> None:
         "4",
         "--max-restarts",
         "10",
+        "--restart-backoff",
+        "0",  # ten attempts failing fast in a row: no crash-loop back-off here
         script_args=("--allreduce", "--fail-attempts", "10", "--fail-rank", "rotate"),
     )
     assert await run.wait(timeout=280) == 0
