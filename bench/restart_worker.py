@@ -47,22 +47,28 @@ def main() -> None:
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     rank = int(os.environ["RANK"])
     marks: dict[str, object] = {"pid": os.getpid(), "forked": forked_at(), "t0": T0}
+    if attempt == 0 and rank == fail_rank:  # seconds before it dies: the bench watches its pidfd
+        write_json(os.path.join(out, "doomed.json"), {"pid": os.getpid()})
 
     import torch
     import torch.distributed as dist
 
     marks["torch_imported"] = time.time()
+    client = None
+    if os.environ.get("FTD_SOCKET"):  # connected before the clock matters, as a trainer's is
+        from ftd_client import RankClient
+
+        client = RankClient()
     dist.init_process_group("gloo")
     marks["pg_up"] = time.time()
     tensor = torch.ones(1)
     dist.all_reduce(tensor)
     marks["allreduce"] = time.time()
     assert int(tensor.item()) == dist.get_world_size()
+    if client is not None:  # under ftd: the restart's first_step ends here
+        client.resumed()
+        marks["resumed"] = time.time()
     write_json(os.path.join(out, f"a{attempt}_r{rank}.json"), marks)
-    if os.environ.get("FTD_SOCKET"):  # under ftd: the restart's first_step ends here
-        from ftd_client import RankClient
-
-        RankClient().resumed()
 
     dist.barrier()  # every rank is past its first allreduce
     if attempt == 0:

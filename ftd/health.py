@@ -121,6 +121,9 @@ class HealthService:
         already attached, are left alone."""
         if group is not None and group is not self._group:
             return
+        # What the ranks sent before they exited (their resumed(), a last section) is read
+        # before their connections are forgotten: the exit may be seen before the messages.
+        self.server.drain()
         self._group = self.hangs.group = None
         self.server.previous_pids = self.monitor.pids()
         self.server.forget_connections()
