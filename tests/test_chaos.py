@@ -25,6 +25,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -71,6 +72,18 @@ def event_lines(run_dir: Path) -> list[dict[str, Any]]:
 
 def events(run_dir: Path, kind: str) -> list[dict[str, Any]]:
     return [event for event in event_lines(run_dir) if event["kind"] == kind]
+
+
+async def await_events(run_dir: Path, kind: str, timeout: float = 30.0) -> list[dict[str, Any]]:
+    """The events of `kind` once there is one in events.jsonl: a log line can be printed
+    before the event it goes with is written."""
+    deadline = time.monotonic() + timeout
+    for _ in itertools.count():
+        found = events(run_dir, kind)
+        if found or time.monotonic() > deadline:
+            return found
+        await asyncio.sleep(0.05)  # a file written by another process: nothing to await
+    raise AssertionError("unreachable")
 
 
 def exceptions_in(text: str) -> list[str]:
@@ -781,7 +794,7 @@ async def test_r12_a_killed_guard_is_replaced_and_no_rank_outlives_a_killed_daem
     )
     [replacement] = guard_of(daemon_id)
     assert replacement == int(match[1]) != guard
-    [restarted] = events(run.run_dir, "guard_restarted")
+    [restarted] = await await_events(run.run_dir, "guard_restarted")
     assert restarted["data"] == {"old_pid": guard, "pid": replacement}
     run.signal(signal.SIGKILL)
     assert await run.wait() == -signal.SIGKILL

@@ -4,6 +4,7 @@ here, real gloo; faults are real SIGKILLs."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -93,6 +94,13 @@ async def workers(tmp_path: Path) -> AsyncIterator[WorkerFactory]:
             await asyncio.wait_for(worker.proc.wait(), 10)
         except TimeoutError:
             await worker.kill()
+        # Read stdout to its end so that its transport closes here, not in a later test's GC.
+        if worker.proc.stdout is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(worker.proc.stdout.read(), 10)
+        transport = getattr(worker.proc, "_transport", None)
+        if transport is not None:
+            transport.close()
 
 
 @pytest.fixture
