@@ -180,6 +180,36 @@ async def serve(tmp_path: Path) -> AsyncIterator[ServeFactory]:
     assert not slips, f"a daemon slipped: {slips}"
 
 
+async def await_api_event(
+    url: str, kind: str, timeout: float = 60.0, **match: object
+) -> dict[str, object]:
+    """The first event of `kind` whose data has `match`, from the daemon's event stream (from
+    its start: an event already sent counts)."""
+    import aiohttp
+
+    async def find() -> dict[str, object]:
+        headers = {"Accept": "text/event-stream"}
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"{url}/v1/events?since=0", headers=headers) as response,
+        ):
+            async for raw in response.content:
+                line = raw.decode().strip()
+                if not line.startswith("data:"):
+                    continue
+                event: dict[str, object] = json.loads(line[5:])
+                data = event.get("data")
+                if (
+                    event.get("kind") == kind
+                    and isinstance(data, dict)
+                    and all(data.get(key) == value for key, value in match.items())
+                ):
+                    return event
+        raise AssertionError(f"the event stream ended without a {kind} event matching {match}")
+
+    return await asyncio.wait_for(find(), timeout)
+
+
 async def wait_pids_gone(pids: list[int], timeout: float) -> list[int]:
     """Await each process's exit through a pidfd; the pids still alive at the timeout."""
     loop = asyncio.get_running_loop()

@@ -21,7 +21,7 @@ import pytest
 from aiohttp import web
 
 from ftd.dashboard import add_dashboard_routes
-from tests.conftest import BIN, ROOT, ServeFactory
+from tests.conftest import BIN, ROOT, ServeFactory, await_api_event
 
 CHROMIUM = os.environ.get("FTD_TEST_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -189,6 +189,7 @@ async def test_dashboard_shows_the_live_job_and_acts_only_with_the_token(
         ).wait_for()
         for rank in (0, 1):
             await run.stdout.expect(f"dash rank {rank} attempt 1 up")
+        await await_api_event(url, "attempt_started", attempt=1)  # the status has the new pids
         await page.wait_for_function(
             "() => document.querySelectorAll('#ranks tbody td.state.s-running').length === 2"
         )

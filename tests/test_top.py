@@ -20,7 +20,7 @@ import pytest
 
 from ftd.event_lines import describe_event, visible
 from ftd.top import Snapshot, render
-from tests.conftest import BIN, ROOT, Serve, ServeFactory
+from tests.conftest import BIN, ROOT, Serve, ServeFactory, await_api_event
 
 NOW = time.time()
 
@@ -224,6 +224,9 @@ async def test_ftd_top_refreshes_in_place_under_tmux(serve: ServeFactory, tmp_pa
                 assert r.status == 202
         for rank in (0, 1):
             await run.stdout.expect(f"dash rank {rank} attempt 1 up")
+        # A forked rank can print before the daemon has its pid: the status has every new pid
+        # once the attempt_started event is out.
+        await await_api_event(url, "attempt_started", attempt=1)
         new_pids = [str(r["pid"]) for r in (await _status(url))["ranks"]]
         screen = await tmux.until(
             lambda s: all(pid in s for pid in new_pids) and "attempt=1 ranks=2" in s,
