@@ -179,7 +179,9 @@ async def test_quorum_lost_training_goes_on_and_resumes_when_it_returns(
         await members.kill(index)
 
     (b.out / "fail_a0_r1").touch()
-    await b.stderr.expect(r"does not answer \(count the restarts\)")
+    # Said once, by whichever of b's etcd calls fails first (on a busy machine the lease's
+    # keepalive or a status write can come before the restart's count).
+    await b.stderr.expect(r"etcd at .+ does not answer \(")
     assert "The running attempt goes on; a new round waits for etcd" in b.stderr.text
     for _ in range(3):  # a's rank keeps training meanwhile
         await a.stdout.expect(r"step a0 r0", start=len(a.stdout.lines))
