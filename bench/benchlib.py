@@ -69,6 +69,21 @@ def wait_for(path: Path, timeout_s: float) -> str:
     raise TimeoutError(f"{path} did not appear within {timeout_s}s")
 
 
+def wait_gone(pid: int, timeout_s: float) -> float | None:
+    """When the process `pid` was gone (wall clock), as its pidfd tells it: the kernel's end of
+    the process, the earliest moment any launcher can know of it. None if it outlived
+    `timeout_s`; ProcessLookupError if it was gone (reaped) before the pidfd was opened."""
+    import select
+
+    fd = os.pidfd_open(pid)
+    try:
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        return time.time() if poller.poll(int(1000 * timeout_s)) else None
+    finally:
+        os.close(fd)
+
+
 def write_atomic(path: Path, text: str) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(text)

@@ -40,7 +40,6 @@ import argparse
 import json
 import os
 import re
-import select
 import signal
 import statistics
 import subprocess
@@ -297,17 +296,12 @@ def watch_silent_rank(work: Path, proc: subprocess.Popen[bytes]) -> float:
         time.sleep(0.01)
     pid = int(json.loads(path.read_text())["pid"])
     try:
-        fd = os.pidfd_open(pid)
+        gone = benchlib.wait_gone(pid, RUN_LIMIT_S)
     except ProcessLookupError:
         raise RunFailed(f"rank 1 (pid {pid}) was gone before its pidfd was opened") from None
-    try:
-        poller = select.poll()
-        poller.register(fd, select.POLLIN)
-        if not poller.poll(1000 * RUN_LIMIT_S):
-            raise RunFailed(f"rank 1 (pid {pid}) still alive after {RUN_LIMIT_S:.0f}s")
-        return time.time()
-    finally:
-        os.close(fd)
+    if gone is None:
+        raise RunFailed(f"rank 1 (pid {pid}) still alive after {RUN_LIMIT_S:.0f}s")
+    return gone
 
 
 # Row labels, in order; the values are ms after t0 except where a label says otherwise.

@@ -22,7 +22,6 @@ import json
 import os
 import platform
 import re
-import select
 import shlex
 import shutil
 import signal
@@ -36,6 +35,8 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+
+import benchlib
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_DIR = BENCH_DIR.parent
@@ -276,16 +277,11 @@ def watch_doomed_rank(out_dir: Path) -> None:
             return
         time.sleep(0.005)
     try:
-        fd = os.pidfd_open(int(_read_json(doomed)["pid"]))
+        gone = benchlib.wait_gone(int(_read_json(doomed)["pid"]), 600)
     except (OSError, ValueError, KeyError):
         return
-    try:
-        poller = select.poll()
-        poller.register(fd, select.POLLIN)
-        poller.poll(600_000)
-        gone = time.time()
-    finally:
-        os.close(fd)
+    if gone is None:
+        return
     (out_dir / "gone.json").write_text(json.dumps({"time": gone}))
 
 
