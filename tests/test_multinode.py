@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -265,6 +267,56 @@ async def test_frozen_node_is_declared_dead_and_leaves_when_it_wakes(
     assert await wait_pids_gone(b_ranks, timeout=10) == []
 
 
+async def test_last_joiner_waits_for_a_counted_join_record_not_written_yet() -> None:
+    """c10d only (etcd writes the counter and the record in one transaction). The MAX-th
+    joiner closes at once; an earlier joiner may have taken its place in the counter and not
+    written its record yet. The closer waits for it: the round closes with both, not with one
+    short of MIN (which left both waiting for the join timeout, seen once in CI)."""
+    from ftd_client.store import tcp_store_server
+
+    from ftd.config import ServeConfig
+    from ftd.coordination.records import Member, RecordCodec
+    from ftd.coordination.store_client import RecordStore
+    from ftd.coordination.tcpstore import StoreCoordinator
+
+    port = free_port()
+    server = tcp_store_server("127.0.0.1", port)
+    secret = b"s" * 32
+    config = ServeConfig(
+        entrypoint=__file__,
+        nnodes_min=2,
+        nnodes_max=2,
+        rdzv_endpoint=f"127.0.0.1:{port}",
+        run_id="late-record",
+        node_id="second",
+        local_addr="127.0.0.1",
+    )
+    codec = RecordCodec("late-record", secret)
+    first = RecordStore("127.0.0.1", port, "ftd/late-record/", codec, 10)
+    coordinator = StoreCoordinator(config, secret=secret)
+    waiting = threading.Event()
+    handler = logging.Handler()
+    handler.emit = lambda record: "not written yet" in record.getMessage() and waiting.set()  # type: ignore[assignment,method-assign]
+    logger = logging.getLogger("ftd.rendezvous")
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    try:
+        await coordinator.start(lambda node, reason: None)
+        assert first.add("r0/joined", 1) == 1  # the first joiner, between its count and write
+        second = Member(node_id="second", addr="127.0.0.1", nproc=1, store_port=1)
+        joining = asyncio.ensure_future(coordinator.join(second))
+        assert await asyncio.to_thread(waiting.wait, 30), "the closer did not wait"
+        first.put("r0/node/1", Member(node_id="first", addr="127.0.0.1", nproc=1, store_port=1))
+        rnd = await asyncio.wait_for(joining, 30)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        await coordinator.close()
+        del server
+    assert (rnd.number, rnd.node_ids, rnd.group_rank) == (0, ["first", "second"], 1)
+
+
 @pytest.mark.parametrize("nodes", [2, 4, 8, 16])
 async def test_store_operations_per_round_grow_linearly(nodes: int) -> None:
     """c10d only (etcd's count: test_etcd_coordinator.py). A round costs O(N) operations: a
@@ -310,5 +362,6 @@ async def test_store_operations_per_round_grow_linearly(nodes: int) -> None:
     # Each node (10): the round hint (check, get), its exclusion, the round's request and
     # closed record (a check each), the join counter and record, the closed record (wait,
     # check, get); the closer (6): the closed check, the counter, every join record (check,
-    # multi_get), the excluded nodes, the decision; a keepalive may interleave.
+    # multi_get), the excluded nodes, the decision; a keepalive may interleave; and, if the
+    # closer came between a joiner's count and its write, a wait for that record.
     assert sum(ops) <= 11 * nodes + 10, ops

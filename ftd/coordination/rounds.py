@@ -25,6 +25,9 @@ from ftd.coordination.store_client import RecordStore
 log = logging.getLogger("ftd.rendezvous")
 
 MAX_JOINERS_READ = 100_000
+JOIN_RECORD_GRACE_S = 5.0
+"""How long a closer waits for the join record of a node that has taken its place in the
+join counter but not written the record yet (the next store call of a live daemon)."""
 
 
 def key(number: int, name: str) -> str:
@@ -149,7 +152,7 @@ class StoreRounds:
         cfg = self.config
         if s.decided(key(number, "closed"), RoundRecord, MAX_ROUND_RECORD_BYTES) is not None:
             return
-        count, found = self.join_records(s, number)
+        count, found = self.join_records(s, number, JOIN_RECORD_GRACE_S)
         excluded = self.read_excluded(s)
         joined = [m for m in found.values() if m.node_id not in excluded]
         if len(joined) < cfg.nnodes_min:
@@ -176,11 +179,18 @@ class StoreRounds:
         if decided == record and not record.aborted:
             log.info("closed round %d with %d nodes", number, len(record.members))
 
-    def join_records(self, s: RecordStore, number: int) -> tuple[int, dict[str, Member]]:
-        """Blocking: how many joined round `number` so far, and the valid join records."""
+    def join_records(
+        self, s: RecordStore, number: int, grace_s: float = 0.0
+    ) -> tuple[int, dict[str, Member]]:
+        """Blocking: how many joined round `number` so far, and the valid join records. With a
+        grace, wait that long for records counted but not written yet: the MAX-th joiner closes
+        the round at once, possibly between an earlier joiner's count and its write."""
         joined = s.count(key(number, "joined"), 0, partial(self.joiners_written, s, number))
         count = min(joined, MAX_JOINERS_READ)
         keys = [key(number, f"node/{i}") for i in range(1, count + 1)]
+        if grace_s > 0 and keys and not s.check(keys):
+            log.info("round %d: waiting for join records counted but not written yet", number)
+            s.wait(keys, grace_s)
         return count, s.read_many(keys, Member)
 
     def joined_ids(self, s: RecordStore, number: int) -> list[str]:
