@@ -181,7 +181,7 @@ async def serve(tmp_path: Path) -> AsyncIterator[ServeFactory]:
 
 
 async def await_api_event(
-    url: str, kind: str, timeout: float = 60.0, **match: object
+    url: str, kind: str, timeout: float = 60.0, token: str | None = None, **match: object
 ) -> dict[str, object]:
     """The first event of `kind` whose data has `match`, from the daemon's event stream (from
     its start: an event already sent counts)."""
@@ -189,6 +189,8 @@ async def await_api_event(
 
     async def find() -> dict[str, object]:
         headers = {"Accept": "text/event-stream"}
+        if token is not None:
+            headers["Authorization"] = f"Bearer {token}"
         async with (
             aiohttp.ClientSession() as session,
             session.get(f"{url}/v1/events?since=0", headers=headers) as response,

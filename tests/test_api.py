@@ -26,7 +26,7 @@ from jsonschema import Draft202012Validator
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
-from tests.conftest import BIN, ROOT, Serve, ServeFactory
+from tests.conftest import BIN, ROOT, Serve, ServeFactory, await_api_event
 
 SPEC_PATH = ROOT / "openapi.yaml"
 SPEC_URI = "urn:ftd:openapi"
@@ -119,8 +119,10 @@ class Api:
         return r.status, parsed, r
 
     async def ready(self, attempt: int, nproc: int) -> None:
+        """The attempt's ranks are up and the daemon runs it (a forked rank can print first)."""
         for rank in range(nproc):
             await self.run.stdout.expect(rf"ready a{attempt} r{rank} pid", timeout=60)
+        await await_api_event(self.url, "attempt_started", token=self.token, attempt=attempt)
 
 
 @contextlib.asynccontextmanager

@@ -235,6 +235,8 @@ async def test_the_recovery_stages_of_a_live_restart(serve: ServeFactory) -> Non
     run = await serve("--standalone", "--nproc-per-node", "1", script=BIN / "dash_rank.py")
     url = (await run.stderr.expect(r"API listening on (http://\S+)"))[1]
     await run.stdout.expect("dash rank 0 attempt 0 up")
+    # A forked rank can print before the daemon is running (a restart then is a 409).
+    await await_api_event(url, "state_changed", state="running")
     token = (run.run_dir / "api.token").read_text().strip()
     async with aiohttp.ClientSession() as session:
         headers = {"Authorization": f"Bearer {token}"}
