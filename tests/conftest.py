@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import re
@@ -35,11 +36,13 @@ class OutputStream:
     changed: asyncio.Condition = field(default_factory=asyncio.Condition)
     closed: bool = False
 
-    async def pump(self, reader: asyncio.StreamReader, echo: bool) -> None:
+    async def pump(self, reader: asyncio.StreamReader, echo: str | None) -> None:
+        """Read the stream to its end; each line also goes to this process's stderr after
+        `echo` (pytest shows it for a failed test: what the daemons said when it failed)."""
         while raw := await reader.readline():
             line = raw.decode(errors="replace").rstrip("\n")
-            if echo:
-                print(line, file=sys.stderr)
+            if echo is not None:
+                print(f"{echo}{line}", file=sys.stderr)
             async with self.changed:
                 self.lines.append(line)
                 self.changed.notify_all()
@@ -117,7 +120,6 @@ async def serve(tmp_path: Path) -> AsyncIterator[ServeFactory]:
         script: str | Path = WORKER,
         script_args: tuple[str, ...] = (),
         run_id: str = "test",
-        echo: bool = False,
         env: dict[str, str] | None = None,
         api_port: str | None = "0",
         wrap: tuple[str, ...] = (),
@@ -151,9 +153,10 @@ async def serve(tmp_path: Path) -> AsyncIterator[ServeFactory]:
         )
         stdout, stderr = OutputStream(), OutputStream()
         assert proc.stdout is not None and proc.stderr is not None
+        tag = next((v for f, v in itertools.pairwise(flags) if f == "--node-id"), len(started))
         pumps = [
-            asyncio.create_task(stdout.pump(proc.stdout, echo)),
-            asyncio.create_task(stderr.pump(proc.stderr, echo)),
+            asyncio.create_task(stdout.pump(proc.stdout, f"[{tag} out] ")),
+            asyncio.create_task(stderr.pump(proc.stderr, f"[{tag} err] ")),
         ]
         run = Serve(proc, log_dir, run_id, out, stdout, stderr, pumps)
         started.append(run)

@@ -864,6 +864,7 @@ async def test_fault_injection_through_the_api(serve: ServeFactory) -> None:
     )  # fmt: skip
     async with api_of(run) as api:
         await run.stdout.expect("relay ready")
+        await await_api_event(api.url, "attempt_started", token=api.token, attempt=0)
         status, body, _ = await api.call("POST", "/v1/faults", body={"kind": "nope"})
         assert status == 400 and "kind" in body["detail"]
         status, body, _ = await api.call("POST", "/v1/faults", body={"kind": "kill", "rank": 9})
