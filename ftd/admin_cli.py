@@ -13,15 +13,15 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from ftd_client.admin import AdminClient, AdminError, AmbiguousDaemon, DaemonNotFound
 
+from ftd.cli_format import EXIT_USAGE, UsageParser
 from ftd.event_lines import describe_event
 from ftd.top import add_top_command, run_top
 
 EXIT_ERROR = 1
-EXIT_USAGE = 2
 COMMANDS = ("status", "restart", "exclude", "readmit", "timeouts", "events", "top")
 
 
@@ -86,17 +86,11 @@ def add_admin_commands(subparsers: argparse._SubParsersAction[Any]) -> None:
     add_top_command(subparsers, common)
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        print(f"{self.prog}: error: {message}", file=sys.stderr)
-        raise SystemExit(EXIT_USAGE)
-
-
 def admin_main(argv: list[str]) -> int:
     """`ftd <command> ...` for the commands here, with a parser that has only them (the
     serve parser pulls in pydantic)."""
-    parser = _Parser(prog="ftd", description="ftd: operate a running job over its REST API")
-    subparsers = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser = UsageParser(prog="ftd", description="ftd: operate a running job over its REST API")
+    subparsers = parser.add_subparsers(dest="command", required=True, parser_class=UsageParser)
     add_admin_commands(subparsers)
     args = parser.parse_args(argv)
     return run_admin(args)

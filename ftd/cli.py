@@ -7,10 +7,9 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
 
+from ftd.cli_format import EXIT_USAGE, UsageParser
 from ftd.serve_args import (
-    EXIT_USAGE,
     ServeArgs,
     add_serve_arguments,
     parse_serve_argv,
@@ -18,13 +17,7 @@ from ftd.serve_args import (
 )
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        print(f"{self.prog}: error: {message}", file=sys.stderr)
-        raise SystemExit(EXIT_USAGE)
-
-
-def _add_serve(subparsers: argparse._SubParsersAction[_Parser]) -> None:
+def _add_serve(subparsers: argparse._SubParsersAction[UsageParser]) -> None:
     """`serve` in `ftd --help`; `main` parses `ftd serve ...` with ftd.serve_args, which keeps
     everything after the script for the script."""
     serve = subparsers.add_parser(
@@ -37,9 +30,9 @@ def _add_serve(subparsers: argparse._SubParsersAction[_Parser]) -> None:
     serve.add_argument("training_script_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
 
 
-def build_parser() -> _Parser:
-    parser = _Parser(prog="ftd", description="ftd: fault-tolerance supervisor for PyTorch jobs")
-    subparsers = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+def build_parser() -> UsageParser:
+    parser = UsageParser(prog="ftd", description="ftd: fault-tolerance supervisor for PyTorch jobs")
+    subparsers = parser.add_subparsers(dest="command", required=True, parser_class=UsageParser)
     _add_serve(subparsers)
     store = subparsers.add_parser(
         "store", help="host the rendezvous store (c10d TCPStore) alone, for daemons to share"

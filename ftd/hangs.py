@@ -18,7 +18,8 @@ from pathlib import Path
 
 from ftd.event_kind import EventKind
 from ftd.events import EventLog
-from ftd.monitor import Monitor, RankHealth, Verdict
+from ftd.monitor import Monitor, Verdict
+from ftd.rank_health import RankHealth
 from ftd.state import Failure
 from ftd.workers import WorkerGroup
 

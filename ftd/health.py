@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -19,17 +18,27 @@ from ftd_client import protocol
 from ftd_client.protocol import ProtocolError, WorkloadAction
 from pydantic import ValidationError
 
-from ftd import nvrx_wire
 from ftd.errors import InvalidRequest, format_validation_error
 from ftd.event_kind import EventKind
 from ftd.events import EventLog
 from ftd.ft_config import FaultToleranceConfig, RankTimeouts
 from ftd.hangs import HangHandler
 from ftd.ipc import RankSocketServer, parent_pid
-from ftd.learning import Base, Generations, NotReady, apply_values, learn_nvrx, learned_values
-from ftd.monitor import OUT_OF_SECTION, Monitor, RankHealth, learn_timeouts
+from ftd.learning import (
+    OUT_OF_SECTION,
+    Base,
+    Generations,
+    NotReady,
+    apply_values,
+    learn_nvrx,
+    learn_timeouts,
+    learned_values,
+)
+from ftd.monitor import Monitor
+from ftd.nvrx_host import NvrxRankHost
 from ftd.nvrx_server import NvrxServer
 from ftd.persist import Persistence
+from ftd.rank_health import RankHealth
 from ftd.state import RankStatus
 from ftd.workers import WorkerGroup
 
@@ -74,7 +83,7 @@ class HealthService:
         self.monitor.connect_timeout = ft.initial_rank_heartbeat_timeout  # as configured
         self.server = RankSocketServer(socket_path, self._dispatch, self._authorize)
         self.monitor.drain = self.server.drain
-        self.nvrx = NvrxServer(socket_path, self, self.server.dropped)
+        self.nvrx = NvrxServer(socket_path, NvrxRankHost(self), self.server.dropped)
         self.server.followers.append(self.nvrx)
         self._group: WorkerGroup | None = None
         self._first_steps: asyncio.Future[float | None] | None = None
@@ -185,6 +194,14 @@ class HealthService:
         self._apply(timeouts, by, learned=bool(learned & keys))
         return timeouts
 
+    def set_calculated(
+        self, timeouts: RankTimeouts, by: str, learned: set[str], unlearned: set[str]
+    ) -> None:
+        """Timeouts a rank calculated itself: `learned` names now count as learned ones,
+        `unlearned` as set."""
+        self._learned = (self._learned - unlearned) | learned
+        self._apply(timeouts, by, learned=bool(learned))
+
     def _apply(self, timeouts: RankTimeouts, by: str, learned: bool) -> None:
         if timeouts == self.timeouts:
             return
@@ -224,7 +241,7 @@ class HealthService:
 
     # -- messages ----------------------------------------------------------------------------
 
-    def _rank_for(self, pid: int) -> RankHealth:
+    def rank_for(self, pid: int) -> RankHealth:
         rank = self.monitor.rank_of(pid)
         if rank is not None:
             return rank
@@ -239,10 +256,10 @@ class HealthService:
         raise ProtocolError("not_a_rank", f"pid {pid} is no rank of this daemon")
 
     def _authorize(self, pid: int) -> None:
-        self._rank_for(pid)
+        self.rank_for(pid)
 
     def _dispatch(self, pid: int, message: dict[str, Any], now: float) -> dict[str, Any] | None:
-        rank = self._rank_for(pid)
+        rank = self.rank_for(pid)
         kind = message["t"]
         if kind == protocol.HEARTBEAT:
             self.monitor.on_heartbeat(rank, now)
@@ -337,10 +354,10 @@ class HealthService:
         return self._timeouts_reply(timeouts)
 
     def _on_workload_control(self, rank: RankHealth, message: dict[str, Any]) -> dict[str, Any]:
-        self._workload(rank, WorkloadAction[message["a"]], str(message.get("d", "")))
+        self.workload(rank, WorkloadAction[message["a"]], str(message.get("d", "")))
         return {"ok": True}
 
-    def _workload(self, rank: RankHealth, action: WorkloadAction, description: str) -> None:
+    def workload(self, rank: RankHealth, action: WorkloadAction, description: str) -> None:
         request = WorkloadRequest(action, rank.global_rank, description[:1000])
         self.events.emit(
             EventKind.WORKLOAD_CONTROL,
@@ -352,120 +369,6 @@ class HealthService:
             log.warning("%s", request.reason())
             self.workload_request = request
 
-    # -- NVRx's own rank client (ftd/nvrx_server.py) -----------------------------------------
-
-    def nvrx_authorize(self, pid: int) -> None:
-        self._rank_for(pid)
-
-    def nvrx_message(self, pid: int, message: nvrx_wire.Record, now: float) -> bytes:
-        """What NVRx's RankMonitorServer does with each message, on ftd's monitor."""
-        rank = self._rank_for(pid)
-        if isinstance(message, nvrx_wire.InitMsg):
-            self.monitor.on_hello(rank, None, now)  # NVRx's client registers no stack dump
-            return nvrx_wire.ok(cfg=self._nvrx_config())
-        if isinstance(message, nvrx_wire.HeartbeatMsg):
-            self.monitor.on_heartbeat(rank, now)
-        elif isinstance(message, nvrx_wire.SectionMsg):
-            return self._nvrx_section(rank, message, now)
-        elif isinstance(message, nvrx_wire.UpdateConfigMsg):
-            self._nvrx_update(rank, message)
-        return nvrx_wire.ok()
-
-    def _nvrx_section(self, rank: RankHealth, message: nvrx_wire.SectionMsg, now: float) -> bytes:
-        name, action = message.section, message.action
-        if action is nvrx_wire.SectionAction.CLOSE_ALL:
-            for open_name in list(rank.open_sections):
-                self.monitor.on_section_end(rank, open_name, now)
-            return nvrx_wire.ok()
-        if name is None:
-            return nvrx_wire.error("a section name is required")
-        if action is nvrx_wire.SectionAction.OPEN:
-            if name in rank.open_sections:
-                return nvrx_wire.error(f"Section '{name}' is already open.")
-            self.monitor.on_section_start(rank, name, now)
-        elif name not in rank.open_sections:
-            return nvrx_wire.error(f"Section '{name}' is not open.")
-        else:
-            self.monitor.on_section_end(rank, name, now)
-        return nvrx_wire.ok()
-
-    def _nvrx_update(self, rank: RankHealth, message: nvrx_wire.UpdateConfigMsg) -> None:
-        """Timeouts the NVRx client calculated (the same on every rank: it reduced its
-        observations across ranks first). Calculated values count as learned ones."""
-        patch: dict[str, Any] = {}
-        learned: set[str] = set()
-        unlearned: set[str] = set()
-        if (hb := message.hb_timeouts) is not None:
-            patch["initial_rank_heartbeat_timeout"] = hb.initial
-            patch["rank_heartbeat_timeout"] = hb.subsequent
-            names = {"initial_rank_heartbeat_timeout", "rank_heartbeat_timeout"}
-            (learned if hb.were_calculated else unlearned).update(names)
-        if (sections := message.section_timeouts) is not None:
-            patch["rank_section_timeouts"] = dict(sections.section)
-            patch["rank_out_of_section_timeout"] = sections.out_of_section
-            keys = {f"section:{name}" for name in sections.section}
-            calculated = {f"section:{name}" for name in sections.calculated_sections}
-            learned |= calculated & keys
-            unlearned |= keys - calculated
-            oos = "rank_out_of_section_timeout"
-            (learned if sections.is_out_of_section_calculated else unlearned).add(oos)
-        floor = self.ft.min_learned_timeout  # as for timeouts the daemon learns itself
-        for name in learned:
-            if name.startswith("section:"):
-                section = name.removeprefix("section:")
-                patch["rank_section_timeouts"][section] = _at_least(
-                    patch["rank_section_timeouts"][section], floor
-                )
-            else:
-                patch[name] = _at_least(patch[name], floor)
-        try:
-            timeouts = RankTimeouts.model_validate({**self.timeouts.model_dump(), **patch})
-        except ValidationError as error:
-            raise nvrx_wire.Refused("bad_timeouts", str(error).splitlines()[0]) from None
-        self._learned = (self._learned - unlearned) | learned
-        self._apply(timeouts, f"rank {rank.global_rank} (NVRx client)", learned=bool(learned))
-
-    def _nvrx_config(self) -> nvrx_wire.Ref:
-        """NVRx's FaultToleranceConfig as its client reads it: the timeouts in force."""
-        timeouts = self.timeouts
-        return nvrx_wire.Ref(
-            nvrx_wire.CONFIG_MODULE,
-            "FaultToleranceConfig",
-            {
-                "workload_check_interval": self.ft.workload_check_interval,
-                "initial_rank_heartbeat_timeout": timeouts.initial_rank_heartbeat_timeout,
-                "rank_heartbeat_timeout": timeouts.rank_heartbeat_timeout,
-                "rank_section_timeouts": dict(timeouts.rank_section_timeouts),
-                "rank_out_of_section_timeout": timeouts.rank_out_of_section_timeout,
-                "node_health_check_interval": 5.0,
-                "safety_factor": self.ft.safety_factor,
-                "rank_termination_signal": nvrx_wire.EnumRef(
-                    "signal", "Signals", int(signal.Signals[self.ft.rank_termination_signal])
-                ),
-                "log_level": logging.getLevelNamesMapping().get(
-                    self.ft.log_level.upper(), logging.INFO
-                ),
-                "restart_check_interval": 60.0,
-                "enable_nic_monitor": False,
-                "pci_topo_file": None,
-                "link_down_path_template": None,
-            },
-        )
-
-    def nvrx_disconnected(self, pid: int) -> None:
-        """NVRx's monitor stops timing a rank whose connection closed."""
-        rank = self.monitor.rank_of(pid)
-        if rank is not None:
-            self.monitor.on_goodbye(rank)
-
-    def nvrx_workload_control(self, pid: int, request: nvrx_wire.WorkloadControlRequest) -> None:
-        action = {
-            nvrx_wire.WorkloadAction.Continue: WorkloadAction.CONTINUE,
-            nvrx_wire.WorkloadAction.ExcludeThisNode: WorkloadAction.EXCLUDE_THIS_NODE,
-            nvrx_wire.WorkloadAction.ShutdownWorkload: WorkloadAction.SHUTDOWN_WORKLOAD,
-        }[request.action]
-        self._workload(self._rank_for(pid), action, request.description)
-
 
 def _names(value: object, what: str) -> frozenset[str]:
     if (
@@ -475,10 +378,6 @@ def _names(value: object, what: str) -> frozenset[str]:
     ):
         raise ProtocolError("malformed", f"{what} must be a list of names")
     return frozenset(value)
-
-
-def _at_least(value: float | None, floor: float) -> float | None:
-    return None if value is None else max(value, floor)
 
 
 def _sections(patch: dict[str, Any]) -> list[str]:

@@ -72,11 +72,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("ftd.inprocess")
 
 IDLE_WAIT_S = 3600.0
+"""A wait without a deadline is cut into waits this long (closing wakes it at once)."""
 EXPLAIN_TIMEOUT_S = 15.0
 """Bounds the stragglers' stack dumps (faulthandler's, then py-spy's) before the fallback."""
 ExplainRanks = Callable[[list[int]], Awaitable[list[str]]]
 """(local ranks) -> notes on the stacks written for them."""
-"""A wait without a deadline is cut into waits this long (closing wakes it at once)."""
 ENV_RESPAWN = "FTD_INPROCESS_RESPAWN"
 """Set in a respawned rank's environment: how many times its local rank was respawned."""
 

@@ -5,7 +5,7 @@ each rank's call separately; if each call blended its result into the previous o
 would depend on how many ranks called and in which order. So the calls are grouped: the n-th
 call of a kind by any rank belongs to generation n, and every call of a generation starts from
 the timeouts in force before that generation's first call. The observations are the longest
-intervals of every rank of the node (monitor.Observations keeps the maximum), so the last
+intervals of every rank of the node (Observations keeps the maximum), so the last
 call of a generation gives the maximum across the node's ranks, merged once into the previous
 value, however many ranks called and in whatever order.
 
@@ -25,17 +25,85 @@ ftd adds a floor: a learned value is never below `min_learned_timeout`.
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
-from ftd.ft_config import RankTimeouts
-from ftd.monitor import Observations
+from ftd.ft_config import MAX_TIMEOUT_S, RankTimeouts
 
 HB_INITIAL = "initial_rank_heartbeat_timeout"
 HB_SUBSEQUENT = "rank_heartbeat_timeout"
 OOS = "rank_out_of_section_timeout"
 MAX_GENERATIONS = 64
 Kind = Literal["hb", "sections"]
+HEARTBEATS = "heartbeats"
+OUT_OF_SECTION = "out_of_section"
+
+
+@dataclass
+class Observations:
+    """The longest intervals seen on this node, the material timeouts are learned from."""
+
+    first_heartbeat: float | None = None
+    heartbeat_interval: float | None = None
+    sections: dict[str, float] = field(default_factory=dict)
+    out_of_section: float | None = None
+
+    def see(self, name: str, seconds: float) -> None:
+        if name == "first_heartbeat":
+            self.first_heartbeat = max(self.first_heartbeat or 0.0, seconds)
+        elif name == HEARTBEATS:
+            self.heartbeat_interval = max(self.heartbeat_interval or 0.0, seconds)
+        elif name == OUT_OF_SECTION:
+            self.out_of_section = max(self.out_of_section or 0.0, seconds)
+        else:
+            self.sections[name] = max(self.sections.get(name, 0.0), seconds)
+
+
+def learn_timeouts(
+    current: RankTimeouts,
+    learned: frozenset[str],
+    seen: Observations,
+    safety_factor: float,
+    sections: list[str] | None = None,
+    out_of_section: bool = True,
+    floor: float = 0.0,
+) -> tuple[RankTimeouts, frozenset[str]]:
+    """ft_launcher's rule: timeout = longest observed interval * safety_factor (at least
+    `floor`), blended 50/50 with the previous value when that one was itself learned. Returns
+    the new timeouts and the names of those now learned (`sections` None: every observed
+    section)."""
+    values = current.model_dump()
+    now_learned = set(learned)
+
+    def blend(key: str, previous: float | None, observed: float) -> float:
+        value = min(max(observed * safety_factor, floor), MAX_TIMEOUT_S)
+        if key in learned and previous is not None:
+            value = (previous + value) / 2
+        now_learned.add(key)
+        return round(value, 6)
+
+    if seen.first_heartbeat is not None:
+        values["initial_rank_heartbeat_timeout"] = blend(
+            "initial_rank_heartbeat_timeout",
+            current.initial_rank_heartbeat_timeout,
+            seen.first_heartbeat,
+        )
+    if seen.heartbeat_interval is not None:
+        values["rank_heartbeat_timeout"] = blend(
+            "rank_heartbeat_timeout", current.rank_heartbeat_timeout, seen.heartbeat_interval
+        )
+    section_values = dict(current.rank_section_timeouts)
+    for name, observed in seen.sections.items():
+        if sections is None or name in sections:
+            section_values[name] = blend(f"section:{name}", section_values.get(name), observed)
+    values["rank_section_timeouts"] = section_values
+    if out_of_section and seen.out_of_section is not None:
+        values["rank_out_of_section_timeout"] = blend(
+            "rank_out_of_section_timeout",
+            current.rank_out_of_section_timeout,
+            seen.out_of_section,
+        )
+    return RankTimeouts.model_validate(values), frozenset(now_learned)
 
 
 class NotReady(ValueError):

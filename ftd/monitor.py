@@ -1,4 +1,4 @@
-"""Rank health: heartbeat and section deadlines, hang verdicts, timeout learning.
+"""Rank health over time: one timer per rank on its nearest deadline, and hang verdicts.
 
 Each connected rank has one pending timer, never later than its earliest deadline (the nearest
 of its heartbeat, open-section and out-of-section limits). Most messages move the deadline later
@@ -18,20 +18,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Protocol
 
 from ftd_client.protocol import ProtocolError
 
-from ftd.ft_config import MAX_TIMEOUT_S, RankTimeouts
+from ftd.ft_config import RankTimeouts
+from ftd.learning import HEARTBEATS, OUT_OF_SECTION, Observations
+from ftd.rank_health import Cancellable, Deadline, RankHealth, next_deadline, valid_stack_signal
 
 log = logging.getLogger("ftd.monitor")
 
-HEARTBEATS = "heartbeats"
-OUT_OF_SECTION = "out_of_section"
 STALL_THRESHOLD_S = 1.0
 """A timer this much later than its deadline means the daemon was not running, not the rank."""
 BLAME_WINDOW_MAX_S = 1.0
@@ -39,182 +38,6 @@ BLAME_WINDOW_FRACTION = 0.25
 """Ranks whose deadlines fall within one heartbeat interval of a verdict (at most a second, at
 most a quarter of the timeout that fell due) are judged together: the one silent longest is
 named first."""
-UNREGISTRABLE_SIGNALS = frozenset({signal.SIGKILL, signal.SIGSTOP})
-
-
-class Cancellable(Protocol):
-    def cancel(self) -> None: ...
-
-
-@dataclass(eq=False)  # identity: one object per rank, shared by the pids that speak for it
-class RankHealth:
-    local_rank: int
-    global_rank: int
-    pid: int
-    attached_at: float | None = None
-    """When the daemon started watching the rank (it was just started)."""
-    connected_at: float | None = None
-    """Monotonic time of the handshake; None while the rank has not contacted the daemon."""
-    done: bool = False
-    """The rank said goodbye: it is no longer timed."""
-    stack_signal: int | None = None
-    last_heartbeat: float | None = None
-    last_seen: float | None = None
-    """The rank's last sign of life: its newest message of any kind."""
-    first_step_at: float | None = None
-    """Its first heartbeat, section start or resumed(): the rank is training."""
-    open_sections: dict[str, float] = field(default_factory=dict)
-    out_of_section_since: float | None = None
-    hung: bool = False
-    simulated_hang: bool = False
-    """The rank announced an injected hang (ft_config simulated_fault, POST /v1/faults)."""
-    timer: Cancellable | None = None
-    armed_at: float | None = None
-
-    def snapshot(self, now: float) -> dict[str, Any]:
-        section, since = (None, None)
-        if self.open_sections:
-            section, since = max(self.open_sections.items(), key=lambda item: item[1])
-        return {
-            "connected": self.connected_at is not None,
-            "last_heartbeat_age_s": (
-                round(now - self.last_heartbeat, 6) if self.last_heartbeat is not None else None
-            ),
-            "section": section,
-            "section_age_s": round(now - since, 6) if since is not None else None,
-        }
-
-
-@dataclass(frozen=True)
-class Deadline:
-    at: float
-    kind: str
-    """`initial_heartbeat`, `heartbeat`, `section` or `out_of_section`."""
-    timeout: float
-    section: str | None = None
-
-    def reason(self, rank: RankHealth, now: float) -> str:
-        """One sentence for logs, events and the failure summary."""
-        what = {
-            "never_connected": "never contacted the daemon within initial_rank_heartbeat_timeout "
-            "(no ftd_client, or stuck before it started)",
-            "initial_heartbeat": "sent no first heartbeat within initial_rank_heartbeat_timeout",
-            "heartbeat": "sent no heartbeat within rank_heartbeat_timeout",
-            "section": f"stayed in section {self.section!r} past its timeout",
-            "out_of_section": "stayed out of any section past rank_out_of_section_timeout",
-        }[self.kind]
-        return (
-            f"rank {rank.global_rank} (local {rank.local_rank}, pid {rank.pid}) hung: {what} "
-            f"({self.timeout:g}s; overdue by {1000 * (now - self.at):.1f} ms)"
-        )
-
-
-def valid_stack_signal(value: object) -> int | None:
-    """A signal number a rank may ask to be sent for its stack dump, else None: a real,
-    catchable signal (never SIGKILL or SIGSTOP, never a huge or negative integer)."""
-    if not isinstance(value, int) or isinstance(value, bool):
-        return None
-    try:
-        sig = signal.Signals(value)
-    except ValueError:
-        return None
-    if sig in UNREGISTRABLE_SIGNALS or sig not in signal.valid_signals():
-        return None
-    return int(sig)
-
-
-def next_deadline(
-    rank: RankHealth, timeouts: RankTimeouts, connect_timeout: float | None = None
-) -> Deadline | None:
-    """The rank's nearest deadline under `timeouts`, or None when nothing is being timed.
-    `connect_timeout` bounds the time from the rank's start to its first contact: the initial
-    heartbeat timeout as configured (a learned one measures contact → first heartbeat only)."""
-    if rank.hung or rank.done:
-        return None
-    if rank.connected_at is None:
-        if rank.attached_at is None or connect_timeout is None:
-            return None
-        return Deadline(rank.attached_at + connect_timeout, "never_connected", connect_timeout)
-    candidates: list[Deadline] = []
-    if rank.last_heartbeat is None:
-        if (limit := timeouts.initial_rank_heartbeat_timeout) is not None:
-            candidates.append(Deadline(rank.connected_at + limit, "initial_heartbeat", limit))
-    elif (limit := timeouts.rank_heartbeat_timeout) is not None:
-        candidates.append(Deadline(rank.last_heartbeat + limit, "heartbeat", limit))
-    for name, started in rank.open_sections.items():
-        if (limit := timeouts.rank_section_timeouts.get(name)) is not None:
-            candidates.append(Deadline(started + limit, "section", limit, name))
-    limit = timeouts.rank_out_of_section_timeout
-    if rank.out_of_section_since is not None and not rank.open_sections and limit is not None:
-        candidates.append(Deadline(rank.out_of_section_since + limit, "out_of_section", limit))
-    return min(candidates, key=lambda deadline: deadline.at, default=None)
-
-
-@dataclass
-class Observations:
-    """The longest intervals seen on this node, the material timeouts are learned from."""
-
-    first_heartbeat: float | None = None
-    heartbeat_interval: float | None = None
-    sections: dict[str, float] = field(default_factory=dict)
-    out_of_section: float | None = None
-
-    def see(self, name: str, seconds: float) -> None:
-        if name == "first_heartbeat":
-            self.first_heartbeat = max(self.first_heartbeat or 0.0, seconds)
-        elif name == HEARTBEATS:
-            self.heartbeat_interval = max(self.heartbeat_interval or 0.0, seconds)
-        elif name == OUT_OF_SECTION:
-            self.out_of_section = max(self.out_of_section or 0.0, seconds)
-        else:
-            self.sections[name] = max(self.sections.get(name, 0.0), seconds)
-
-
-def learn_timeouts(
-    current: RankTimeouts,
-    learned: frozenset[str],
-    seen: Observations,
-    safety_factor: float,
-    sections: list[str] | None = None,
-    out_of_section: bool = True,
-    floor: float = 0.0,
-) -> tuple[RankTimeouts, frozenset[str]]:
-    """ft_launcher's rule: timeout = longest observed interval * safety_factor (at least
-    `floor`), blended 50/50 with the previous value when that one was itself learned. Returns
-    the new timeouts and the names of those now learned (`sections` None: every observed
-    section)."""
-    values = current.model_dump()
-    now_learned = set(learned)
-
-    def blend(key: str, previous: float | None, observed: float) -> float:
-        value = min(max(observed * safety_factor, floor), MAX_TIMEOUT_S)
-        if key in learned and previous is not None:
-            value = (previous + value) / 2
-        now_learned.add(key)
-        return round(value, 6)
-
-    if seen.first_heartbeat is not None:
-        values["initial_rank_heartbeat_timeout"] = blend(
-            "initial_rank_heartbeat_timeout",
-            current.initial_rank_heartbeat_timeout,
-            seen.first_heartbeat,
-        )
-    if seen.heartbeat_interval is not None:
-        values["rank_heartbeat_timeout"] = blend(
-            "rank_heartbeat_timeout", current.rank_heartbeat_timeout, seen.heartbeat_interval
-        )
-    section_values = dict(current.rank_section_timeouts)
-    for name, observed in seen.sections.items():
-        if sections is None or name in sections:
-            section_values[name] = blend(f"section:{name}", section_values.get(name), observed)
-    values["rank_section_timeouts"] = section_values
-    if out_of_section and seen.out_of_section is not None:
-        values["rank_out_of_section_timeout"] = blend(
-            "rank_out_of_section_timeout",
-            current.rank_out_of_section_timeout,
-            seen.out_of_section,
-        )
-    return RankTimeouts.model_validate(values), frozenset(now_learned)
 
 
 class Clock(Protocol):

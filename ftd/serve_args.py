@@ -7,69 +7,14 @@ Standard library only (the CLI's `--help` must not import pydantic or torch).
 from __future__ import annotations
 
 import argparse
-import shutil
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, NoReturn
+from typing import Any
 
-EXIT_USAGE = 2
+from ftd.cli_format import HelpFormatter, UsageParser
+
 DEFAULT_API_PORT = 29610  # ftd.config.DEFAULT_API_PORT, without importing pydantic for --help
-HELP_WIDTH = 100
 USAGE = "ftd serve [options] training_script [script arguments ...]"
-
-
-class ServeParser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        print(f"ftd serve: error: {message}", file=sys.stderr)
-        raise SystemExit(EXIT_USAGE)
-
-
-class HelpFormatter(argparse.HelpFormatter):
-    """Lines of at most 100 characters; a default is shown only when it says something; of a
-    flag's spellings, only those that differ by more than snake_case or the ft_launcher forms
-    the group description already explains."""
-
-    def __init__(self, prog: str) -> None:
-        columns = shutil.get_terminal_size((HELP_WIDTH, 24)).columns
-        super().__init__(prog, max_help_position=34, width=max(60, min(HELP_WIDTH, columns) - 2))
-
-    def _get_help_string(self, action: argparse.Action) -> str | None:
-        text = action.help or ""
-        default = action.default
-        if (
-            "default" in text
-            or default is None
-            or default is False
-            or default == ""
-            or default == argparse.SUPPRESS
-            or action.option_strings == []
-        ):
-            return text
-        return f"{text} (default: %(default)s)"
-
-    def _format_action_invocation(self, action: argparse.Action) -> str:
-        if not action.option_strings:
-            return super()._format_action_invocation(action)
-        shown = shown_spellings(action.option_strings)
-        if action.nargs == 0:
-            return ", ".join(shown)
-        metavar = self._metavar_formatter(action, action.dest.upper())(1)[0]
-        return ", ".join([*shown[:-1], f"{shown[-1]} {metavar}"])
-
-
-def shown_spellings(options: Sequence[str]) -> list[str]:
-    """`--nproc-per-node` for [--nproc-per-node, --nproc_per_node]; an ft parameter by its
-    `--ft-param-NAME` spelling only (the group's description gives the other forms)."""
-    if options[0].startswith("--ft-param-"):
-        return [options[0]]
-    shown: list[str] = []
-    for option in options:
-        kebab = option[:2] + option[2:].replace("_", "-") if option.startswith("--") else option
-        if option != kebab and kebab in options:
-            continue
-        shown.append(option)
-    return shown
 
 
 def _flag(*names: str) -> list[str]:
@@ -82,9 +27,9 @@ def _flag(*names: str) -> list[str]:
     return out
 
 
-def build_serve_parser() -> ServeParser:
+def build_serve_parser() -> UsageParser:
     """The parser of what comes before the script: ftd's options and the script's path."""
-    parser = ServeParser(prog="ftd serve", **parser_options())
+    parser = UsageParser(prog="ftd serve", **parser_options())
     add_serve_arguments(parser)
     return parser
 

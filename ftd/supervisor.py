@@ -25,9 +25,8 @@ from ftd.coordination import CoordinationError, Round
 from ftd.coordination.base import new_request
 from ftd.coordination.records import Member, RequestRecord
 from ftd.event_kind import EventKind
-from ftd.metrics import RECOVERY_STAGE_SECONDS
-from ftd.policy import Action, after_attempt, after_node_lost, restart_backoff
-from ftd.recovery import Recovery
+from ftd.policy import Action, after_attempt, after_node_lost
+from ftd.restarts import CrashLoop, RecoveryTimeline
 from ftd.state import DaemonState, Failure
 from ftd.tasks import Background
 
@@ -80,10 +79,8 @@ class Supervisor:
         self.force = force
         self.address = address
         self.running = running
-        self._recovery: Recovery | None = None
-        self._fast_failures = 0
-        self._crashed = False
-        """The last attempt ended by a failure of its own (not a request from elsewhere)."""
+        self.recovery = RecoveryTimeline(tools, background)
+        self.crash_loop = CrashLoop(tools, board, stop)
 
     @property
     def status(self) -> Any:
@@ -122,7 +119,7 @@ class Supervisor:
                 await coordinator.leave(rnd)
             if request.action == "restart":
                 self.board.set_state(DaemonState.RESTARTING, request.reason)
-                await self._back_off(rnd.number, ran_s)
+                await self.crash_loop.back_off(rnd.number, ran_s)
                 continue
             if request.action == "succeed":
                 self.board.set_state(DaemonState.SUCCEEDED, request.reason)
@@ -148,8 +145,8 @@ class Supervisor:
         except Exception as error:  # a full disk, no processes left: a failed attempt
             return None, await self._not_started(rnd, error), time.monotonic() - started
         self.running.attempt = attempt
-        self._crashed = False
-        self._started(attempt)
+        self.crash_loop.crashed = False
+        self.recovery.started(attempt)
         self.board.set_state(DaemonState.RUNNING)
         started = time.monotonic()
         try:
@@ -205,8 +202,7 @@ class Supervisor:
                 len(rnd.members),
                 ", ".join(rnd.node_ids),
             )
-        if self._recovery is not None:
-            self._recovery.rendezvous = time.time()
+        self.recovery.round_closed()
         return rnd
 
     async def _ready_to_spawn(self) -> bool:
@@ -268,10 +264,10 @@ class Supervisor:
             self.tools.events.emit(
                 EventKind.CLUSTER_REQUEST, round=rnd.number, **request.model_dump()
             )
-            self._begin_recovery(request.reason, None)
+            self.recovery.begin(request.reason, None)
             self._ending(request)
             await attempt.stop(self.force)
-            self._mark_stopped()
+            self.recovery.stopped()
             return request
         outcome: Failure | None = first.result()
         health.detach(attempt.group)
@@ -286,11 +282,11 @@ class Supervisor:
                 )
             return await self._await_end(ended)
         self.status.last_failure = outcome
-        self._crashed = outcome.kind in ("exit", "signal", "hang", "fatal")
+        self.crash_loop.crashed = outcome.kind in ("exit", "signal", "hang", "fatal")
         self.tools.events.emit(
             EventKind.ATTEMPT_FAILED, attempt=rnd.number, failure=outcome.to_dict()
         )
-        self._begin_recovery(outcome.reason, outcome)
+        self.recovery.begin(outcome.reason, outcome)
         workload = health.workload_request
         me = self.config.node_id
         if (
@@ -299,7 +295,7 @@ class Supervisor:
             and self.config.multi_node
         ):
             await attempt.stop(self.force)
-            self._mark_stopped()
+            self.recovery.stopped()
             reason = f"node {me} excluded: {workload.reason()}"
             await coordinator.exclude(me, reason)
             return await coordinator.request(rnd, new_request("restart", reason, me))
@@ -311,7 +307,7 @@ class Supervisor:
             healthy = await coordinator.unhealthy(rnd, me)
             if healthy >= self.config.nnodes_min:
                 await attempt.stop(self.force)
-                self._mark_stopped()
+                self.recovery.stopped()
                 self.board.set_state(
                     DaemonState.RESTARTING,
                     f"{outcome.reason}; {healthy} healthy nodes left (min-healthy): "
@@ -325,7 +321,7 @@ class Supervisor:
         request = await coordinator.request(rnd, mine)
         self._ending(request)
         await attempt.stop(self.force)
-        self._mark_stopped()
+        self.recovery.stopped()
         return request
 
     async def _not_started(self, rnd: Round, error: Exception) -> RequestRecord:
@@ -340,11 +336,11 @@ class Supervisor:
             log.error("%s", reason, exc_info=error)
         failure = Failure(kind="start", reason=reason, timestamp=time.time())
         self.status.last_failure = failure
-        self._crashed = True
+        self.crash_loop.crashed = True
         self.tools.events.emit(
             EventKind.ATTEMPT_FAILED, attempt=rnd.number, failure=failure.to_dict()
         )
-        self._begin_recovery(reason, failure)
+        self.recovery.begin(reason, failure)
         me = self.config.node_id
         used = await self.coordinator.restarts_used(rnd)
         decision = after_attempt(failure, used, self.config.max_restarts)
@@ -354,7 +350,7 @@ class Supervisor:
             mine = new_request("fail", decision.reason, me)
         request = await self.coordinator.request(rnd, mine)
         self._ending(request)
-        self._mark_stopped()
+        self.recovery.stopped()
         return request
 
     def _ending(self, request: RequestRecord) -> None:
@@ -395,70 +391,6 @@ class Supervisor:
             log.warning("%s", decision.reason)
             return
         await self.coordinator.request(rnd, new_request("restart", reason, self.config.node_id))
-
-    # -- restarts: recovery stages, back-off -------------------------------------------------
-
-    def _begin_recovery(self, cause: str, failure: Failure | None) -> None:
-        now = time.time()
-        decided = failure.timestamp if failure is not None and failure.timestamp else now
-        origin = failure.origin if failure is not None and failure.origin else decided
-        self._recovery = Recovery(cause=cause, origin=min(origin, decided), decided=decided)
-
-    def _mark_stopped(self) -> None:
-        if self._recovery is not None:
-            self._recovery.stopped = time.time()
-
-    def _started(self, attempt: Attempt) -> None:
-        recovery, self._recovery = self._recovery, None
-        if recovery is None:
-            return
-        recovery.spawned = time.time()
-        self.background.spawn(self._await_resumed(attempt, recovery), "first-step")
-
-    async def _await_resumed(self, attempt: Attempt, recovery: Recovery) -> None:
-        """The restart is over once every rank of the new attempt took its first step."""
-        resumed = await self.tools.health.first_steps(attempt.group)
-        if resumed is not None:
-            recovery.resumed = resumed
-        data = recovery.event_data(attempt.number)
-        for stage, seconds in data["stages"].items():
-            if seconds is not None:
-                RECOVERY_STAGE_SECONDS.labels(stage).observe(seconds)
-        self.status.last_recovery = data
-        self.tools.events.emit(EventKind.RECOVERY, **data)
-
-    async def _back_off(self, number: int, ran_s: float) -> None:
-        """After attempts that failed fast one after another, wait longer before the next
-        (kubelet's CrashLoopBackOff); an attempt that ran long enough resets it."""
-        config = self.config
-        if ran_s >= config.restart_backoff_reset_s or not self._crashed:
-            self._fast_failures = 0
-            self.status.backoff_s = 0.0
-            return
-        self._fast_failures += 1
-        delay = restart_backoff(
-            self._fast_failures, config.restart_backoff_base_s, config.restart_backoff_cap_s
-        )
-        self.status.backoff_s = delay
-        if delay <= 0:
-            return
-        log.warning(
-            "attempt %d failed %.1fs after it started, %d fast failures in a row: waiting %.1fs "
-            "before the next (--restart-backoff)",
-            number,
-            ran_s,
-            self._fast_failures,
-            delay,
-        )
-        self.tools.events.emit(
-            EventKind.RESTART_BACKOFF,
-            attempt=number,
-            delay_s=delay,
-            fast_failures=self._fast_failures,
-        )
-        self.board.set_state(DaemonState.RESTARTING, f"backing off {delay:.1f}s (crash loop)")
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.stop.wait(), delay)
 
     # -- endings -----------------------------------------------------------------------------
 

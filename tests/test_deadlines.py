@@ -16,7 +16,8 @@ from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
 from ftd.ft_config import RankTimeouts
-from ftd.monitor import BLAME_WINDOW_MAX_S, Monitor, RankHealth, Verdict
+from ftd.monitor import BLAME_WINDOW_MAX_S, Monitor, Verdict
+from ftd.rank_health import RankHealth
 
 
 @dataclass(order=True)

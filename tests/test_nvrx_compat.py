@@ -19,8 +19,7 @@ from hypothesis import strategies as st
 
 from ftd import nvrx_wire as wire
 from ftd.ft_config import RankTimeouts
-from ftd.learning import Base, Generations, NotReady, apply_values, learn_nvrx
-from ftd.monitor import Observations
+from ftd.learning import Base, Generations, NotReady, Observations, apply_values, learn_nvrx
 from ftd.nvrx_server import socket_paths
 from tests.conftest import BIN, Serve, ServeFactory
 

@@ -17,8 +17,9 @@ from ftd.ft_config import (
     merge_parameters,
     parse_section_timeouts,
 )
-from ftd.monitor import Observations, RankHealth, learn_timeouts, next_deadline
+from ftd.learning import Observations, learn_timeouts
 from ftd.policy import Action, after_attempt
+from ftd.rank_health import RankHealth, next_deadline
 from ftd.spawn.logs import parse_std
 from ftd.state import Failure, describe_exit
 

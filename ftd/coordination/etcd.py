@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import importlib
 import logging
-import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -27,6 +26,7 @@ from ftd.coordination.endpoint import parse_endpoint, route_address
 from ftd.coordination.etcd_conf import parse_etcd_conf
 from ftd.coordination.etcd_kv import Availability, RecordKv
 from ftd.coordination.etcd_liveness import EtcdLiveness
+from ftd.coordination.etcd_members import MemberWatch
 from ftd.coordination.etcd_rounds import EtcdRounds
 from ftd.coordination.records import (
     MAX_ROUND_RECORD_BYTES,
@@ -38,7 +38,6 @@ from ftd.coordination.records import (
 )
 from ftd.coordination.rounds import Late, key
 from ftd.etcd_client import EtcdClient, Get
-from ftd.event_kind import EventKind
 
 if TYPE_CHECKING:
     from torch.distributed import TCPStore
@@ -46,7 +45,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("ftd.rendezvous")
 
 T = TypeVar("T")
-PROBE_PAUSE_S = (0.5, 10.0)
 
 
 class EtcdCoordinator:
@@ -84,7 +82,9 @@ class EtcdCoordinator:
         self._liveness: EtcdLiveness | None = None
         self._opened = False
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._down: dict[str, asyncio.Task[None]] = {}
+        self._members = MemberWatch(
+            lambda endpoint: self._etcd.transport.probe(endpoint, self.conf.timeout_s), report
+        )
         self._inprocess: TCPStore | None = None
         self._finished = False
 
@@ -113,7 +113,7 @@ class EtcdCoordinator:
         await asyncio.to_thread(importlib.import_module, "torch.distributed")
         await self._etcd.__aenter__()
         self._opened = True
-        self._etcd.transport.on_endpoint_failed = self._endpoint_failed
+        self._etcd.transport.on_endpoint_failed = self._members.failed
         self._availability.probe = lambda: self._etcd.get("round")
         if not self.codec.signed:
             log.warning(
@@ -138,9 +138,9 @@ class EtcdCoordinator:
 
     async def close(self) -> None:
         self._kv.closing = True
-        for task in [*self._tasks, *self._down.values()]:
+        for task in self._tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, *self._down.values(), return_exceptions=True)
+        await asyncio.gather(*self._tasks, self._members.close(), return_exceptions=True)
         await self._availability.close()
         if self._liveness is not None:
             if not self.lost.is_set() and not self._finished:
@@ -165,33 +165,6 @@ class EtcdCoordinator:
         # The caller may drop it (a round that ended otherwise): never an unretrieved error.
         task.add_done_callback(lambda done: done.cancelled() or done.exception())
         return task
-
-    # -- etcd members (for the operator: which member stopped answering, and when it is back)
-
-    def _endpoint_failed(self, endpoint: str, reason: str) -> None:
-        if endpoint not in self._down and not self._kv.closing:
-            self._down[endpoint] = asyncio.create_task(self._watch_member(endpoint, reason))
-
-    async def _watch_member(self, endpoint: str, reason: str) -> None:
-        transport = self._etcd.transport
-        try:
-            if await transport.probe(endpoint, self.conf.timeout_s) is None:
-                return  # it answers: a passing fault (a leader election, a busy member)
-            log.warning("etcd member %s does not answer (%s)", endpoint, reason)
-            self._report(
-                EventKind.COORDINATION_ENDPOINT_DOWN, {"endpoint": endpoint, "reason": reason}
-            )
-            since, pause = time.monotonic(), PROBE_PAUSE_S[0]
-            while await transport.probe(endpoint, self.conf.timeout_s) is not None:
-                await asyncio.sleep(pause)  # a health check of a member that is away
-                pause = min(pause * 2, PROBE_PAUSE_S[1])
-            after_s = round(time.monotonic() - since, 3)
-            log.warning("etcd member %s answers again after %.1f s", endpoint, after_s)
-            self._report(
-                EventKind.COORDINATION_ENDPOINT_UP, {"endpoint": endpoint, "after_s": after_s}
-            )
-        finally:
-            self._down.pop(endpoint, None)
 
     # -- rounds ------------------------------------------------------------------------------
 

@@ -9,14 +9,16 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 from ftd.config import ServeConfig
-from ftd.coordination.base import CoordinationError, Round, order_members
+from ftd.coordination.base import CoordinationError, Round, new_request, order_members
 from ftd.coordination.records import (
     MAX_ROUND_RECORD_BYTES,
     ExcludedRecord,
     MarkRecord,
     Member,
+    NodeSummary,
     RequestRecord,
     RoundRecord,
 )
@@ -217,6 +219,34 @@ class StoreRounds:
         keys = {key(rnd.number, f"{kind}/{m.node_id}"): m.node_id for m in rnd.members}
         found = s.read_many(list(keys), MarkRecord)
         return {keys[k] for k, mark in found.items() if mark.node_id == keys[k]}
+
+    def mark_succeeded(self, s: RecordStore, rnd: Round) -> None:
+        """This node's ranks exited 0; the last node to say so (or to be unhealthy) ends the
+        round as succeeded."""
+        s.put(key(rnd.number, f"succeeded/{self.node_id}"), MarkRecord(node_id=self.node_id))
+        done = self.marks(s, rnd, "succeeded") | self.marks(s, rnd, "unhealthy")
+        if done >= set(rnd.node_ids):
+            request = new_request("succeed", "every node's ranks exited 0", self.node_id)
+            s.decide(key(rnd.number, "request"), request, RequestRecord)
+
+    def mark_unhealthy(self, s: RecordStore, rnd: Round, node_id: str) -> int:
+        """`node_id` is unhealthy; how many members are not."""
+        s.put(key(rnd.number, f"unhealthy/{node_id}"), MarkRecord(node_id=node_id))
+        return len(rnd.members) - len(self.marks(s, rnd, "unhealthy"))
+
+    def cluster_view(
+        self, s: RecordStore, rnd: Round | None
+    ) -> tuple[list[dict[str, Any]], dict[str, str]]:
+        """Every member's (and this node's) published summary, and the excluded nodes."""
+        names = sorted({*(rnd.node_ids if rnd else []), self.node_id})
+        found = s.read_many([f"status/{n}" for n in names], NodeSummary)
+        nodes = [
+            found[f"status/{n}"].model_dump()
+            if f"status/{n}" in found
+            else {"node_id": n, "state": "unknown"}
+            for n in names
+        ]
+        return nodes, self.read_excluded(s)
 
     def read_excluded(self, s: RecordStore) -> dict[str, str]:
         record = s.read("excluded", ExcludedRecord, MAX_ROUND_RECORD_BYTES)

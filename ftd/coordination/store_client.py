@@ -4,6 +4,7 @@
   comes back to the loop as an awaitable. A daemon thread, not an executor's: a call stuck in a
   store that stopped answering must not hold the process at exit (concurrent.futures joins its
   workers at interpreter exit).
+- `Connection`: a StoreThread with its own RecordStore.
 - `RecordStore`: a connection under the job's prefix that counts and times every operation,
   writes and reads signed records (records.py), and decides a value once for every node with a
   *chain* of keys: the first valid record in `k`, `k#1`, `k#2`, ... wins, so a value planted
@@ -253,3 +254,21 @@ class RecordStore:
                 return record
             index += 1
         raise ChainExhausted(key)
+
+
+class Connection:
+    """A StoreThread with its own RecordStore."""
+
+    def __init__(self, name: str) -> None:
+        self.thread = StoreThread(name)
+        self.store: RecordStore | None = None
+
+    async def open(self, factory: Callable[[], RecordStore]) -> None:
+        self.store = await self.thread.submit(factory)
+
+    def call(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+        assert self.store is not None
+        return self.thread.submit(fn, self.store, *args)
+
+    def close(self) -> None:
+        self.thread.stop()

@@ -50,7 +50,7 @@ from ftd.coordination.records import (
     RoundRecord,
 )
 from ftd.coordination.rounds import Late, StoreRounds, key
-from ftd.coordination.store_client import ChainExhausted, RecordStore, StoreThread
+from ftd.coordination.store_client import ChainExhausted, Connection, RecordStore
 
 if TYPE_CHECKING:
     from torch.distributed import TCPStore
@@ -60,26 +60,7 @@ log = logging.getLogger("ftd.rendezvous")
 STORE_TIMEOUT_S = 30.0
 PROGRESS_S = 5.0
 """A node waiting for others to join says who is there this often."""
-MAX_JOINERS_READ = 100_000
 T = TypeVar("T")
-
-
-class _Connection:
-    """A StoreThread with its own RecordStore."""
-
-    def __init__(self, name: str) -> None:
-        self.thread = StoreThread(name)
-        self.store: RecordStore | None = None
-
-    async def open(self, factory: Callable[[], RecordStore]) -> None:
-        self.store = await self.thread.submit(factory)
-
-    def call(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
-        assert self.store is not None
-        return self.thread.submit(fn, self.store, *args)
-
-    def close(self) -> None:
-        self.thread.stop()
 
 
 class StoreCoordinator:
@@ -97,9 +78,9 @@ class StoreCoordinator:
         self.hosting = False
         self.describe = f"store {self.endpoint[0]}:{self.endpoint[1]}"
         self._server: TCPStore | None = None
-        self._ops = _Connection("ftd-rdzv")
-        self._beats = _Connection("ftd-keepalive")
-        self._waiters: list[_Connection] = []
+        self._ops = Connection("ftd-rdzv")
+        self._beats = Connection("ftd-keepalive")
+        self._waiters: list[Connection] = []
         self._keepalive: Keepalive | None = None
         self._keepalive_task: asyncio.Task[None] | None = None
         self._rounds = StoreRounds(config)
@@ -176,8 +157,8 @@ class StoreCoordinator:
         assert self._keepalive is not None
         self._keepalive.beat_now()
 
-    async def _new_waiter(self) -> _Connection:
-        conn = _Connection(f"ftd-rdzv-wait-{len(self._waiters)}")
+    async def _new_waiter(self) -> Connection:
+        conn = Connection(f"ftd-rdzv-wait-{len(self._waiters)}")
         await conn.open(self._factory)
         return conn
 
@@ -380,21 +361,10 @@ class StoreCoordinator:
         return await self._call(charge)
 
     async def succeeded(self, rnd: Round) -> None:
-        def mark(s: RecordStore) -> None:
-            s.put(key(rnd.number, f"succeeded/{self.node_id}"), MarkRecord(node_id=self.node_id))
-            done = self._rounds.marks(s, rnd, "succeeded") | self._rounds.marks(s, rnd, "unhealthy")
-            if done >= set(rnd.node_ids):
-                request = new_request("succeed", "every node's ranks exited 0", self.node_id)
-                s.decide(key(rnd.number, "request"), request, RequestRecord)
-
-        await self._call(mark)
+        await self._call(self._rounds.mark_succeeded, rnd)
 
     async def unhealthy(self, rnd: Round, node_id: str) -> int:
-        def mark(s: RecordStore) -> int:
-            s.put(key(rnd.number, f"unhealthy/{node_id}"), MarkRecord(node_id=node_id))
-            return len(rnd.members) - len(self._rounds.marks(s, rnd, "unhealthy"))
-
-        return await self._call(mark)
+        return await self._call(self._rounds.mark_unhealthy, rnd, node_id)
 
     async def leave(self, rnd: Round) -> None:
         """Acknowledge the end of the job; the store's host waits (bounded) for every member's
@@ -427,27 +397,15 @@ class StoreCoordinator:
         await self._call(lambda s: s.put(f"status/{self.node_id}", record))
 
     async def cluster(self) -> dict[str, Any]:
-        def read(s: RecordStore) -> dict[str, Any]:
-            rnd = self.round
-            members = rnd.node_ids if rnd else []
-            names = sorted({*members, self.node_id})
-            found = s.read_many([f"status/{n}" for n in names], NodeSummary)
-            nodes = [
-                found[f"status/{n}"].model_dump()
-                if f"status/{n}" in found
-                else {"node_id": n, "state": "unknown"}
-                for n in names
-            ]
-            self.excluded = self._rounds.read_excluded(s)
-            return {
-                "nodes": nodes,
-                "round": {"round": rnd.number if rnd else 0, "members": members},
-                "excluded": [{"node_id": n, "reason": r} for n, r in sorted(self.excluded.items())],
-                "store_ops": self.ops,
-                "refused_records": dict(self.codec.refused),
-            }
-
-        return await self._call(read)
+        rnd = self.round
+        nodes, self.excluded = await self._call(self._rounds.cluster_view, rnd)
+        return {
+            "nodes": nodes,
+            "round": {"round": rnd.number if rnd else 0, "members": rnd.node_ids if rnd else []},
+            "excluded": [{"node_id": n, "reason": r} for n, r in sorted(self.excluded.items())],
+            "store_ops": self.ops,
+            "refused_records": dict(self.codec.refused),
+        }
 
     async def inprocess_store(self) -> tuple[str, int]:
         return self.endpoint

@@ -14,7 +14,6 @@ A zygote that dies is replaced as soon as that is seen.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import logging
 import os
@@ -25,10 +24,18 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from typing import IO, Any
+from collections.abc import Sequence
+from typing import Any
 
 from ftd.spawn.base import LaunchSpec, RankHandle, StartedGroup
+from ftd.spawn.forked import (
+    ZygoteGroup,
+    describe_exit,
+    is_subreaper,
+    rank_stdio,
+    wait_child,
+    wait_popen,
+)
 from ftd.spawn.logs import make_logs_specs
 from ftd.spawn.pcontext import PContextSpawner
 from ftd.spawn.zygote_server import MAX_MESSAGE, MAX_RANKS_PER_REQUEST
@@ -39,7 +46,6 @@ READY_TIMEOUT_S = 30.0
 """Longest wait for the zygote's preload; under workers.SPAWN_TIMEOUT_S with room to fall back."""
 REPLY_TIMEOUT_S = 10.0
 CLOSE_TIMEOUT_S = 5.0
-PR_GET_CHILD_SUBREAPER = 37
 ARGV_ROOM, ENV_ROOM = 2048, 16384
 """Bytes of room the zygote is launched with (an argument, a variable of blanks), in which each
 rank writes its own command line and environment for /proc to show (see rank_main)."""
@@ -55,50 +61,6 @@ class ZygoteUnavailable(Exception):
         self.reason = reason
         self.permanent = permanent
         self.pids: list[int] = []
-
-
-class ZygoteGroup:
-    """An attempt's ranks forked from the zygote: children of the daemon, each in its own
-    session; their output tee'd by torch's TailLog as PContext does."""
-
-    def __init__(self, ranks: dict[int, RankHandle], attempt_log_dir: str, tails: list[Any]):
-        self.ranks = ranks
-        self.attempt_log_dir = attempt_log_dir
-        self._tails = tails
-        self._codes: dict[int, int] = {}
-
-    def reap(self, local_rank: int) -> int | None:
-        if local_rank in self._codes:
-            return self._codes[local_rank]
-        pid = self.ranks[local_rank].pid
-        try:
-            reaped, status = os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            # Only if someone else waited for it: its status is lost.
-            log.error(
-                "local rank %d (pid %d) was reaped elsewhere; reporting exit code 1",
-                local_rank,
-                pid,
-            )
-            self._codes[local_rank] = 1
-            return 1
-        if reaped == 0:
-            return None
-        code = os.waitstatus_to_exitcode(status)
-        self._codes[local_rank] = code
-        return code
-
-    def kill(self, local_rank: int, sig: signal.Signals) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.ranks[local_rank].pid, sig)
-
-    def close(self) -> None:
-        for local_rank in self.ranks:
-            if self.reap(local_rank) is None:
-                self.kill(local_rank, signal.SIGKILL)
-                _wait_child(self.ranks[local_rank].pid, CLOSE_TIMEOUT_S)
-        for tail in self._tails:
-            tail.stop()
 
 
 class Zygote:
@@ -209,9 +171,9 @@ class Zygote:
         except OSError:
             data = b""
         if not data:
-            code = _wait_popen(self.proc, 1.0)
+            code = wait_popen(self.proc, 1.0)
             raise ZygoteUnavailable(
-                f"the zygote (pid {self.pid}) exited ({_describe(code)}) while {doing}"
+                f"the zygote (pid {self.pid}) exited ({describe_exit(code)}) while {doing}"
             )
         reply: dict[str, Any] = json.loads(data)
         return reply
@@ -219,13 +181,13 @@ class Zygote:
     def kill(self) -> None:
         with contextlib.suppress(ProcessLookupError):
             self.proc.kill()
-        _wait_popen(self.proc, CLOSE_TIMEOUT_S)
+        wait_popen(self.proc, CLOSE_TIMEOUT_S)
         self._sock.close()
 
     def close(self) -> None:
         """Blocking (briefly): EOF ends the zygote; SIGKILL if it lingers."""
         self._sock.close()
-        if _wait_popen(self.proc, CLOSE_TIMEOUT_S) is None:
+        if wait_popen(self.proc, CLOSE_TIMEOUT_S) is None:
             self.kill()
 
 
@@ -329,7 +291,7 @@ class ZygoteSpawner:
     def _ready_zygote(self) -> Zygote:
         if self._disabled is not None:
             raise ZygoteUnavailable(self._disabled)
-        if not _is_subreaper():
+        if not is_subreaper():
             raise ZygoteUnavailable(
                 "the daemon is not a child subreaper, so forked ranks would not be its children",
                 permanent=True,
@@ -352,7 +314,7 @@ class ZygoteSpawner:
         log.warning(
             "zygote (pid %d) died (%s); starting a new one",
             zygote.pid,
-            _describe(zygote.proc.returncode),
+            describe_exit(zygote.proc.returncode),
         )
         return self._launch()
 
@@ -385,14 +347,14 @@ class ZygoteSpawner:
             for first in range(0, len(local_ranks), MAX_RANKS_PER_REQUEST):
                 chunk = slice(first, first + MAX_RANKS_PER_REQUEST)
                 envs = [spec.envs[local_rank] for local_rank in local_ranks[chunk]]
-                with _stdio(streams[chunk]) as fds:
+                with rank_stdio(streams[chunk]) as fds:
                     pids += zygote.spawn(common, envs, fds)
         except BaseException as error:
             forked = pids + (error.pids if isinstance(error, ZygoteUnavailable) else [])
             for pid in forked:  # a partial group goes; the fallback starts them all
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(pid, signal.SIGKILL)
-                _wait_child(pid, CLOSE_TIMEOUT_S)
+                wait_child(pid, CLOSE_TIMEOUT_S)
             raise
         ranks = {
             local_rank: RankHandle(
@@ -417,74 +379,3 @@ class ZygoteSpawner:
         run_id = spec.envs[0].get("TORCHELASTIC_RUN_ID", "none")
         attempt = spec.envs[0].get("TORCHELASTIC_RESTART_COUNT", "0")
         return ZygoteGroup(ranks, os.path.join(spec.log_dir, run_id, f"attempt_{attempt}"), tails)
-
-
-@contextlib.contextmanager
-def _stdio(streams: list[tuple[str, str]]) -> Iterator[list[int]]:
-    """Each rank's fds 0, 1 and 2 as Popen would give them: the daemon's own stdin, and the
-    daemon's stdout/stderr unless a log file (or /dev/null) is named."""
-    opened: list[IO[bytes]] = []
-
-    def target(path: str, inherited: int) -> int:
-        if not path:
-            return inherited
-        file = open(path, "wb")  # noqa: SIM115 - closed below, once sent
-        opened.append(file)
-        return file.fileno()
-
-    try:
-        stdin = 0 if _valid_fd(0) else target(os.devnull, 0)
-        fds = []
-        for stdout, stderr in streams:
-            fds += [stdin, target(stdout, 1), target(stderr, 2)]
-        yield fds
-    finally:
-        for file in opened:
-            file.close()
-
-
-def _valid_fd(fd: int) -> bool:
-    try:
-        os.fstat(fd)
-    except OSError:
-        return False
-    return True
-
-
-def _is_subreaper() -> bool:
-    libc = ctypes.CDLL(None, use_errno=True)
-    value = ctypes.c_int(0)
-    if libc.prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(value), 0, 0, 0) != 0:
-        return False
-    return value.value != 0
-
-
-def _wait_child(pid: int, timeout_s: float) -> int | None:
-    """Reap a child of ours within the timeout; its status, or None."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            reaped, status = os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            return None
-        if reaped:
-            return os.waitstatus_to_exitcode(status)
-        if time.monotonic() > deadline:
-            return None
-        time.sleep(0.01)
-
-
-def _wait_popen(proc: subprocess.Popen[bytes], timeout_s: float) -> int | None:
-    try:
-        return proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        return None
-
-
-def _describe(code: int | None) -> str:
-    if code is None:
-        return "still running"
-    if code < 0:
-        with contextlib.suppress(ValueError):
-            return f"signal {signal.Signals(-code).name}"
-    return f"exit code {code}"

@@ -1,0 +1,124 @@
+"""One rank's health state and its nearest deadline, as pure functions of (state, timeouts).
+
+A rank has up to four clocks: the wait for its first contact and first heartbeat, the interval
+between heartbeats, each open section, and the time out of any section. `next_deadline` gives
+the nearest of those that the timeouts set; the monitor keeps one timer on it.
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ftd.ft_config import RankTimeouts
+
+UNREGISTRABLE_SIGNALS = frozenset({signal.SIGKILL, signal.SIGSTOP})
+
+
+class Cancellable(Protocol):
+    def cancel(self) -> None: ...
+
+
+@dataclass(eq=False)  # identity: one object per rank, shared by the pids that speak for it
+class RankHealth:
+    local_rank: int
+    global_rank: int
+    pid: int
+    attached_at: float | None = None
+    """When the daemon started watching the rank (it was just started)."""
+    connected_at: float | None = None
+    """Monotonic time of the handshake; None while the rank has not contacted the daemon."""
+    done: bool = False
+    """The rank said goodbye: it is no longer timed."""
+    stack_signal: int | None = None
+    last_heartbeat: float | None = None
+    last_seen: float | None = None
+    """The rank's last sign of life: its newest message of any kind."""
+    first_step_at: float | None = None
+    """Its first heartbeat, section start or resumed(): the rank is training."""
+    open_sections: dict[str, float] = field(default_factory=dict)
+    out_of_section_since: float | None = None
+    hung: bool = False
+    simulated_hang: bool = False
+    """The rank announced an injected hang (ft_config simulated_fault, POST /v1/faults)."""
+    timer: Cancellable | None = None
+    armed_at: float | None = None
+
+    def snapshot(self, now: float) -> dict[str, Any]:
+        section, since = (None, None)
+        if self.open_sections:
+            section, since = max(self.open_sections.items(), key=lambda item: item[1])
+        return {
+            "connected": self.connected_at is not None,
+            "last_heartbeat_age_s": (
+                round(now - self.last_heartbeat, 6) if self.last_heartbeat is not None else None
+            ),
+            "section": section,
+            "section_age_s": round(now - since, 6) if since is not None else None,
+        }
+
+
+@dataclass(frozen=True)
+class Deadline:
+    at: float
+    kind: str
+    """`initial_heartbeat`, `heartbeat`, `section` or `out_of_section`."""
+    timeout: float
+    section: str | None = None
+
+    def reason(self, rank: RankHealth, now: float) -> str:
+        """One sentence for logs, events and the failure summary."""
+        what = {
+            "never_connected": "never contacted the daemon within initial_rank_heartbeat_timeout "
+            "(no ftd_client, or stuck before it started)",
+            "initial_heartbeat": "sent no first heartbeat within initial_rank_heartbeat_timeout",
+            "heartbeat": "sent no heartbeat within rank_heartbeat_timeout",
+            "section": f"stayed in section {self.section!r} past its timeout",
+            "out_of_section": "stayed out of any section past rank_out_of_section_timeout",
+        }[self.kind]
+        return (
+            f"rank {rank.global_rank} (local {rank.local_rank}, pid {rank.pid}) hung: {what} "
+            f"({self.timeout:g}s; overdue by {1000 * (now - self.at):.1f} ms)"
+        )
+
+
+def valid_stack_signal(value: object) -> int | None:
+    """A signal number a rank may ask to be sent for its stack dump, else None: a real,
+    catchable signal (never SIGKILL or SIGSTOP, never a huge or negative integer)."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        return None
+    try:
+        sig = signal.Signals(value)
+    except ValueError:
+        return None
+    if sig in UNREGISTRABLE_SIGNALS or sig not in signal.valid_signals():
+        return None
+    return int(sig)
+
+
+def next_deadline(
+    rank: RankHealth, timeouts: RankTimeouts, connect_timeout: float | None = None
+) -> Deadline | None:
+    """The rank's nearest deadline under `timeouts`, or None when nothing is being timed.
+    `connect_timeout` bounds the time from the rank's start to its first contact: the initial
+    heartbeat timeout as configured (a learned one measures contact → first heartbeat only)."""
+    if rank.hung or rank.done:
+        return None
+    if rank.connected_at is None:
+        if rank.attached_at is None or connect_timeout is None:
+            return None
+        return Deadline(rank.attached_at + connect_timeout, "never_connected", connect_timeout)
+    candidates: list[Deadline] = []
+    if rank.last_heartbeat is None:
+        if (limit := timeouts.initial_rank_heartbeat_timeout) is not None:
+            candidates.append(Deadline(rank.connected_at + limit, "initial_heartbeat", limit))
+    elif (limit := timeouts.rank_heartbeat_timeout) is not None:
+        candidates.append(Deadline(rank.last_heartbeat + limit, "heartbeat", limit))
+    for name, started in rank.open_sections.items():
+        if (limit := timeouts.rank_section_timeouts.get(name)) is not None:
+            candidates.append(Deadline(started + limit, "section", limit, name))
+    limit = timeouts.rank_out_of_section_timeout
+    if rank.out_of_section_since is not None and not rank.open_sections and limit is not None:
+        candidates.append(Deadline(rank.out_of_section_since + limit, "out_of_section", limit))
+    return min(candidates, key=lambda deadline: deadline.at, default=None)
