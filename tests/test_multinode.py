@@ -317,6 +317,48 @@ async def test_last_joiner_waits_for_a_counted_join_record_not_written_yet() -> 
     assert (rnd.number, rnd.node_ids, rnd.group_rank) == (0, ["first", "second"], 1)
 
 
+async def test_a_store_wait_that_never_wakes_costs_seconds_not_the_job(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """c10d only. A wait blocked in the store whose wake-up never comes (one stalled join was
+    seen on a very busy machine) is backed by a look at the key on the operations connection:
+    the node goes on, and says so."""
+    from ftd_client.store import tcp_store_server
+
+    from ftd.config import ServeConfig
+    from ftd.coordination.records import Member
+    from ftd.coordination.tcpstore import StoreCoordinator
+
+    port = free_port()
+    server = tcp_store_server("127.0.0.1", port)
+    config = ServeConfig(
+        entrypoint=__file__,
+        nnodes_min=1,
+        nnodes_max=2,
+        rdzv_endpoint=f"127.0.0.1:{port}",
+        rdzv_last_call_timeout_s=0.1,
+        run_id="deaf",
+        node_id="a",
+        local_addr="127.0.0.1",
+    )
+    coordinator = StoreCoordinator(config, secret=b"s" * 32)
+    never = threading.Event()
+    coordinator._rounds.await_closed = lambda s, number: never.wait()  # type: ignore[method-assign,assignment,return-value]
+    caplog.set_level(logging.WARNING, "ftd.rendezvous")
+    try:
+        await coordinator.start(lambda node, reason: None)
+        me = Member(node_id="a", addr="127.0.0.1", nproc=1, store_port=1)
+        rnd = await asyncio.wait_for(coordinator.join(me), 60)
+    finally:
+        never.set()
+        await coordinator.close()
+        del server
+    assert (rnd.number, rnd.node_ids) == (0, ["a"])
+    assert "round 0: its closing record is decided but this node's store wait did not wake" in (
+        caplog.text
+    )
+
+
 @pytest.mark.parametrize("nodes", [2, 4, 8, 16])
 async def test_store_operations_per_round_grow_linearly(nodes: int) -> None:
     """c10d only (etcd's count: test_etcd_coordinator.py). A round costs O(N) operations: a

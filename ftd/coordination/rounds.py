@@ -141,6 +141,14 @@ class StoreRounds:
         return s.await_decided(key(number, "closed"), RoundRecord, MAX_ROUND_RECORD_BYTES)
 
     @staticmethod
+    def closed_now(s: RecordStore, number: int) -> RoundRecord | None:
+        return s.decided(key(number, "closed"), RoundRecord, MAX_ROUND_RECORD_BYTES)
+
+    @staticmethod
+    def request_now(s: RecordStore, number: int) -> RequestRecord | None:
+        return s.decided(key(number, "request"), RequestRecord)
+
+    @staticmethod
     def decide_request(s: RecordStore, number: int, request: RequestRecord) -> RequestRecord:
         return s.decide(key(number, "request"), request, RequestRecord)
 

@@ -15,8 +15,9 @@ belonging to round N (a decided key is a chain `k`, `k#1`, ...: the first valid 
   status/<node>         NodeSummary for GET /v1/cluster
   excluded, excluded/<node>   the excluded nodes (ExcludedRecord) and one MarkRecord per node
 
-Waits block in the store (no timeouts, so no c10d warnings) on connections of their own;
-deadlines (last call, join timeout) are the event loop's. The restart budget is carried in the
+Waits block in the store (no timeouts, so no c10d warnings) on connections of their own, each
+backed by a look at its key every BACKUP_CHECK_S on the operations connection; deadlines (last
+call, join timeout) are the event loop's. The restart budget is carried in the
 signed round records: round N+1's = round N's + its respawns + 1 if its request was a counted
 restart; a daemon never accepts a count lower than one it has seen. A round costs O(N) store
 operations.
@@ -27,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -60,6 +62,10 @@ log = logging.getLogger("ftd.rendezvous")
 STORE_TIMEOUT_S = 30.0
 PROGRESS_S = 5.0
 """A node waiting for others to join says who is there this often."""
+BACKUP_CHECK_S = 5.0
+"""A wait that blocks in the store is backed by a look at the key this often, on the
+operations connection: a wake-up that never comes (seen once, on a machine with four times
+more runnable processes than cores) then costs seconds, not the job."""
 T = TypeVar("T")
 
 
@@ -208,6 +214,34 @@ class StoreCoordinator:
         conn.thread.busy = True  # taken now, before its thread picks the call up
         return await self._guard(conn.call(fn, *args), None)
 
+    async def _wait_decided(
+        self, wait: Callable[[RecordStore, int], T], now: Callable[[RecordStore, int], T | None],
+        number: int, what: str,
+    ) -> T:  # fmt: skip
+        """`wait` for round `number`'s decided record, backed by `now` every BACKUP_CHECK_S."""
+        waiting = asyncio.ensure_future(self._wait(wait, number))
+        since = time.monotonic()
+        try:
+            while True:
+                done, _ = await asyncio.wait({waiting}, timeout=BACKUP_CHECK_S)
+                if waiting in done:
+                    return waiting.result()
+                found = await self._call(now, number)
+                if found is not None:
+                    log.warning(
+                        "round %d: %s is decided but this node's store wait did not wake "
+                        "(after %.1fs); going on without it",
+                        number,
+                        what,
+                        time.monotonic() - since,
+                    )
+                    return found
+        finally:
+            if not waiting.done():
+                waiting.cancel()
+                with contextlib.suppress(BaseException):
+                    await waiting
+
     async def _guard(self, call: Awaitable[T], timeout_s: float | None) -> T:
         from torch.distributed import DistError
 
@@ -269,7 +303,9 @@ class StoreCoordinator:
         the MAX-th joiner, after the last call once MIN joined, at the join deadline."""
         cfg = self.config
         closed: asyncio.Future[RoundRecord] = asyncio.ensure_future(
-            self._wait(self._rounds.await_closed, number)
+            self._wait_decided(
+                self._rounds.await_closed, self._rounds.closed_now, number, "its closing record"
+            )
         )
 
         async def close_when_due() -> None:
@@ -328,13 +364,17 @@ class StoreCoordinator:
             )
         else:
             log.info("round %d is full (%d nodes): waiting for its end", late.number, size)
-        await self._wait(self._rounds.await_request, late.number)
+        await self._wait_decided(
+            self._rounds.await_request, self._rounds.request_now, late.number, "its request"
+        )
 
     # -- the round's end ---------------------------------------------------------------------
 
     def ended(self, rnd: Round) -> asyncio.Future[RequestRecord]:
         future: asyncio.Future[RequestRecord] = asyncio.ensure_future(
-            self._wait(self._rounds.await_request, rnd.number)
+            self._wait_decided(
+                self._rounds.await_request, self._rounds.request_now, rnd.number, "its request"
+            )
         )
         # A lost store is also reported through `lost`, which the loop may see first.
         future.add_done_callback(lambda done: done.cancelled() or done.exception())
