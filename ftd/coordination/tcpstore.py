@@ -220,6 +220,8 @@ class StoreCoordinator:
     ) -> T:  # fmt: skip
         """`wait` for round `number`'s decided record, backed by `now` every BACKUP_CHECK_S."""
         waiting = asyncio.ensure_future(self._wait(wait, number))
+        # Its error (a lost store) may come while this is cancelled: retrieved here, always.
+        waiting.add_done_callback(lambda done: done.cancelled() or done.exception())
         since = time.monotonic()
         try:
             while True:
@@ -237,10 +239,9 @@ class StoreCoordinator:
                     )
                     return found
         finally:
-            if not waiting.done():
-                waiting.cancel()
-                with contextlib.suppress(BaseException):
-                    await waiting
+            waiting.cancel()
+            with contextlib.suppress(BaseException):
+                await waiting
 
     async def _guard(self, call: Awaitable[T], timeout_s: float | None) -> T:
         from torch.distributed import DistError
