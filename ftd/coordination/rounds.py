@@ -219,8 +219,13 @@ class StoreRounds:
         return max(base, self.known_restarts)
 
     def respawns(self, s: RecordStore, number: int) -> int:
+        """In-process respawns charged in round `number`: each is counted, then written; one
+        counted but not written yet is waited for (JOIN_RECORD_GRACE_S at most), so the
+        budget never misses it."""
         count = min(s.count(key(number, "respawns"), 0, lambda: 0), MAX_JOINERS_READ)
         keys = [key(number, f"respawn/{k}") for k in range(1, count + 1)]
+        if keys and not s.check(keys):
+            s.wait(keys, JOIN_RECORD_GRACE_S)
         return len(s.read_many(keys, MarkRecord))
 
     def marks(self, s: RecordStore, rnd: Round, kind: str) -> set[str]:
