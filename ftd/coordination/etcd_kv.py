@@ -177,11 +177,10 @@ class RecordKv:
         return await self.etcd.txn(compare, success, failure)
 
     async def reads(self, *gets: Get) -> tuple[int, list[RangeResult]]:
-        """Several ranges read at one revision (a transaction of gets): the revision, the
-        results in order."""
-        result = await self.txn((), gets)
-        ranges = [r for r in result.responses if isinstance(r, RangeResult)]
-        return result.revision, ranges
+        """Several ranges read at one revision: the revision, the results in order."""
+        self.ops += len(gets)
+        revision, ranges = await self.etcd.read(gets)
+        return revision, list(ranges)
 
     async def put(self, key: str, record: Record, lease: int | None = None) -> int:
         self.ops += 1

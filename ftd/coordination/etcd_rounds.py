@@ -1,5 +1,6 @@
-"""The rounds of the etcd coordinator: each step one read (a transaction of gets, so all at one
-revision) and at most one conditional write. Keys, under the job's root `<prefix>/ftd/<id>/`:
+"""The rounds of the etcd coordinator: each step one read (ranges side by side, all at one
+revision: EtcdClient.read) and at most one conditional write. Keys, under the job's root
+`<prefix>/ftd/<id>/`:
 
   round                 RoundHint: the newest round (moved forward by the joins of a newer
                         round; a hint, the truth is in the round's own keys)

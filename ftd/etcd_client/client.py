@@ -11,11 +11,14 @@ from types import TracebackType
 
 import aiohttp
 
-from ftd.etcd_client.errors import EtcdBadAnswer
+from ftd.etcd_client.errors import EtcdBadAnswer, EtcdError, GrpcCode
 from ftd.etcd_client.lease import Lease, revoke_lease
 from ftd.etcd_client.records import (
     Compare,
+    Delete,
+    Get,
     KeyValue,
+    Put,
     RangeResult,
     TxnOp,
     TxnResult,
@@ -33,6 +36,8 @@ from ftd.etcd_client.wire import (
 )
 
 DEFAULT_MAX_RESPONSE_BYTES = 64 * 1024 * 1024
+READ_RETRIES = 5
+"""Tries of a several-key read whose revision etcd compacted between its ranges."""
 MAX_TTL_S = 9_000_000_000
 
 
@@ -142,6 +147,39 @@ class EtcdClient:
         )
         return self._namespace.range_result(answer, answer.header.revision)
 
+    async def read(self, gets: Sequence[Get]) -> tuple[int, tuple[RangeResult, ...]]:
+        """Several keys or prefixes as they were at one revision: the revision, the results in
+        order. Ranges side by side; any read before the newest revision among them is read
+        again pinned to it. Not a transaction of gets: etcd before 3.5.5 panics when the client
+        of a read-only transaction goes away before the answer (etcd-io/etcd#14110), and a
+        call that times out or a daemon that stops does exactly that; a range just ends."""
+        if not gets:
+            raise ValueError("read needs at least one key")
+        for _ in range(READ_RETRIES):
+            results = list(await asyncio.gather(*(self._range(g, None) for g in gets)))
+            revision = max(r.revision for r in results)
+            stale = [i for i, r in enumerate(results) if r.revision != revision]
+            try:
+                again = await asyncio.gather(*(self._range(gets[i], revision) for i in stale))
+            except EtcdError as error:
+                if error.code != GrpcCode.OUT_OF_RANGE:
+                    raise
+                continue  # compacted meanwhile: read again at the present
+            for i, result in zip(stale, again, strict=True):
+                results[i] = result
+            return revision, tuple(results)
+        raise EtcdBadAnswer(f"etcd compacted every revision read {READ_RETRIES} times in a row")
+
+    async def _range(self, get: Get, revision: int | None) -> RangeResult:
+        body = self._namespace.range(get.key, get.prefix)
+        if revision is not None:
+            body["revision"] = str(revision)
+        answer = await self.transport.call("/v3/kv/range", body, RangeResponse, mutation=False)
+        if not get.prefix and len(answer.kvs) > 1:
+            raise EtcdBadAnswer(f"etcd answered {len(answer.kvs)} keys for one key")
+        at = answer.header.revision if revision is None else revision
+        return self._namespace.range_result(answer, at)
+
     async def put(self, key: bytes | str, value: bytes, lease: Lease | int | None = None) -> int:
         """Write the key (with the lease, when given: it vanishes with the lease); the new
         revision."""
@@ -165,7 +203,10 @@ class EtcdClient:
         success: Sequence[TxnOp] = (),
         failure: Sequence[TxnOp] = (),
     ) -> TxnResult:
-        """If every compare holds, run `success`, else `failure`, atomically."""
+        """If every compare holds, run `success`, else `failure`, atomically. A transaction
+        without a put or a delete is refused: use `read` (see there why)."""
+        if not any(isinstance(op, Put | Delete) for op in (*success, *failure)):
+            raise ValueError("a read-only transaction: use EtcdClient.read")
         body: dict[str, object] = {
             "compare": [self._namespace.compare(item) for item in compare],
             "success": [self._namespace.op(op) for op in success],
