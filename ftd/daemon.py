@@ -48,7 +48,7 @@ from ftd.spawn.zygote_server import NOFILE_ENV
 from ftd.state import NodeStatus
 from ftd.store import AttemptStores
 from ftd.supervisor import Running, Supervisor
-from ftd.tasks import Background
+from ftd.tasks import Background, within
 
 log = logging.getLogger("ftd.daemon")
 
@@ -323,7 +323,7 @@ class Daemon:
         events_close = [s for s in steps if s[0] == "closing the event log"]
         for what, step in [*reversed([s for s in steps if s not in events_close]), *events_close]:
             try:
-                await asyncio.wait_for(step(), TEARDOWN_STEP_TIMEOUT_S)
+                await within(step(), TEARDOWN_STEP_TIMEOUT_S)
             except TimeoutError:
                 log.error(
                     "teardown gave up %s after %.0f s; threads:\n%s",

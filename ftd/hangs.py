@@ -21,6 +21,7 @@ from ftd.events import EventLog
 from ftd.monitor import Monitor, Verdict
 from ftd.rank_health import RankHealth
 from ftd.state import Failure
+from ftd.tasks import within
 from ftd.workers import WorkerGroup
 
 log = logging.getLogger("ftd.health")
@@ -250,7 +251,7 @@ async def _native_dump(pid: int, path: Path) -> Path | None:
             stderr=asyncio.subprocess.STDOUT,
         )
         try:
-            await asyncio.wait_for(proc.wait(), NATIVE_DUMP_TIMEOUT_S)
+            await within(proc.wait(), NATIVE_DUMP_TIMEOUT_S)
         except TimeoutError:
             proc.kill()
             await proc.wait()

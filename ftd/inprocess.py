@@ -64,6 +64,7 @@ from ftd.event_kind import EventKind
 from ftd.events import EventLog
 from ftd.state import Failure
 from ftd.store import STORE_OP_TIMEOUT_S
+from ftd.tasks import within
 from ftd.workers import WorkerGroup
 
 if TYPE_CHECKING:
@@ -199,9 +200,7 @@ class InprocessRounds:
     async def _op(self, fn: Callable[..., Any], *args: Any) -> Any:
         """A short blocking store operation, bounded."""
         loop = asyncio.get_running_loop()
-        return await asyncio.wait_for(
-            loop.run_in_executor(self._ops, fn, *args), STORE_OP_TIMEOUT_S * 2
-        )
+        return await within(loop.run_in_executor(self._ops, fn, *args), STORE_OP_TIMEOUT_S * 2)
 
     @property
     def store(self) -> TCPStore:
@@ -477,9 +476,7 @@ class InprocessRounds:
         local_stragglers = [by_slot[slot] for slot in stragglers if slot in by_slot]
         if self.explain_stragglers is not None and local_stragglers:
             try:
-                notes = await asyncio.wait_for(
-                    self.explain_stragglers(local_stragglers), EXPLAIN_TIMEOUT_S
-                )
+                notes = await within(self.explain_stragglers(local_stragglers), EXPLAIN_TIMEOUT_S)
             except Exception as error:  # never lose the restart to an explanation
                 notes = [f"stacks not collected ({error!r})"]
             reason = "; ".join([reason, *notes])

@@ -19,6 +19,7 @@ from ftd.metrics import RECOVERY_STAGE_SECONDS
 from ftd.policy import restart_backoff
 from ftd.recovery import Recovery
 from ftd.state import DaemonState, Failure
+from ftd.tasks import within
 
 if TYPE_CHECKING:
     from ftd.attempt import Attempt, AttemptTools
@@ -113,4 +114,4 @@ class CrashLoop:
         )
         self._board.set_state(DaemonState.RESTARTING, f"backing off {delay:.1f}s (crash loop)")
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._stop.wait(), delay)
+            await within(self._stop.wait(), delay)

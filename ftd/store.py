@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 
 from ftd_client.store import tcp_store_server
 
+from ftd.tasks import within
+
 if TYPE_CHECKING:
     from torch.distributed import TCPStore
 
@@ -39,7 +41,7 @@ class AttemptStores:
             self._next = asyncio.create_task(self._host_store())
 
     async def _host_store(self) -> TCPStore:
-        return await asyncio.wait_for(
+        return await within(
             asyncio.to_thread(tcp_store_server, self._host, self._port, STORE_OP_TIMEOUT_S),
             STORE_OP_TIMEOUT_S,
         )

@@ -28,7 +28,7 @@ from ftd.event_kind import EventKind
 from ftd.policy import Action, after_attempt, after_node_lost
 from ftd.restarts import CrashLoop, RecoveryTimeline
 from ftd.state import DaemonState, Failure
-from ftd.tasks import Background
+from ftd.tasks import Background, within
 
 log = logging.getLogger("ftd.daemon")
 
@@ -229,7 +229,7 @@ class Supervisor:
                     raise CoordinationError(f"cannot host the workers' store: {why}") from None
                 log.error("cannot host the workers' store (%s); trying again in %.1fs", why, delay)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.stop.wait(), delay)
+                await within(self.stop.wait(), delay)
             if self.stop.is_set():
                 return None
             waited += delay
@@ -250,9 +250,7 @@ class Supervisor:
                 me = self.config.node_id
                 request = new_request("restart", f"node {me} was stopped by a signal", me)
                 with contextlib.suppress(CoordinationError, TimeoutError):
-                    await asyncio.wait_for(
-                        coordinator.request(rnd, request), SIGNAL_REQUEST_TIMEOUT_S
-                    )
+                    await within(coordinator.request(rnd, request), SIGNAL_REQUEST_TIMEOUT_S)
             return None
         if lost.is_set() or (first is ended and ended.exception() is not None):
             log.error("%s: stopping the workers", coordinator.lost_reason or "store lost")

@@ -9,10 +9,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine
-from typing import Any
+from collections.abc import Awaitable, Coroutine
+from typing import Any, TypeVar
 
 log = logging.getLogger("ftd.tasks")
+T = TypeVar("T")
+
+
+async def within(awaitable: Awaitable[T], timeout_s: float | None) -> T:
+    """`asyncio.wait_for` without its Python 3.11 flaw: there, a cancellation that lands while
+    the awaited call completes is dropped, and the cancelled task goes on as if nothing
+    happened (a round's closer, cancelled as the round closed, slept out the join timeout and
+    held its node for ten minutes). `asyncio.timeout` keeps the cancellation. TimeoutError
+    when `timeout_s` passes; None waits as long as it takes."""
+    async with asyncio.timeout(timeout_s):
+        return await awaitable
 
 
 class Background:

@@ -21,6 +21,7 @@ from typing import Any
 from ftd.guard import kill_tagged
 from ftd.spawn import LaunchSpec, RankHandle, Spawner, StartedGroup
 from ftd.state import Failure, RankState, RankStatus, describe_exit
+from ftd.tasks import within
 
 log = logging.getLogger("ftd.workers")
 
@@ -106,9 +107,7 @@ class WorkerGroup:
         on_unregister: Callable[[int], None],
         daemon_id: str,
     ) -> WorkerGroup:
-        started = await asyncio.wait_for(
-            asyncio.to_thread(spawner.start, spec), timeout=SPAWN_TIMEOUT_S
-        )
+        started = await within(asyncio.to_thread(spawner.start, spec), SPAWN_TIMEOUT_S)
         return cls(started, statuses, on_register, on_unregister, daemon_id, spawner, spec)
 
     @property
@@ -221,9 +220,7 @@ class WorkerGroup:
             ),
             log_line_prefixes={0: prefixes[local_rank]} if prefixes else None,
         )
-        started = await asyncio.wait_for(
-            asyncio.to_thread(self._spawner.start, one), timeout=SPAWN_TIMEOUT_S
-        )
+        started = await within(asyncio.to_thread(self._spawner.start, one), SPAWN_TIMEOUT_S)
         self._all_started.append(started)
         if self._stopping:  # stopped while it started: it goes with the others
             started.kill(0, signal.SIGKILL)
@@ -304,7 +301,7 @@ class WorkerGroup:
             os.close(fd)
         self._all_pidfds = []
         for started in self._all_started:
-            await asyncio.wait_for(asyncio.to_thread(started.close), CLOSE_TIMEOUT_S)
+            await within(asyncio.to_thread(started.close), CLOSE_TIMEOUT_S)
         for pid in self._all_pids:
             self._on_unregister(pid)
         if not self._outcome.done():

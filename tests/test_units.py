@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -22,6 +23,7 @@ from ftd.policy import Action, after_attempt
 from ftd.rank_health import RankHealth, next_deadline
 from ftd.spawn.logs import parse_std
 from ftd.state import Failure, describe_exit
+from ftd.tasks import within
 
 
 def rank(**fields: object) -> RankHealth:
@@ -169,3 +171,25 @@ def test_torchrun_value_parsers() -> None:
     assert parse_rdzv_conf("is_host=1,timeout=5") == {"is_host": "1", "timeout": "5"}
     assert parse_std("3") == 3 and parse_std("0:1,1:2") == {0: 1, 1: 2}
     assert describe_exit(-9) == "signal SIGKILL (9)" and describe_exit(2) == "exit code 2"
+
+
+async def test_a_cancel_that_lands_as_a_bounded_call_completes_is_kept() -> None:
+    """Python 3.11's wait_for returned the result instead (a round's closer, cancelled as the
+    round closed, then slept out the join timeout)."""
+    loop = asyncio.get_running_loop()
+    call: asyncio.Future[int] = loop.create_future()
+    went_on = asyncio.Event()
+
+    async def closer() -> None:
+        await within(call, 30)
+        went_on.set()
+
+    task = asyncio.create_task(closer())
+    await asyncio.sleep(0)  # the task awaits the call
+    call.set_result(1)
+    task.cancel()  # in the same loop turn as the call's completion
+    await asyncio.wait({task}, timeout=30)
+    assert task.cancelled() and not went_on.is_set()
+    with pytest.raises(TimeoutError):
+        await within(loop.create_future(), 0.01)
+    assert await within(asyncio.sleep(0, "done"), None) == "done"

@@ -38,6 +38,7 @@ from ftd.coordination.records import (
 )
 from ftd.coordination.rounds import Late, key
 from ftd.etcd_client import EtcdClient, Get
+from ftd.tasks import within
 
 if TYPE_CHECKING:
     from torch.distributed import TCPStore
@@ -145,7 +146,7 @@ class EtcdCoordinator:
         if self._liveness is not None:
             if not self.lost.is_set() and not self._finished:
                 with contextlib.suppress(Exception):  # leaving: nobody waits a TTL for it
-                    await asyncio.wait_for(self._liveness.finish(), 2)
+                    await within(self._liveness.finish(), 2)
             await self._liveness.close(revoke=not self.lost.is_set())
         if self._opened:
             await self._etcd.__aexit__(None, None, None)
@@ -421,9 +422,7 @@ class EtcdCoordinator:
 
     async def _host_inprocess_store(self) -> tuple[str, int]:
         if self._inprocess is None:
-            self._inprocess = await asyncio.wait_for(
-                asyncio.to_thread(tcp_store_server, self.address, 0), 60
-            )
+            self._inprocess = await within(asyncio.to_thread(tcp_store_server, self.address, 0), 60)
         store: Any = self._inprocess
         port: int = store.port
         return self.address, port

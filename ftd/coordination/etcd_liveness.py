@@ -36,6 +36,7 @@ from ftd.etcd_client import (
     Watch,
 )
 from ftd.event_kind import EventKind
+from ftd.tasks import within
 
 log = logging.getLogger("ftd.coordination.liveness")
 
@@ -138,7 +139,7 @@ class EtcdLiveness:
                 reason,
             )
             try:
-                await asyncio.wait_for(self._grant(), self.ttl_s)
+                await within(self._grant(), self.ttl_s)
             except (EtcdError, TimeoutError) as error:
                 self._on_lost(
                     f"store lost: etcd ended this node's lease ({reason}) and no new one could "

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from ftd.coordination.records import AliveRecord
 from ftd.coordination.store_client import RecordStore, StoreThread
+from ftd.tasks import within
 
 log = logging.getLogger("ftd.coordination.liveness")
 
@@ -127,9 +128,7 @@ class Keepalive:
         while not self._stopped.is_set():
             watched, generation = list(self._seen), self._generation
             try:
-                beats = await asyncio.wait_for(
-                    self._thread.submit(self._beat_and_read, watched), limit
-                )
+                beats = await within(self._thread.submit(self._beat_and_read, watched), limit)
             except (DistError, TimeoutError) as error:
                 if not self._stopped.is_set():
                     self._on_lost(f"keepalive failed: {type(error).__name__}: {error}"[:300])
@@ -147,4 +146,4 @@ class Keepalive:
                     log.error("%s", reason)
                     self._on_dead(node, reason)
             with contextlib.suppress(TimeoutError):  # periodic by nature; a stop wakes it
-                await asyncio.wait_for(self._stopped.wait(), self.interval_s)
+                await within(self._stopped.wait(), self.interval_s)

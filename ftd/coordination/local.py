@@ -15,6 +15,7 @@ from ftd_client.store import tcp_store_server
 
 from ftd.coordination.base import NodeLost, Round, new_request
 from ftd.coordination.records import Member, RequestRecord
+from ftd.tasks import within
 
 if TYPE_CHECKING:
     from torch.distributed import TCPStore
@@ -98,7 +99,7 @@ class LocalCoordinator:
     async def inprocess_store(self) -> tuple[str, int]:
         """A store of this daemon's for the ranks' in-process rounds, made on first use."""
         if self._inprocess is None:
-            self._inprocess = await asyncio.wait_for(
+            self._inprocess = await within(
                 asyncio.to_thread(tcp_store_server, self._store_host, 0), 60
             )
         store: Any = self._inprocess

@@ -53,6 +53,7 @@ from ftd.coordination.records import (
 )
 from ftd.coordination.rounds import Late, StoreRounds, key
 from ftd.coordination.store_client import ChainExhausted, Connection, RecordStore
+from ftd.tasks import within
 
 if TYPE_CHECKING:
     from torch.distributed import TCPStore
@@ -64,8 +65,7 @@ PROGRESS_S = 5.0
 """A node waiting for others to join says who is there this often."""
 BACKUP_CHECK_S = 5.0
 """A wait that blocks in the store is backed by a look at the key this often, on the
-operations connection: a wake-up that never comes (seen once, on a machine with four times
-more runnable processes than cores) then costs seconds, not the job."""
+operations connection: a wake-up that never comes would cost seconds, not the job."""
 T = TypeVar("T")
 
 
@@ -178,7 +178,7 @@ class StoreCoordinator:
         if not self.lost.is_set() and self._keepalive is not None and not self._keepalive.done:
             self._keepalive.done = True
             try:  # leaving: not dead, so nobody waits a keepalive timeout for this node
-                await asyncio.wait_for(self._beats.thread.submit(self._keepalive.beat_now), 2)
+                await within(self._beats.thread.submit(self._keepalive.beat_now), 2)
             except Exception:
                 log.debug("could not mark this node done", exc_info=True)
         for conn in [self._ops, self._beats, *self._waiters]:
@@ -247,7 +247,7 @@ class StoreCoordinator:
         from torch.distributed import DistError
 
         try:
-            return await asyncio.wait_for(call, timeout_s)
+            return await within(call, timeout_s)
         except (DistError, TimeoutError) as error:
             self._mark_lost(f"{type(error).__name__}: {str(error).splitlines()[0][:200]}")
             raise CoordinationError(self.lost_reason or "store lost", "store_lost") from None
