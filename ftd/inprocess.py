@@ -22,11 +22,8 @@ The leader (node rank 0; the only daemon on a single node) also runs the rounds:
   k+1. A straggler (hung in C code, out of reach of its Wrapper) fails the attempt, naming it,
   and the usual process restart follows: every rank is stopped and started again.
 
-Races between a death and a decision are closed by writing, then reading what the other side
-writes: the exit handler writes the arrival off, then reads the members; the leader writes the
-members, then reads the arrivals again. Whichever comes second sees the other and announces.
-
-Every store call blocks, so each runs in a thread: short operations on one connection and one
+Every store call blocks (ftd/inprocess_store.py: the calls, and how races between a death and
+a decision are closed), so each runs in a thread: short operations on one connection and one
 thread with a timeout; the leader's two long waits (a barrier, a round's fault) each on a
 connection and thread of their own, in chunks so that closing is noticed.
 """
@@ -35,45 +32,32 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
-from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from ftd_client.inprocess.keys import (
-    DAEMON,
-    DEAD,
     ENV_PREFIX,
     ENV_RESTART_MODE,
     ENV_STORE_ADDR,
-    FAULT,
     INPROCESS,
-    STOP,
-    Arrival,
     Fault,
     Keys,
     Members,
 )
-from ftd_client.store import tcp_store_client, wait_keys
 
 from ftd.event_kind import EventKind
 from ftd.events import EventLog
+from ftd.inprocess_store import Arrivals, InprocessStore, connect
 from ftd.state import Failure
 from ftd.store import STORE_OP_TIMEOUT_S
 from ftd.tasks import within
 from ftd.workers import WorkerGroup
 
-if TYPE_CHECKING:
-    from torch.distributed import TCPStore
-
 log = logging.getLogger("ftd.inprocess")
 
-IDLE_WAIT_S = 3600.0
-"""A wait without a deadline is cut into waits this long (closing wakes it at once)."""
 EXPLAIN_TIMEOUT_S = 15.0
 """Bounds the stragglers' stack dumps (faulthandler's, then py-spy's) before the fallback."""
 ExplainRanks = Callable[[list[int]], Awaitable[list[str]]]
@@ -93,33 +77,6 @@ def rank_env(store_addr: tuple[str, int], prefix: str) -> dict[str, str]:
         ENV_STORE_ADDR: f"{host}:{port}",
         ENV_PREFIX: prefix,
     }
-
-
-def connect(host: str, port: int, timeout_s: float = STORE_OP_TIMEOUT_S) -> TCPStore:
-    return tcp_store_client(host, port, timeout_s)
-
-
-@dataclass(frozen=True)
-class Arrivals:
-    """Who reached a round's barrier: live slots with their arrival, and written-off slots."""
-
-    live: dict[int, Arrival]
-    raw: dict[int, bytes]
-
-    @classmethod
-    def read(cls, slots: Sequence[int], values: Sequence[bytes]) -> Arrivals:
-        raw = dict(zip(slots, values, strict=True))
-        live = {slot: Arrival.decode(value) for slot, value in raw.items() if value != DEAD}
-        return cls(live, raw)
-
-    @property
-    def hard_timeout_s(self) -> float:
-        """The longest hard timeout the live ranks announced (their Wrappers may differ)."""
-        return max((a.hard_timeout_s for a in self.live.values()), default=STORE_OP_TIMEOUT_S)
-
-
-def missing(expected: Sequence[int], present: Sequence[bool]) -> list[int]:
-    return [slot for slot, there in zip(expected, present, strict=True) if not there]
 
 
 class InprocessRounds:
@@ -148,8 +105,6 @@ class InprocessRounds:
         """Writes the stacks of local ranks (HangHandler.explain_ranks), for the stragglers
         of a round before the attempt fails; notes on what was written."""
         self.store_addr = store_addr
-        self.keys = Keys(prefix)
-        self.world = list(range(world_size))
         self.local_slots = local_slots
         """local rank -> slot (its global rank in the attempt)."""
         self.leader = leader
@@ -161,20 +116,17 @@ class InprocessRounds:
         self.on_respawned = on_respawned
         """Called once a rank's new process runs, with its local rank and the old pid."""
         self.by = f"daemon {node_id}"
-        self.round = 0
-        """The newest round this node has seen opened (the leader's is the truth)."""
         self._closing = threading.Event()
+        self._store = InprocessStore(store_addr, Keys(prefix), world_size, self.by, self._closing)
         self._ops = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ftd-inproc")
         self._waits = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="ftd-inproc-wait")
-        self._store: TCPStore | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._leading: asyncio.Task[None] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> None:
-        host, port = self.store_addr
-        self._store = await self._op(connect, host, port)
+        await self._op(self._store.connect)
         self.group.failure_handler = self._on_failure
         if self.leader:
             self._leading = asyncio.create_task(self._lead(), name="ftd-inprocess-rounds")
@@ -184,9 +136,9 @@ class InprocessRounds:
         self._closing.set()
         self.group.failure_handler = None
         tasks = [*self._tasks, *([self._leading] if self._leading else [])]
-        if self._store is not None and self.leader:
+        if self._store.connected and self.leader:
             try:  # wakes the leader's waits
-                await self._op(self._stop_waits, self.round)
+                await self._op(self._store.stop_waits, self._store.round)
             except Exception as error:
                 log.debug("could not stop the fault watch: %s", error)
         for task in tasks:
@@ -194,18 +146,12 @@ class InprocessRounds:
         await asyncio.gather(*tasks, return_exceptions=True)
         self._ops.shutdown(wait=False, cancel_futures=True)
         self._waits.shutdown(wait=False, cancel_futures=True)
-        store, self._store = [self._store], None
-        await asyncio.to_thread(store.clear)
+        await asyncio.to_thread(self._store.disconnect)
 
     async def _op(self, fn: Callable[..., Any], *args: Any) -> Any:
         """A short blocking store operation, bounded."""
         loop = asyncio.get_running_loop()
         return await within(loop.run_in_executor(self._ops, fn, *args), STORE_OP_TIMEOUT_S * 2)
-
-    @property
-    def store(self) -> TCPStore:
-        assert self._store is not None
-        return self._store
 
     # -- every node: a local rank failed -----------------------------------------------------
 
@@ -218,7 +164,7 @@ class InprocessRounds:
         assert failure.local_rank is not None
         local_rank = failure.local_rank
         slot = self.local_slots[local_rank]
-        if await self._op(self._rounds_completed):  # nothing left to rejoin
+        if await self._op(self._store.rounds_completed):  # nothing left to rejoin
             log.error("%s after the in-process rounds ended well", failure.reason)
             self.group.fail(failure)
             return
@@ -228,7 +174,7 @@ class InprocessRounds:
             self.group.fail(failure)
             return
         try:
-            rnd, announced = await self._op(self._write_off, slot, respawn, failure.reason)
+            rnd, announced = await self._op(self._store.write_off, slot, respawn, failure.reason)
         except Exception as error:
             self.group.fail(failure)
             log.error("in-process: could not announce %s (%s)", failure.reason, error)
@@ -262,51 +208,6 @@ class InprocessRounds:
         if self.on_respawned is not None:
             self.on_respawned(local_rank, old_pid)
 
-    def _rounds_completed(self) -> bool:
-        """Blocking: whether the open round ended with every member's function returned."""
-        store, keys = self.store, self.keys
-        rnd = int(store.get(keys.open))
-        return (
-            bool(store.check([keys.fault(rnd)]))
-            and Fault.decode(store.get(keys.fault(rnd))).completed
-        )
-
-    def _write_off(self, slot: int, respawn: bool, reason: str) -> tuple[int, bool]:
-        """Blocking. Take the slot's arrival out of the open round and the next (survivors may
-        be a round ahead of `open`); announce a fault to the rounds it is a member of. Without
-        a respawn the slot is written off for good. Returns (open round, whether announced)."""
-        store, keys = self.store, self.keys
-        if not respawn:
-            n = store.add(keys.dead_count, 1)
-            store.set(keys.dead(n), str(slot))
-        rnd = int(store.get(keys.open))
-        self.round = max(self.round, rnd)
-        rounds = (rnd, rnd + 1)
-        for k in rounds:
-            if respawn:
-                store.delete_key(keys.arrive(k, slot))
-            else:
-                store.set(keys.arrive(k, slot), DEAD)
-        if not respawn:
-            store.queue_push(keys.barrier, f"{rnd}:{slot}")
-        announced = False
-        for k in rounds:
-            if not store.check([keys.members(k)]):
-                continue
-            if slot in Members.decode(store.get(keys.members(k))).slots:
-                fault = Fault.now("rank_exit", slot, reason, k, self.by)
-                self._announce(store, k, fault)
-                announced = True
-        return rnd, announced
-
-    def _announce(self, store: TCPStore, rnd: int, fault: Fault) -> Fault:
-        """Round `rnd`'s fault is `fault` unless one was written first; wake every watcher."""
-        stored = Fault.decode(store.compare_set(self.keys.fault(rnd), "", fault.encode()))
-        watchers: list[int | str] = [*self.world, DAEMON]
-        wake = [self.keys.wake(rnd, who) for who in watchers]
-        store.multi_set(wake, [FAULT.decode()] * len(wake))
-        return stored
-
     # -- the leader: the rounds --------------------------------------------------------------
 
     async def _lead(self) -> None:
@@ -317,11 +218,11 @@ class InprocessRounds:
             loop.run_in_executor(self._waits, connect, host, port),
         )
         try:
-            await self._op(self.store.set, self.keys.open, "0")
+            await self._op(self._store.open_first)
             rnd, deadline, hard_timeout_s = 0, None, 0.0
             while not self._closing.is_set():
                 arrivals = await loop.run_in_executor(
-                    self._waits, self._gather, barrier, rnd, deadline
+                    self._waits, self._store.gather, barrier, rnd, deadline
                 )
                 if self._closing.is_set():
                     return
@@ -333,7 +234,7 @@ class InprocessRounds:
                     return
                 members = await self._decide(rnd, arrivals)
                 fault: Fault | None = await loop.run_in_executor(
-                    self._waits, self._await_fault, watch, rnd
+                    self._waits, self._store.await_fault, watch, rnd
                 )
                 if fault is None:
                     return
@@ -358,7 +259,7 @@ class InprocessRounds:
                     members=list(members.slots),
                 )
                 rnd += 1
-                await self._op(self._open, rnd)
+                await self._op(self._store.open, rnd)
                 hard_timeout_s = arrivals.hard_timeout_s
                 deadline = seen + hard_timeout_s
         except (asyncio.CancelledError, concurrent.futures.CancelledError):
@@ -373,39 +274,10 @@ class InprocessRounds:
             stores = [barrier, watch]
             await asyncio.to_thread(stores.clear)
 
-    def _open(self, rnd: int) -> None:
-        """Blocking: open round `rnd` (respawned ranks join it), and write the slots off that
-        were written off for good (read after `open` is written: see _write_off)."""
-        store, keys = self.store, self.keys
-        store.set(keys.open, str(rnd))
-        self.round = rnd
-        count = int(store.add(keys.dead_count, 0))
-        if count:
-            dead = [int(v) for v in store.multi_get([keys.dead(n) for n in range(1, count + 1)])]
-            arrive = [keys.arrive(rnd, slot) for slot in dead]
-            store.multi_set(arrive, [DEAD.decode()] * len(arrive))
-
-    def _gather(self, store: TCPStore, rnd: int, deadline: float | None) -> Arrivals | list[int]:
-        """Blocking: the arrivals at round `rnd`'s barrier once every slot is there; at the
-        deadline, the slots missing instead. Woken by the barrier queue (keys.py), not polled."""
-        from torch.distributed import DistStoreError
-
-        keys = [self.keys.arrive(rnd, slot) for slot in self.world]
-        while not self._closing.is_set():
-            if store.check(keys):
-                return Arrivals.read(self.world, store.multi_get(keys))
-            left_s = IDLE_WAIT_S if deadline is None else deadline - time.monotonic()
-            if left_s <= 0:
-                return missing(self.world, [store.check([key]) for key in keys])
-            store.set_timeout(timedelta(seconds=left_s))
-            with contextlib.suppress(DistStoreError):  # the deadline: checked above
-                store.queue_pop(self.keys.barrier, True)
-        return []
-
     async def _decide(self, rnd: int, arrivals: Arrivals) -> Members:
         host, port = self.first_round_store if rnd == 0 else await self.fresh_round_store()
         members = Members(tuple(sorted(arrivals.live)), host, port, self.by)
-        changed = await self._op(self._publish, rnd, members, arrivals)
+        changed = await self._op(self._store.publish, rnd, members, arrivals)
         log.info(
             "in-process round %d: ranks %s (process-group store %s:%d)",
             rnd,
@@ -422,42 +294,6 @@ class InprocessRounds:
             left=changed,
         )
         return members
-
-    def _publish(self, rnd: int, members: Members, arrivals: Arrivals) -> list[int]:
-        """Blocking: write the members, then read the arrivals again; a member whose process
-        died meanwhile ends the round at once. The slots that changed."""
-        store, keys = self.store, self.keys
-        store.set(keys.members(rnd), members.encode())
-        arrive = [keys.arrive(rnd, slot) for slot in members.slots]
-        present = [store.check([key]) for key in arrive]
-        changed = missing(members.slots, present)
-        there = [slot for slot, ok in zip(members.slots, present, strict=True) if ok]
-        if there:
-            now = store.multi_get([keys.arrive(rnd, slot) for slot in there])
-            changed += [s for s, v in zip(there, now, strict=True) if v != arrivals.raw[s]]
-        if changed:
-            reason = f"ranks {sorted(changed)} left while round {rnd} was decided"
-            self._announce(store, rnd, Fault.now("rank_exit", changed[0], reason, rnd, self.by))
-        return changed
-
-    def _await_fault(self, store: TCPStore, rnd: int) -> Fault | None:
-        """Blocking: round `rnd`'s fault once announced; None when the watch was stopped or
-        the round ended well (no round follows)."""
-        key = self.keys.wake(rnd, DAEMON)
-        while not wait_keys(store, [key], IDLE_WAIT_S):
-            if self._closing.is_set():
-                return None
-        if store.get(key) == STOP or self._closing.is_set():
-            return None
-        fault = Fault.decode(store.get(self.keys.fault(rnd)))
-        if fault.completed:
-            log.info("in-process round %d: every member's function returned", rnd)
-            return None
-        return fault
-
-    def _stop_waits(self, rnd: int) -> None:
-        self.store.compare_set(self.keys.wake(rnd, DAEMON), "", STOP)
-        self.store.queue_push(self.keys.barrier, "close")
 
     async def _give_up(self, rnd: int, stragglers: list[int], hard_timeout_s: float) -> None:
         reason = (

@@ -1,7 +1,7 @@
 """The rounds of the TCPStore coordinator, as blocking calls on one RecordStore connection.
 
-See tcpstore.py for the keys. Each call runs on a StoreThread; the coordinator turns them into
-awaitables and the event loop owns every deadline.
+See tcpstore.py for the keys. Each call runs on a StoreThread; the coordinator's connections
+(store_connections.py) turn them into awaitables and the event loop owns every deadline.
 """
 
 from __future__ import annotations

@@ -15,12 +15,10 @@ belonging to round N (a decided key is a chain `k`, `k#1`, ...: the first valid 
   status/<node>         NodeSummary for GET /v1/cluster
   excluded, excluded/<node>   the excluded nodes (ExcludedRecord) and one MarkRecord per node
 
-Waits block in the store (no timeouts, so no c10d warnings) on connections of their own, each
-backed by a look at its key every BACKUP_CHECK_S on the operations connection; deadlines (last
-call, join timeout) are the event loop's. The restart budget is carried in the
-signed round records: round N+1's = round N's + its respawns + 1 if its request was a counted
-restart; a daemon never accepts a count lower than one it has seen. A round costs O(N) store
-operations.
+Waits block in the store on connections of their own (store_connections.py); deadlines (last
+call, join timeout) are the event loop's. The restart budget is carried in the signed round
+records: round N+1's = round N's + its respawns + 1 if its request was a counted restart; a
+daemon never accepts a count lower than one it has seen. A round costs O(N) store operations.
 """
 
 from __future__ import annotations
@@ -28,9 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from ftd_client.store import tcp_store_server
 
@@ -52,7 +48,8 @@ from ftd.coordination.records import (
     RoundRecord,
 )
 from ftd.coordination.rounds import Late, StoreRounds, key
-from ftd.coordination.store_client import ChainExhausted, Connection, RecordStore
+from ftd.coordination.store_client import RecordStore
+from ftd.coordination.store_connections import StoreConnections
 from ftd.tasks import within
 
 if TYPE_CHECKING:
@@ -60,13 +57,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ftd.rendezvous")
 
-STORE_TIMEOUT_S = 30.0
 PROGRESS_S = 5.0
 """A node waiting for others to join says who is there this often."""
-BACKUP_CHECK_S = 5.0
-"""A wait that blocks in the store is backed by a look at the key this often, on the
-operations connection: a wake-up that never comes would cost seconds, not the job."""
-T = TypeVar("T")
 
 
 class StoreCoordinator:
@@ -84,9 +76,9 @@ class StoreCoordinator:
         self.hosting = False
         self.describe = f"store {self.endpoint[0]}:{self.endpoint[1]}"
         self._server: TCPStore | None = None
-        self._ops = Connection("ftd-rdzv")
-        self._beats = Connection("ftd-keepalive")
-        self._waiters: list[Connection] = []
+        self._connections = StoreConnections(
+            self.endpoint, self.prefix, self.codec, self._store_lost
+        )
         self._keepalive: Keepalive | None = None
         self._keepalive_task: asyncio.Task[None] | None = None
         self._rounds = StoreRounds(config)
@@ -98,17 +90,12 @@ class StoreCoordinator:
     @property
     def ops(self) -> int:
         """Store operations sent by this daemon (all connections)."""
-        conns = [self._ops, self._beats, *self._waiters]
-        return sum(c.store.ops for c in conns if c.store is not None)
+        return self._connections.ops
 
     @property
     def address(self) -> str:
         """The address the other nodes reach this node at."""
         return self.config.local_addr or self.config.master_addr or route_address(*self.endpoint)
-
-    def _factory(self) -> RecordStore:
-        host, port = self.endpoint
-        return RecordStore(host, port, self.prefix, self.codec, STORE_TIMEOUT_S)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -130,14 +117,7 @@ class StoreCoordinator:
                         f"cannot host the store on {bind}:{port}: {error}"
                     ) from None
                 log.debug("not hosting the store (%s); connecting", error)
-        try:
-            await self._ops.open(self._factory)
-            await self._beats.open(self._factory)
-            self._waiters.append(await self._new_waiter())
-        except Exception as error:
-            raise CoordinationError(
-                f"cannot reach the rendezvous store at {host}:{port}: {error}", "store_lost"
-            ) from None
+        await self._connections.open()
         if not self.codec.signed:
             log.warning(
                 "the rendezvous store at %s:%d is open: anyone who reaches it can end or "
@@ -146,27 +126,23 @@ class StoreCoordinator:
                 host,
                 port,
             )
-        assert self._beats.store is not None
+        beats = self._connections.beats
+        assert beats.store is not None
         self._keepalive = Keepalive(
             self.node_id,
-            self._beats.store,
-            self._beats.thread,
+            beats.store,
+            beats.thread,
             self.config.node_keepalive_timeout_s,
             on_node_lost,
             self._mark_lost,
         )
-        await self._call(lambda s: self._keepalive_first_beat())
-        self.excluded = await self._call(self._rounds.read_excluded)
+        await self._connections.call(lambda s: self._keepalive_first_beat())
+        self.excluded = await self._connections.call(self._rounds.read_excluded)
         self._keepalive_task = asyncio.create_task(self._keepalive.run(), name="ftd-keepalive")
 
     def _keepalive_first_beat(self) -> None:
         assert self._keepalive is not None
         self._keepalive.beat_now()
-
-    async def _new_waiter(self) -> Connection:
-        conn = Connection(f"ftd-rdzv-wait-{len(self._waiters)}")
-        await conn.open(self._factory)
-        return conn
 
     async def close(self) -> None:
         self._rounds.closing = True
@@ -178,11 +154,11 @@ class StoreCoordinator:
         if not self.lost.is_set() and self._keepalive is not None and not self._keepalive.done:
             self._keepalive.done = True
             try:  # leaving: not dead, so nobody waits a keepalive timeout for this node
-                await within(self._beats.thread.submit(self._keepalive.beat_now), 2)
+                beats = self._connections.beats
+                await within(beats.thread.submit(self._keepalive.beat_now), 2)
             except Exception:
                 log.debug("could not mark this node done", exc_info=True)
-        for conn in [self._ops, self._beats, *self._waiters]:
-            conn.close()
+        self._connections.close()
         server, self._server = [self._server], None
         await asyncio.to_thread(server.clear)
 
@@ -199,63 +175,10 @@ class StoreCoordinator:
             log.error("%s", self.lost_reason)
             self.lost.set()
 
-    async def _call(
-        self, fn: Callable[..., T], *args: Any, timeout_s: float = 2 * STORE_TIMEOUT_S
-    ) -> T:
-        """A short blocking store call on the operations connection, bounded."""
-        return await self._guard(self._ops.call(fn, *args), timeout_s)
-
-    async def _wait(self, fn: Callable[..., T], *args: Any) -> T:
-        """A wait that lasts as long as what it waits for, on an idle connection of its own."""
-        idle = next((c for c in self._waiters if not c.thread.busy), None)
-        conn = idle if idle is not None else await self._guard(self._new_waiter(), STORE_TIMEOUT_S)
-        if idle is None:
-            self._waiters.append(conn)
-        conn.thread.busy = True  # taken now, before its thread picks the call up
-        return await self._guard(conn.call(fn, *args), None)
-
-    async def _wait_decided(
-        self, wait: Callable[[RecordStore, int], T], now: Callable[[RecordStore, int], T | None],
-        number: int, what: str,
-    ) -> T:  # fmt: skip
-        """`wait` for round `number`'s decided record, backed by `now` every BACKUP_CHECK_S."""
-        waiting = asyncio.ensure_future(self._wait(wait, number))
-        # Its error (a lost store) may come while this is cancelled: retrieved here, always.
-        waiting.add_done_callback(lambda done: done.cancelled() or done.exception())
-        since = time.monotonic()
-        try:
-            while True:
-                done, _ = await asyncio.wait({waiting}, timeout=BACKUP_CHECK_S)
-                if waiting in done:
-                    return waiting.result()
-                found = await self._call(now, number)
-                if found is not None:
-                    log.warning(
-                        "round %d: %s is decided but this node's store wait did not wake "
-                        "(after %.1fs); going on without it",
-                        number,
-                        what,
-                        time.monotonic() - since,
-                    )
-                    return found
-        finally:
-            waiting.cancel()
-            with contextlib.suppress(BaseException):
-                await waiting
-
-    async def _guard(self, call: Awaitable[T], timeout_s: float | None) -> T:
-        from torch.distributed import DistError
-
-        try:
-            return await within(call, timeout_s)
-        except (DistError, TimeoutError) as error:
-            self._mark_lost(f"{type(error).__name__}: {str(error).splitlines()[0][:200]}")
-            raise CoordinationError(self.lost_reason or "store lost", "store_lost") from None
-        except ChainExhausted as error:
-            raise CoordinationError(
-                f"the rendezvous store is under attack: {64} forged records in a row at "
-                f"{error}; check who can reach it (docs/security.md)"
-            ) from None
+    def _store_lost(self, why: str) -> CoordinationError:
+        """A store call failed (`why`): the store is lost, unless this daemon is closing."""
+        self._mark_lost(why)
+        return CoordinationError(self.lost_reason or "store lost", "store_lost")
 
     # -- rounds ------------------------------------------------------------------------------
 
@@ -263,7 +186,7 @@ class StoreCoordinator:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.rdzv_join_timeout_s
         while True:
-            entry = await self._call(self._rounds.enter, me)
+            entry = await self._connections.call(self._rounds.enter, me)
             if isinstance(entry, Late):
                 await self._as_late(entry)
                 continue
@@ -304,7 +227,7 @@ class StoreCoordinator:
         the MAX-th joiner, after the last call once MIN joined, at the join deadline."""
         cfg = self.config
         closed: asyncio.Future[RoundRecord] = asyncio.ensure_future(
-            self._wait_decided(
+            self._connections.wait_decided(
                 self._rounds.await_closed, self._rounds.closed_now, number, "its closing record"
             )
         )
@@ -312,12 +235,12 @@ class StoreCoordinator:
         async def close_when_due() -> None:
             loop = asyncio.get_running_loop()
             if joiner >= cfg.nnodes_max:
-                await self._call(self._rounds.close, number, False)
+                await self._connections.call(self._rounds.close, number, False)
             elif joiner >= cfg.nnodes_min:
                 await asyncio.sleep(cfg.rdzv_last_call_timeout_s)
-                await self._call(self._rounds.close, number, False)
+                await self._connections.call(self._rounds.close, number, False)
             await asyncio.sleep(max(0.0, deadline - loop.time()))
-            await self._call(self._rounds.close, number, True)
+            await self._connections.call(self._rounds.close, number, True)
 
         async def report_progress() -> None:
             """A long wait says who is there and who is missing, every few seconds."""
@@ -325,7 +248,7 @@ class StoreCoordinator:
             previous = self.round.node_ids if self.round is not None else []
             while True:
                 await asyncio.sleep(PROGRESS_S)
-                present = await self._call(self._rounds.joined_ids, number)
+                present = await self._connections.call(self._rounds.joined_ids, number)
                 missing = [n for n in previous if n not in present]
                 log.info(
                     "round %d: waiting for nodes: %d joined (%s), %d to %d wanted%s; "
@@ -360,12 +283,12 @@ class StoreCoordinator:
         if size < self.config.nnodes_max:
             reason = f"node {self.node_id} joined: scaling up from {size} nodes"
             request = new_request("restart", reason, self.node_id)
-            await self._call(
+            await self._connections.call(
                 lambda s: s.decide(key(late.number, "request"), request, RequestRecord)
             )
         else:
             log.info("round %d is full (%d nodes): waiting for its end", late.number, size)
-        await self._wait_decided(
+        await self._connections.wait_decided(
             self._rounds.await_request, self._rounds.request_now, late.number, "its request"
         )
 
@@ -373,7 +296,7 @@ class StoreCoordinator:
 
     def ended(self, rnd: Round) -> asyncio.Future[RequestRecord]:
         future: asyncio.Future[RequestRecord] = asyncio.ensure_future(
-            self._wait_decided(
+            self._connections.wait_decided(
                 self._rounds.await_request, self._rounds.request_now, rnd.number, "its request"
             )
         )
@@ -382,13 +305,13 @@ class StoreCoordinator:
         return future
 
     async def request(self, rnd: Round, request: RequestRecord) -> RequestRecord:
-        decided = await self._call(self._rounds.decide_request, rnd.number, request)
+        decided = await self._connections.call(self._rounds.decide_request, rnd.number, request)
         if decided == request:
             log.info("round %d: requested %s: %s", rnd.number, request.action, request.reason)
         return decided
 
     async def restarts_used(self, rnd: Round) -> int:
-        return rnd.restarts + await self._call(self._rounds.respawns, rnd.number)
+        return rnd.restarts + await self._connections.call(self._rounds.respawns, rnd.number)
 
     async def count_restart(self, rnd: Round, reason: str) -> int:
         def charge(s: RecordStore) -> int:
@@ -399,13 +322,13 @@ class StoreCoordinator:
             )
             return rnd.restarts + self._rounds.respawns(s, rnd.number)
 
-        return await self._call(charge)
+        return await self._connections.call(charge)
 
     async def succeeded(self, rnd: Round) -> None:
-        await self._call(self._rounds.mark_succeeded, rnd)
+        await self._connections.call(self._rounds.mark_succeeded, rnd)
 
     async def unhealthy(self, rnd: Round, node_id: str) -> int:
-        return await self._call(self._rounds.mark_unhealthy, rnd, node_id)
+        return await self._connections.call(self._rounds.mark_unhealthy, rnd, node_id)
 
     async def leave(self, rnd: Round) -> None:
         """Acknowledge the end of the job; the store's host waits (bounded) for every member's
@@ -418,7 +341,7 @@ class StoreCoordinator:
                 s.wait(keys, self.config.node_keepalive_timeout_s * 2)
 
         try:
-            await self._call(ack, timeout_s=self.config.node_keepalive_timeout_s * 3)
+            await self._connections.call(ack, timeout_s=self.config.node_keepalive_timeout_s * 3)
         except CoordinationError:
             log.debug("could not acknowledge the end of the job", exc_info=True)
         self.finishing()
@@ -426,20 +349,20 @@ class StoreCoordinator:
     # -- exclusion ---------------------------------------------------------------------------
 
     async def exclude(self, node_id: str, reason: str) -> None:
-        self.excluded = await self._call(self._rounds.update_excluded, node_id, reason)
+        self.excluded = await self._connections.call(self._rounds.update_excluded, node_id, reason)
 
     async def readmit(self, node_id: str) -> None:
-        self.excluded = await self._call(self._rounds.update_excluded, node_id, None)
+        self.excluded = await self._connections.call(self._rounds.update_excluded, node_id, None)
 
     # -- status ------------------------------------------------------------------------------
 
     async def publish_status(self, summary: dict[str, Any]) -> None:
         record = NodeSummary.model_validate(summary)
-        await self._call(lambda s: s.put(f"status/{self.node_id}", record))
+        await self._connections.call(lambda s: s.put(f"status/{self.node_id}", record))
 
     async def cluster(self) -> dict[str, Any]:
         rnd = self.round
-        nodes, self.excluded = await self._call(self._rounds.cluster_view, rnd)
+        nodes, self.excluded = await self._connections.call(self._rounds.cluster_view, rnd)
         return {
             "nodes": nodes,
             "round": {"round": rnd.number if rnd else 0, "members": rnd.node_ids if rnd else []},

@@ -12,6 +12,7 @@ design; keys.py is the contract with the daemon. torch is imported only once the
 
 from ftd_client.inprocess import abort, finalize, health_check, initialize, rank_assignment
 from ftd_client.inprocess.abort import Abort, AbortTorchDistributed, AbortTransformerEngine
+from ftd_client.inprocess.call_wrapper import CallWrapper
 from ftd_client.inprocess.compose import Compose
 from ftd_client.inprocess.exceptions import (
     FaultCounterExceeded,
@@ -26,7 +27,7 @@ from ftd_client.inprocess.initialize import Initialize, RetryController
 from ftd_client.inprocess.keys import Fault
 from ftd_client.inprocess.manager import RoundManager
 from ftd_client.inprocess.state import FrozenState, Mode
-from ftd_client.inprocess.wrap import CallWrapper, Wrapper
+from ftd_client.inprocess.wrap import Wrapper
 
 __all__ = [
     "Abort",

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-    from ftd_client.inprocess.wrap import CallWrapper
+    from ftd_client.inprocess.call_wrapper import CallWrapper
     from ftd_client.process_group import ProcessGroup
 
 

@@ -13,8 +13,8 @@ Active ranks call the function with RANK = `active_rank` and WORLD_SIZE =
 they may become active, or every active rank returning); a rank the assignment discards
 raises RankDiscarded, and its process exits.
 
-The hierarchical assignment (Tree, Layer, LayerFlag) lives in rank_tree.py and is exposed
-here, as in NVRx.
+The hierarchical assignment (Tree, Layer, LayerFlag) lives in rank_tree.py and
+rank_tree_placement.py and is exposed here, as in NVRx.
 """
 
 from __future__ import annotations
@@ -217,13 +217,15 @@ def assign(
     return result
 
 
-# NVRx exposes the hierarchical assignment in this module; it lives in its own.
-from ftd_client.inprocess.rank_tree import Layer as Layer  # noqa: E402
-from ftd_client.inprocess.rank_tree import LayerFlag as LayerFlag  # noqa: E402
-from ftd_client.inprocess.rank_tree import Node as Node  # noqa: E402
-from ftd_client.inprocess.rank_tree import Placement as Placement  # noqa: E402
+# NVRx exposes the hierarchical assignment in this module; it lives in modules of its own.
 from ftd_client.inprocess.rank_tree import Tree as Tree  # noqa: E402
-from ftd_client.inprocess.rank_tree import bounded_activate as bounded_activate  # noqa: E402
-from ftd_client.inprocess.rank_tree import (  # noqa: E402
+from ftd_client.inprocess.rank_tree_placement import Layer as Layer  # noqa: E402
+from ftd_client.inprocess.rank_tree_placement import LayerFlag as LayerFlag  # noqa: E402
+from ftd_client.inprocess.rank_tree_placement import Node as Node  # noqa: E402
+from ftd_client.inprocess.rank_tree_placement import Placement as Placement  # noqa: E402
+from ftd_client.inprocess.rank_tree_placement import (  # noqa: E402
+    bounded_activate as bounded_activate,
+)
+from ftd_client.inprocess.rank_tree_placement import (  # noqa: E402
     propagate_terminations as propagate_terminations,
 )

@@ -1,0 +1,54 @@
+"""CallWrapper: what a wrapped function that declares a `call_wrapper` parameter is given."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from ftd_client.inprocess.state import FrozenState
+
+if TYPE_CHECKING:
+    from ftd_client.inprocess.runner import Runner
+
+ATOMIC_POLL_S = 0.01
+
+
+class CallWrapper:
+    """Given to a function that declares a `call_wrapper` parameter."""
+
+    def __init__(self, runner: Runner) -> None:
+        self._runner = runner
+
+    @property
+    def iteration(self) -> int:
+        """The round: 0 on the first call, +1 after each in-process restart."""
+        return self._runner.state.iteration
+
+    @property
+    def state(self) -> FrozenState:
+        return self._runner.state
+
+    def ping(self) -> None:
+        """Report progress: resets the soft timeout."""
+        self._runner.watchdog.ping()
+
+    @contextlib.contextmanager
+    def atomic(self) -> Iterator[None]:
+        """A block the restart never interrupts: the watcher waits for it to end before it
+        interrupts the function and runs the abort, and once the restart has begun the block
+        does not start (an interrupt arrives while waiting to enter). A block that hangs on
+        a dead peer therefore holds the restart up until the daemon's hard timeout."""
+        lock = self._runner.atomic_lock
+        while not lock.acquire(timeout=ATOMIC_POLL_S):  # interruptible between tries
+            pass
+        try:
+            yield
+        finally:
+            lock.release()
+
+    def report_fault(self, reason: str) -> None:
+        """End this round on every rank without raising here: the fault is announced (to the
+        daemon and every peer) and this function is interrupted like the others'. For errors
+        that training code swallowed, e.g. a ManagedProcessGroup's (see RoundManager)."""
+        self._runner.report_fault(reason)
