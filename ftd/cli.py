@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from ftd.cli_format import EXIT_USAGE, UsageParser
 from ftd.serve_args import (
@@ -89,10 +91,24 @@ def _run_serve(served: ServeArgs) -> int:
     from ftd.errors import StartupError
 
     try:
-        return uvloop.run(serve())
+        code = uvloop.run(serve())
     except (ApiStartupError, StartupError) as error:  # raised before any rank started
         print(f"ftd serve: error: {error}", file=sys.stderr)
-        return EXIT_USAGE
+        code = EXIT_USAGE
+    _exit_now(code)
+
+
+def _exit_now(code: int) -> NoReturn:
+    """End the daemon without the interpreter's finalization. A store thread can still be
+    blocked in a c10d call (a wait on a store whose host has just left); finalization stops
+    such a thread inside C++ (pthread_exit's forced unwind), which aborted a daemon whose job
+    had succeeded ('terminate called without an active exception', exit -6). The daemon's
+    teardown has closed everything it owns; logs and stdio are flushed here."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 def _run_store(host: str, port: int) -> int:

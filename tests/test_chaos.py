@@ -792,8 +792,14 @@ async def test_r12_a_killed_guard_is_replaced_and_no_rank_outlives_a_killed_daem
     match = await run.stderr.expect(
         rf"the orphan guard \(pid {guard}\) died: started another \(pid (\d+)\)"
     )
-    [replacement] = guard_of(daemon_id)
-    assert replacement == int(match[1]) != guard
+    replacement = int(match[1])
+    assert replacement != guard
+    deadline = time.monotonic() + 30
+    while (found := guard_of(daemon_id)) != [replacement]:  # seen once as [] right after
+        stat = Path(f"/proc/{replacement}/stat")
+        state = stat.read_text() if stat.exists() else "gone"
+        assert time.monotonic() < deadline, f"guards {found}; the replacement: {state}"
+        await asyncio.sleep(0.05)
     [restarted] = await await_events(run.run_dir, "guard_restarted")
     assert restarted["data"] == {"old_pid": guard, "pid": replacement}
     run.signal(signal.SIGKILL)
