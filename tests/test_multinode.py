@@ -177,6 +177,17 @@ async def test_late_node_scales_the_job_up(serve: ServeFactory, backend: Backend
     assert env["FTD_NODE_ID"] == "b" and env["TORCHELASTIC_RESTART_COUNT"] == "1"
 
 
+async def test_a_node_waiting_for_the_others_says_who_is_there(
+    serve: ServeFactory, backend: Backend
+) -> None:
+    cluster = Cluster(serve, "2", backend=backend)
+    a = await cluster.first("a")
+    await a.stderr.expect(r"round 0: waiting for nodes: 1 joined \(a\), 2 to 2 wanted; the join")
+    b = await cluster.node("b")
+    assert await a.wait() == 0, a.stderr.text[-4000:]
+    assert await b.wait() == 0, b.stderr.text[-4000:]
+
+
 async def test_excluded_node_stops_and_is_refused(serve: ServeFactory, backend: Backend) -> None:
     cluster = Cluster(serve, "1:2", backend=backend)
     a = await cluster.first("a", "--hang")

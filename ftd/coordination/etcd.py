@@ -28,6 +28,7 @@ from ftd.coordination.etcd_kv import Availability, RecordKv
 from ftd.coordination.etcd_liveness import EtcdLiveness
 from ftd.coordination.etcd_members import MemberWatch
 from ftd.coordination.etcd_rounds import EtcdRounds
+from ftd.coordination.progress import report_progress
 from ftd.coordination.records import (
     MAX_ROUND_RECORD_BYTES,
     Member,
@@ -237,13 +238,19 @@ class EtcdCoordinator:
             await close(True)
 
         closer = self._spawn(close_when_due())
+        previous = self.round.node_ids if self.round is not None else []
+        progress = self._spawn(
+            report_progress(
+                cfg, number, previous, lambda: self._rounds.joined_ids(number), deadline
+            )
+        )
         try:
             await asyncio.wait({closed, closer}, return_when=asyncio.FIRST_COMPLETED)
             if not closed.done():
                 closer.result()  # it ended before the round closed: only by raising
             return await closed
         finally:
-            for task in (closer, closed):
+            for task in (closer, closed, progress):
                 task.cancel()
                 with contextlib.suppress(BaseException):
                     await task

@@ -153,6 +153,14 @@ class EtcdRounds:
             log.info("joined round %d as joiner %d", number, joiner)
             return number, joiner
 
+    async def joined_ids(self, number: int) -> list[str]:
+        """The nodes with a valid join record in round `number` so far."""
+        _, (joins,) = await self.kv.reads(Get(key(number, "join/"), prefix=True))
+        valid = self.kv.valid(joins, Member)
+        return sorted(
+            {m.node_id for k, m in valid.items() if k == key(number, f"join/{m.node_id}")}
+        )
+
     # -- closing -----------------------------------------------------------------------------
 
     async def close(self, number: int, abort: bool) -> None:

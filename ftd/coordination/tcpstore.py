@@ -39,6 +39,7 @@ from ftd.coordination.base import (
 )
 from ftd.coordination.endpoint import is_local, parse_endpoint, route_address
 from ftd.coordination.liveness import Keepalive
+from ftd.coordination.progress import report_progress
 from ftd.coordination.records import (
     MarkRecord,
     Member,
@@ -56,9 +57,6 @@ if TYPE_CHECKING:
     from torch.distributed import TCPStore
 
 log = logging.getLogger("ftd.rendezvous")
-
-PROGRESS_S = 5.0
-"""A node waiting for others to join says who is there this often."""
 
 
 class StoreCoordinator:
@@ -242,27 +240,16 @@ class StoreCoordinator:
             await asyncio.sleep(max(0.0, deadline - loop.time()))
             await self._connections.call(self._rounds.close, number, True)
 
-        async def report_progress() -> None:
-            """A long wait says who is there and who is missing, every few seconds."""
-            loop = asyncio.get_running_loop()
-            previous = self.round.node_ids if self.round is not None else []
-            while True:
-                await asyncio.sleep(PROGRESS_S)
-                present = await self._connections.call(self._rounds.joined_ids, number)
-                missing = [n for n in previous if n not in present]
-                log.info(
-                    "round %d: waiting for nodes: %d joined (%s), %d to %d wanted%s; "
-                    "the join timeout in %.0fs",
-                    number,
-                    len(present),
-                    ", ".join(present) or "none",
-                    cfg.nnodes_min,
-                    cfg.nnodes_max,
-                    f"; not back yet: {', '.join(missing)}" if missing else "",
-                    max(0.0, deadline - loop.time()),
-                )
-
-        progress = asyncio.ensure_future(report_progress())
+        previous = self.round.node_ids if self.round is not None else []
+        progress = asyncio.ensure_future(
+            report_progress(
+                cfg,
+                number,
+                previous,
+                lambda: self._connections.call(self._rounds.joined_ids, number),
+                deadline,
+            )
+        )
         closer = asyncio.ensure_future(close_when_due())
         try:
             both: set[asyncio.Future[Any]] = {closed, closer}
