@@ -832,8 +832,14 @@ async def test_hang_shows_in_status_and_metrics(serve: ServeFactory) -> None:
             raise AssertionError(f"no heartbeats in /v1/status: {doc['ranks']}")
         assert doc["last_failure"]["kind"] == "hang" and doc["restart_count"] == 1
         assert all(0 <= rank["last_heartbeat_age_s"] < 30 for rank in doc["ranks"])
+        recovery = await stream.next("recovery")
+        stages = recovery["data"]["stages"]
+        assert list(stages) == ["detect", "stop", "rendezvous", "spawn", "first_step"]
+        assert all(seconds is not None and seconds >= 0 for seconds in stages.values()), stages
         _, text, _ = await api.call("GET", "/metrics")
         lines = text.splitlines()
+        for stage in stages:
+            assert f'ftd_recovery_stage_seconds_count{{stage="{stage}"}} 1.0' in lines
         assert "ftd_hangs_total 1.0" in lines
         assert 'ftd_rank_failures_total{reason="hang"} 1.0' in lines
         assert 'ftd_restarts_total{counted="true"} 1.0' in lines
