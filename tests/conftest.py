@@ -89,6 +89,12 @@ class Serve:
     def attempt_dir(self, attempt: int) -> Path:
         return self.run_dir / f"attempt_{attempt}"
 
+    async def rank_pids(self, attempt: int = 0) -> list[int]:
+        """The attempt's local rank pids, from the daemon's own line: a forked rank may print
+        before the daemon has recorded it in status.json."""
+        line = await self.stderr.expect(rf"attempt {attempt}: started local ranks \{{([^}}]*)\}}")
+        return [int(pid) for pid in re.findall(r"\d+: (\d+)", line[1])]
+
     def status(self) -> dict[str, object]:
         data: dict[str, object] = json.loads((self.run_dir / "status.json").read_text())
         return data

@@ -221,3 +221,25 @@ async def test_hosted_rendezvous_store_binds_the_endpoint_address(serve: ServeFa
     await a.stdout.expect("ready a0 r0")
     addresses = listeners_of(descendants(a.proc.pid))
     assert all(a in LOOPBACK for a in addresses), addresses
+
+
+async def test_a_planted_far_round_hint_loses_no_restart(serve: ServeFactory) -> None:
+    """The round hint is the one unsigned key: a far one planted before a restart is not
+    followed (the rounds between would carry no budget), the restart is counted."""
+    cluster = Cluster(serve, "2", "--max-restarts", "3", env={"FTD_RDZV_SECRET": SECRET})
+    a = await cluster.node("a", "--hang")
+    await a.stderr.expect("hosting the rendezvous store")
+    b = await cluster.node("b", "--hang")
+    n = await ready_together(a, b)
+    attacker = await asyncio.to_thread(Attacker, cluster.endpoint, cluster.job)
+    await asyncio.to_thread(attacker.set, "round", str(n + 50))
+    marks = len(a.stdout.lines), len(b.stdout.lines)
+    code, body = await api(a, "a", "POST", "/v1/restart")
+    assert code == 202, body
+    await a.stdout.expect(r"ready a\d+ r0", start=marks[0])
+    await b.stdout.expect(r"ready a\d+ r1", start=marks[1])
+    for run, node in ((a, "a"), (b, "b")):
+        await run.stderr.expect(rf"ignored the round hint {n + 50}: round {n + 49} never closed")
+        code, status = await api(run, node, "GET", "/v1/status")
+        assert code == 200 and (status["round"], status["restart_count"]) == (n + 1, 1), status
+        assert careless(run) == [], careless(run)

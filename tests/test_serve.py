@@ -131,7 +131,7 @@ async def test_sigterm_stops_every_process(serve: ServeFactory) -> None:
     run = await serve("--nproc-per-node", "2", script_args=("--hang", "--children"))
     await run.stderr.expect(r"state rendezvous -> running")
     children = await _children_when_ready(run)
-    ranks = [rank["pid"] for rank in run.status()["ranks"]]  # type: ignore[union-attr]
+    ranks = await run.rank_pids(0)
     run.signal(signal.SIGTERM)
     assert await run.wait() == 128 + signal.SIGTERM
     assert run.status()["state"] == "stopped"
@@ -142,7 +142,7 @@ async def test_sigterm_stops_every_process(serve: ServeFactory) -> None:
 async def test_sigkill_of_daemon_takes_ranks_with_it(serve: ServeFactory) -> None:
     run = await serve("--nproc-per-node", "2", script_args=("--hang", "--children"))
     children = await _children_when_ready(run)
-    ranks = [rank["pid"] for rank in run.status()["ranks"]]  # type: ignore[union-attr]
+    ranks = await run.rank_pids(0)
     run.signal(signal.SIGKILL)
     assert await run.wait() == -signal.SIGKILL
     assert await wait_pids_gone(ranks + children, timeout=10) == []

@@ -139,6 +139,7 @@ async def _start(serve: ServeFactory) -> tuple[Serve, str]:
     url = (await run.stderr.expect(r"API listening on (http://\S+)"))[1]
     for rank in (0, 1):
         await run.stdout.expect(f"dash rank {rank} attempt 0 up")
+    await run.rank_pids(0)  # a forked rank can print before the daemon has its pid
     return run, url
 
 

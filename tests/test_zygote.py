@@ -290,12 +290,12 @@ async def test_dead_zygote_is_restarted_and_none_left_after_sigterm(
     os.kill(first, signal.SIGKILL)
     # Replaced at once, not at the next restart, so that the next restart is warm.
     await run.stderr.expect(rf"zygote \(pid {first}\) died \(signal SIGKILL\); starting a new one")
-    os.kill(run.status()["ranks"][0]["pid"], signal.SIGKILL)  # type: ignore[index]
+    os.kill((await run.rank_pids(0))[0], signal.SIGKILL)
     second = int((await run.stderr.expect(rf"zygote \(pid (?!{first}\))(\d+)\) ready"))[1])
     for rank in (0, 1):
         await run.stdout.expect(f"hanging a1 r{rank}")
     assert FALLBACK not in run.stderr.text
-    ranks = [rank["pid"] for rank in run.status()["ranks"]]  # type: ignore[union-attr]
+    ranks = await run.rank_pids(1)
     run.signal(signal.SIGTERM)
     assert await run.wait() == 128 + signal.SIGTERM
     assert await wait_pids_gone([second, *ranks], timeout=1) == []
@@ -309,7 +309,7 @@ async def test_sigkill_of_daemon_leaves_no_zygote_or_rank(serve: ServeFactory) -
         match = await run.stdout.expect(rf"children r{rank} (\d+) (\d+)")
         children += [int(match[1]), int(match[2])]
         await run.stdout.expect(f"ready a0 r{rank}")
-    ranks = [rank["pid"] for rank in run.status()["ranks"]]  # type: ignore[union-attr]
+    ranks = await run.rank_pids(0)
     # Forked ranks show their own command and environment in /proc, as exec'd ones do: the
     # orphan guard's sweep by FTD_DAEMON_ID finds them and their forked descendants.
     assert set(ranks) <= set(pids_with_env("FTD_RUN_DIR", str(run.run_dir)))

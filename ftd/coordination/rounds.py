@@ -127,7 +127,23 @@ class StoreRounds:
             log.warning("ignored the round hint %r (not a round number)", raw[:40])
             s.compare_set("round", raw.decode(errors="replace"), str(self.round_hint))
             return self.round_hint
-        return int(text)
+        number = int(text)
+        # The hint is unsigned: followed only past a round that really closed (every hint ftd
+        # writes is). Joining an unproven far round would lose the budget the rounds between
+        # carry (the closer counts from the previous round's records); walking up from what
+        # this daemon knows reads each round's own signed records instead.
+        if number > max(self.round_hint, 0) and (
+            s.decided(key(number - 1, "closed"), RoundRecord, MAX_ROUND_RECORD_BYTES) is None
+        ):
+            s.codec.refused["unproven_round_hint"] += 1
+            log.warning(
+                "ignored the round hint %d: round %d never closed (walking up from round %d)",
+                number,
+                number - 1,
+                self.round_hint,
+            )
+            return self.round_hint
+        return number
 
     def joiners_written(self, s: RecordStore, number: int) -> int:
         """How many join records round `number` has (to repair a forged join counter)."""
