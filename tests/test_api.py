@@ -735,6 +735,7 @@ async def test_ports_tokens_and_remote_reads(serve: ServeFactory) -> None:
     assert f"ftd serve: error: --api-port {port} is already in use" in run.stderr.text
     assert "Traceback" not in run.stderr.text
     assert not run.out.exists()
+    assert not (run.run_dir / "api.token").exists()  # this start made it: it is taken back
 
     # The default port, taken: a free one instead, with a warning. A non-loopback bind:
     # reads need the token too (not the probes). FTD_API_TOKEN: no token file.

@@ -308,11 +308,12 @@ def coordinator(
     reports: asyncio.Queue[tuple[str, Any]],
     join_timeout_s: float = 600,
     conf: dict[str, str] | None = None,
+    nnodes_min: int = 1,
 ) -> EtcdCoordinator:
     config = ServeConfig(
         rdzv_join_timeout_s=join_timeout_s,
         entrypoint=__file__,
-        nnodes_min=1,
+        nnodes_min=nnodes_min,
         nnodes_max=2,
         rdzv_backend="etcd",
         rdzv_endpoint=endpoint,
@@ -332,14 +333,16 @@ async def test_a_lease_etcd_ended_is_replaced_and_the_others_see_the_node_leave(
     members = await etcd(1)
     ignored: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
     reports: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
-    a = coordinator(members.rdzv_endpoint, "a", ignored)
-    b = coordinator(members.rdzv_endpoint, "b", reports)
+    # Two nodes at least: one round with both (a busy machine may otherwise close a's alone).
+    a = coordinator(members.rdzv_endpoint, "a", ignored, nnodes_min=2)
+    b = coordinator(members.rdzv_endpoint, "b", reports, nnodes_min=2)
     lost: asyncio.Queue[str] = asyncio.Queue()
     try:
         await a.start(lambda node, reason: lost.put_nowait(reason))
         await b.start(lambda node, reason: None)
         me = [Member(node_id=n, addr="127.0.0.1", nproc=1, store_port=1) for n in ("a", "b")]
-        await asyncio.gather(a.join(me[0]), b.join(me[1]))
+        rounds = await asyncio.gather(a.join(me[0]), b.join(me[1]))
+        assert {tuple(m.node_id for m in r.members) for r in rounds} == {("a", "b")}, rounds
         assert b._liveness is not None
         old = b._liveness.lease_id
         async with EtcdClient(members.endpoints) as admin:

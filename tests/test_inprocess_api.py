@@ -178,3 +178,12 @@ def test_filter_count_grouped_by_key_counts_through_a_real_store() -> None:
     results: dict[int, Any] = run_ranks(dict.fromkeys(members, assignment), 4, members, server.port)
     assert isinstance(results[2], ra.RankDiscarded)
     assert (results[0].rank, results[1].rank, results[0].world_size) == (0, 1, 2)
+
+
+def test_nvrx_exception_module_name_gives_the_same_classes() -> None:
+    """NVRx code says `inprocess.exception.RestartError`; after the import swap that is ftd's."""
+    assert inprocess.exception.RestartError is inprocess.RestartError
+    assert inprocess.exception.HealthCheckError is inprocess.HealthCheckError
+    assert issubclass(inprocess.exception.TimeoutError, inprocess.RestartError)
+    with pytest.raises(inprocess.exception.RestartError):
+        raise inprocess.FaultCounterExceeded("over the limit")

@@ -111,6 +111,7 @@ async def start_api_server(control: DaemonControl, limits: ApiLimits | None = No
     config = control.config
     assert config.api_port is not None
     token_file = config.api_token_file or control.run_dir / TOKEN_FILE
+    had_token_file = token_file.exists()
     token, from_env = load_token(token_file)
     hosts = HostPolicy.for_bind(config.api_host, await _addresses(config.api_host))
     connections = Connections()
@@ -135,6 +136,8 @@ async def start_api_server(control: DaemonControl, limits: ApiLimits | None = No
         socket_path, inode = await _bind_admin(runner, admin, control.run_dir)
     except BaseException:
         await runner.cleanup()
+        if not (from_env or had_token_file):  # a start that failed leaves no credential behind
+            token_file.unlink(missing_ok=True)
         raise
     app[METRICS].registry.register(ApiCollector([tcp, admin], app[STREAMS]))
     url = _client_url(config.api_host, port)

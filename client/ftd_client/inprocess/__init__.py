@@ -10,7 +10,14 @@ once and respawns them) and, with less help, under torchrun. docs/inprocess.md e
 design; keys.py is the contract with the daemon. torch is imported only once the Wrapper runs.
 """
 
-from ftd_client.inprocess import abort, finalize, health_check, initialize, rank_assignment
+from ftd_client.inprocess import (
+    abort,
+    exception,
+    finalize,
+    health_check,
+    initialize,
+    rank_assignment,
+)
 from ftd_client.inprocess.abort import Abort, AbortTorchDistributed, AbortTransformerEngine
 from ftd_client.inprocess.call_wrapper import CallWrapper
 from ftd_client.inprocess.compose import Compose
@@ -53,6 +60,7 @@ __all__ = [
     "ThreadedFinalize",
     "Wrapper",
     "abort",
+    "exception",
     "finalize",
     "health_check",
     "initialize",
