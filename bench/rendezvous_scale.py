@@ -8,9 +8,14 @@ restart ten times in a row (`POST /v1/restart`). Measured from the daemons' own 
   last daemon's `round_closed`, for round 0 (cold) and each later round (warm);
 - restart propagation: node 0's `restart_requested` to each other daemon's `cluster_request`
   (woken by its blocking store wait, about to stop its ranks);
-- c10d warnings in the daemons' stderr (a healthy run has none).
+- c10d warnings in the daemons' stderr (a healthy run has none);
+- with `--kill`, after the restarts: the last node's daemon is SIGKILLed; timed from the kill,
+  the `node_lost` of the survivor that watches it (node rank 0: the c10d keepalive verdict, or
+  etcd's lease expiry) and each survivor's `cluster_request` (its ranks about to be stopped
+  for the next round).
 
     python bench/rendezvous_scale.py --nodes 2 8 16 32 --restarts 10
+    python bench/rendezvous_scale.py --backend c10d etcd --nodes 2 8 16 --restarts 3 --kill
     python bench/rendezvous_scale.py --ops-nodes 2 4 8 16 32 64 128   # store operations per round
 
 Results are printed as JSON lines and the summary table as Markdown.
@@ -140,7 +145,7 @@ def formation_ms(evs: list[list[dict[str, Any]]], number: int) -> float:
     return round((max(closed) - max(entered)) * 1000, 2)
 
 
-def one_job(n: int, restarts: int, keepalive: float, backend: str) -> dict[str, Any]:
+def one_job(n: int, restarts: int, keepalive: float, backend: str, kill: bool) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix=f"ftd_rdzv{n}_"))
     rdzv, servers = backend_flags(backend, work)
     flags = [
@@ -176,15 +181,13 @@ def one_job(n: int, restarts: int, keepalive: float, backend: str) -> dict[str, 
             for ev in evs[1:]:
                 woken = matching(ev, "cluster_request", round=number)[0]["time"]
                 propagation.append(round((woken - asked) * 1000, 2))
+        # A killed peer's closed connections are worth a c10d warning: count the healthy part.
+        warnings = c10d_warnings(work, n) if kill else 0
+        death = node_death(procs[-1], dirs[:-1], restarts) if kill else {}
         for proc in procs:
             proc.terminate()
         codes = [p.wait(timeout=120) for p in procs]
-        warnings = sum(
-            1
-            for i in range(n)
-            for line in (work / f"n{i:03d}.log").read_text(errors="replace").splitlines()
-            if C10D_WARNING.search(line)
-        )
+        warnings = warnings if kill else c10d_warnings(work, n)
         return {
             "backend": backend,
             "nodes": n,
@@ -197,12 +200,45 @@ def one_job(n: int, restarts: int, keepalive: float, backend: str) -> dict[str, 
             "propagation_ms_max": max(propagation) if propagation else None,
             "propagation_samples": len(propagation),
             "c10d_warnings": warnings,
+            **death,
         }
     finally:
         for proc in [*procs, *servers]:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+def c10d_warnings(work: Path, n: int) -> int:
+    return sum(
+        1
+        for i in range(n)
+        for line in (work / f"n{i:03d}.log").read_text(errors="replace").splitlines()
+        if C10D_WARNING.search(line)
+    )
+
+
+def node_death(
+    victim: subprocess.Popen[bytes], survivors: list[Path], number: int
+) -> dict[str, Any]:
+    """SIGKILL one daemon in round `number`: kill → node_lost (said by the survivor that
+    watches the victim, node rank 0) and kill → each survivor's cluster_request (its ranks
+    about to be stopped), in ms."""
+    killed_at = time.time()
+    victim.kill()
+    asked = partial(everyone, survivors, "cluster_request", round=number)
+    wait_for(asked, 120, "cluster_request on every survivor")
+    evs = [events(d) for d in survivors]
+    lost = [e["time"] for ev in evs for e in matching(ev, "node_lost")]
+    stopping = [
+        round((matching(ev, "cluster_request", round=number)[0]["time"] - killed_at) * 1000, 1)
+        for ev in evs
+    ]
+    return {
+        "kill_to_node_lost_ms": round((min(lost) - killed_at) * 1000, 1) if lost else None,
+        "kill_to_cluster_request_ms_median": statistics.median(stopping),
+        "kill_to_cluster_request_ms_max": max(stopping),
+    }
 
 
 async def ops_per_round(n: int) -> dict[str, Any]:
@@ -260,6 +296,9 @@ def main() -> None:
     parser.add_argument("--restarts", type=int, default=10)
     parser.add_argument("--keepalive", type=float, default=5.0)
     parser.add_argument("--backend", nargs="*", default=["c10d"])
+    parser.add_argument(
+        "--kill", action="store_true", help="after the restarts, SIGKILL the last node's daemon"
+    )
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT / "client"))
     sys.path.insert(0, str(ROOT))
@@ -268,7 +307,7 @@ def main() -> None:
     rows = []
     for n in args.nodes:
         for backend in args.backend:
-            row = one_job(n, args.restarts, args.keepalive, backend)
+            row = one_job(n, args.restarts, args.keepalive, backend, args.kill)
             rows.append(row)
             print(json.dumps(row), flush=True)
     if rows:
@@ -283,6 +322,18 @@ def main() -> None:
                 f"{r['formation_ms_median']} / {r['formation_ms_max']} | "
                 f"{r['propagation_ms_median']} / {r['propagation_ms_max']} | "
                 f"{r['c10d_warnings']} |"
+            )
+    if args.kill:
+        print(
+            f"\n| backend | nodes | kill → node_lost (ms) "
+            f"| kill → cluster_request, median / max (ms) |  (keepalive/lease {args.keepalive} s)"
+        )
+        print("|---|--:|--:|--:|")
+        for r in rows:
+            print(
+                f"| {r['backend']} | {r['nodes']} | {r['kill_to_node_lost_ms']} | "
+                f"{r['kill_to_cluster_request_ms_median']} / "
+                f"{r['kill_to_cluster_request_ms_max']} |"
             )
 
 

@@ -33,9 +33,14 @@ from tests.conftest import (
 
 pytestmark = pytest.mark.timeout(90)
 
+# Every node of a Cluster signs its records with this secret unless a test says otherwise: the
+# ordinary multi-node behaviours are tested as they are deployed.
+JOB_SECRET = "the-cluster-secret-" + "fedcba9876543210" * 2
+
 
 class Cluster:
-    """Daemons of one job: node ids, one endpoint, fast timeouts."""
+    """Daemons of one job: node ids, one endpoint, fast timeouts, one job secret (`env` replaces
+    the secret's variable; `secret=None` runs the store open)."""
 
     def __init__(
         self,
@@ -46,8 +51,10 @@ class Cluster:
         last_call: float = 3,
         backend: Backend = C10D,
         env: dict[str, str] | None = None,
+        secret: str | None = JOB_SECRET,
     ) -> None:
-        self.serve, self.job, self.backend, self.env = serve, job, backend, env
+        self.serve, self.job, self.backend = serve, job, backend
+        self.env = env if env is not None else {"FTD_RDZV_SECRET": secret} if secret else None
         self.endpoint = backend.endpoint()
         self.flags = (
             *("--nnodes", nnodes, "--rdzv-backend", backend.name),
