@@ -8,8 +8,8 @@ import logging
 import time
 from collections.abc import Callable
 
-from ftd.etcd_client.errors import EtcdError, GrpcCode
-from ftd.etcd_client.transport import AttemptFailed, Transport, parse
+from ftd.etcd_client.errors import AttemptFailed, EtcdError, GrpcCode
+from ftd.etcd_client.transport import Transport, parse
 from ftd.etcd_client.wire import KeepAliveLine, LeaseKeepAliveResult, LeaseRevokeResponse
 
 log = logging.getLogger("ftd.etcd")

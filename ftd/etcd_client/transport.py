@@ -20,12 +20,15 @@ import pydantic
 import yarl
 
 from ftd.etcd_client.errors import (
+    AttemptFailed,
     EtcdAuthError,
     EtcdBadAnswer,
     EtcdError,
     EtcdUnavailable,
-    GrpcCode,
+    TokenExpired,
     clip,
+    describe,
+    refusal,
 )
 from ftd.etcd_client.wire import (
     Answer,
@@ -64,45 +67,6 @@ def parse_endpoints(raw: Sequence[str], *, tls: bool) -> tuple[str, ...]:
     if len(set(parsed)) != len(parsed):
         raise ValueError(f"etcd endpoints: {list(raw)} names one member twice")
     return tuple(parsed)
-
-
-class AttemptFailed(Exception):
-    """One endpoint did not give an answer. `sent`: the request may have reached etcd (so a
-    change may have been applied); `bad_answer`: what came back was not etcd's."""
-
-    def __init__(self, reason: str, *, sent: bool, bad_answer: bool = False) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.sent = sent
-        self.bad_answer = bad_answer
-
-
-class TokenExpired(Exception):
-    pass
-
-
-def refusal(endpoint: str, code: int, message: str) -> Exception:
-    """What etcd's error means for the caller: an AttemptFailed (another member may do
-    better), TokenExpired, or an EtcdError to raise."""
-    text = clip(message)
-    if code == GrpcCode.UNAUTHENTICATED and "invalid auth token" in message:
-        return TokenExpired(text)
-    if any(mark in message for mark in ("no leader", "too many requests")):
-        return AttemptFailed(f"etcd: {text}", sent=False)
-    if code in (GrpcCode.UNAVAILABLE, GrpcCode.DEADLINE_EXCEEDED) or any(
-        mark in message for mark in ("deadline exceeded", "timed out", "leader changed")
-    ):
-        return AttemptFailed(f"etcd: {text}", sent=True)
-    auth_failures = ("authentication failed", "user name is empty", "permission denied")
-    if code == GrpcCode.PERMISSION_DENIED or any(mark in message for mark in auth_failures):
-        return EtcdAuthError(f"etcd refused the credentials: {text}", code=code, endpoint=endpoint)
-    return EtcdError(f"etcd: {text}", code=code, endpoint=endpoint)
-
-
-def describe(error: BaseException) -> str:
-    if isinstance(error, aiohttp.ClientConnectorError):
-        return f"cannot connect: {error.os_error.strerror or error.os_error}"
-    return clip(str(error) or type(error).__name__)
 
 
 @dataclass(frozen=True)

@@ -11,16 +11,17 @@ import time
 from collections import deque
 from types import TracebackType
 
-from ftd.etcd_client.errors import EtcdBadAnswer, EtcdCompacted, EtcdError, EtcdUnavailable, clip
-from ftd.etcd_client.records import Key, WatchEvent
-from ftd.etcd_client.transport import (
-    RETRY_PAUSE_S,
+from ftd.etcd_client.errors import (
     AttemptFailed,
-    Stream,
+    EtcdBadAnswer,
+    EtcdCompacted,
+    EtcdError,
+    EtcdUnavailable,
     TokenExpired,
-    Transport,
-    parse,
+    clip,
 )
+from ftd.etcd_client.records import Key, WatchEvent
+from ftd.etcd_client.transport import RETRY_PAUSE_S, Stream, Transport, parse
 from ftd.etcd_client.wire import Namespace, WatchLine, WatchResult
 
 log = logging.getLogger("ftd.etcd")
