@@ -8,7 +8,7 @@ restart ten times in a row (`POST /v1/restart`). Measured from the daemons' own 
   last daemon's `round_closed`, for round 0 (cold) and each later round (warm);
 - restart propagation: node 0's `restart_requested` to each other daemon's `cluster_request`
   (woken by its blocking store wait, about to stop its ranks);
-- c10d warnings in the daemons' stderr (a healthy run has none);
+- c10d warnings in the daemons' stderr before any daemon is stopped (a healthy run has none);
 - with `--kill`, after the restarts: the last node's daemon is SIGKILLed; timed from the kill,
   the `node_lost` of the survivor that watches it (node rank 0: the c10d keepalive verdict, or
   etcd's lease expiry) and each survivor's `cluster_request` (its ranks about to be stopped
@@ -181,13 +181,13 @@ def one_job(n: int, restarts: int, keepalive: float, backend: str, kill: bool) -
             for ev in evs[1:]:
                 woken = matching(ev, "cluster_request", round=number)[0]["time"]
                 propagation.append(round((woken - asked) * 1000, 2))
-        # A killed peer's closed connections are worth a c10d warning: count the healthy part.
-        warnings = c10d_warnings(work, n) if kill else 0
+        # Counted while the job is healthy: a killed peer's or a stopping daemon's closed
+        # connections are worth a c10d warning each.
+        warnings = c10d_warnings(work, n)
         death = node_death(procs[-1], dirs[:-1], restarts) if kill else {}
         for proc in procs:
             proc.terminate()
         codes = [p.wait(timeout=120) for p in procs]
-        warnings = warnings if kill else c10d_warnings(work, n)
         return {
             "backend": backend,
             "nodes": n,

@@ -16,11 +16,10 @@ from typing import Any
 import pytest
 
 from tests.conftest import Serve, ServeFactory
-from tests.test_multinode import Cluster, api, events, ready_together, run_dir
+from tests.test_multinode import JOB_SECRET, Cluster, api, events, ready_together, run_dir
 
 pytestmark = pytest.mark.timeout(150)
 
-SECRET = "the-job-secret-" + "0123456789abcdef" * 2
 CAREFUL = ("Traceback", "background task", "never retrieved", "store lost")
 
 
@@ -60,7 +59,7 @@ async def test_forged_replayed_and_malformed_records_change_nothing(
     serve: ServeFactory, tmp_path: Path
 ) -> None:
     release = tmp_path / "release"
-    cluster = Cluster(serve, "2", "--max-restarts", "3", env={"FTD_RDZV_SECRET": SECRET})
+    cluster = Cluster(serve, "2", "--max-restarts", "3")  # signed with JOB_SECRET
     args = ("--until", str(release), "--dump-env")
     a = await cluster.node("a", *args)
     await a.stderr.expect("hosting the rendezvous store")
@@ -131,10 +130,9 @@ async def test_forged_replayed_and_malformed_records_change_nothing(
 
 async def test_nodes_with_different_secrets_refuse_to_form_a_round(serve: ServeFactory) -> None:
     cluster = Cluster(serve, "2", "--rdzv-join-timeout", "8")
-    cluster.env = {"FTD_RDZV_SECRET": SECRET}
     a = await cluster.node("a", "--hang")
     await a.stderr.expect("hosting the rendezvous store")
-    cluster.env = {"FTD_RDZV_SECRET": SECRET.upper()}
+    cluster.env = {"FTD_RDZV_SECRET": JOB_SECRET.upper()}
     b = await cluster.node("b", "--hang")
     assert await a.wait(timeout=60) == 1 and await b.wait(timeout=60) == 1
     # The first to reach its join deadline says why the round did not form; the other, whose
@@ -147,7 +145,7 @@ async def test_nodes_with_different_secrets_refuse_to_form_a_round(serve: ServeF
 
 async def test_a_secret_file_must_be_private(serve: ServeFactory, tmp_path: Path) -> None:
     secret = tmp_path / "secret"
-    secret.write_text(SECRET)
+    secret.write_text(JOB_SECRET)
     secret.chmod(0o644)
     cluster = Cluster(serve, "2", "--rdzv-conf", f"secret_file={secret}")
     run = await cluster.node("a", "--hang")
@@ -228,7 +226,7 @@ async def test_hosted_rendezvous_store_binds_the_endpoint_address(serve: ServeFa
 async def test_a_planted_far_round_hint_loses_no_restart(serve: ServeFactory) -> None:
     """The round hint is the one unsigned key: a far one planted before a restart is not
     followed (the rounds between would carry no budget), the restart is counted."""
-    cluster = Cluster(serve, "2", "--max-restarts", "3", env={"FTD_RDZV_SECRET": SECRET})
+    cluster = Cluster(serve, "2", "--max-restarts", "3")  # signed with JOB_SECRET
     a = await cluster.node("a", "--hang")
     await a.stderr.expect("hosting the rendezvous store")
     b = await cluster.node("b", "--hang")
