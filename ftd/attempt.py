@@ -83,6 +83,7 @@ class Attempt:
             tools.daemon_id,
             socket_path=str(health.server.path),
             attempt_log_dir=str(tools.run_dir / f"attempt_{number}"),
+            send_buffer=health.send_buffer(config.nproc_per_node),
         )
         inprocess = (
             await tools.coordinator.inprocess_store()

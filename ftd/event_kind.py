@@ -33,6 +33,12 @@ class EventKind(enum.StrEnum):
     RANK_HUNG = "rank_hung"
     TIMEOUTS_CHANGED = "timeouts_changed"
     WORKLOAD_CONTROL = "workload_control"
+    MESSAGES_LOST = "messages_lost"
+    """A rank's messages did not reach the daemon (a burst, a paused daemon): once per
+    episode; its sections were re-synced from its state, never judged on a lost one."""
+    BUDGET_EXCEEDED = "budget_exceeded"
+    """A rank asked the daemon to hold more than a budget allows (open sections, section
+    names): the message was dropped and counted; once per rank and budget."""
     # operators and faults
     RESTART_REQUESTED = "restart_requested"
     FAULT_ARMED = "fault_armed"

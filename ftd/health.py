@@ -34,11 +34,13 @@ from ftd.learning import (
     learn_timeouts,
     learned_values,
 )
-from ftd.monitor import Monitor
+from ftd.monitor import STALL_THRESHOLD_S, Monitor
 from ftd.nvrx_host import NvrxRankHost
 from ftd.nvrx_server import NvrxServer
 from ftd.persist import Persistence
-from ftd.rank_health import RankHealth
+from ftd.rank_accounting import BudgetWatch, LossWatch, send_buffer_bytes
+from ftd.rank_health import Link, RankHealth
+from ftd.rank_sync import BudgetExceeded
 from ftd.state import RankStatus
 from ftd.workers import WorkerGroup
 
@@ -75,6 +77,8 @@ class HealthService:
         self.events = events
         self.persist = persist or Persistence()
         self.workload_request: WorkloadRequest | None = None
+        self.losses = LossWatch(events)
+        self.budgets = BudgetWatch(events)
         self._learned: frozenset[str] = frozenset()
         self._generations = Generations()
         timeouts = self._load_state(ft.timeouts())
@@ -114,6 +118,8 @@ class HealthService:
         """Watch this attempt's ranks (the previous attempt's are forgotten)."""
         self._group = self.hangs.group = group
         self._generations.reset()  # a new attempt's ranks count their calls from 1
+        self.losses.forget()
+        self.budgets.forget()
         self.monitor.attach(
             [(s.local_rank, s.global_rank, s.pid) for s in statuses if s.pid is not None]
         )
@@ -139,6 +145,10 @@ class HealthService:
         self.monitor.detach()
         if self._first_steps is not None and not self._first_steps.done():
             self._first_steps.set_result(None)
+
+    def send_buffer(self, local_ranks: int) -> int:
+        """The send buffer each rank's socket should have (FTD_SOCKET_SNDBUF)."""
+        return send_buffer_bytes(local_ranks, self.losses.peak_rate)
 
     def snapshot(self, pid: int | None) -> dict[str, Any] | None:
         """The live view of the rank with this pid (heartbeat age, open section), if watched."""
@@ -258,15 +268,37 @@ class HealthService:
     def _authorize(self, pid: int) -> None:
         self.rank_for(pid)
 
-    def _dispatch(self, pid: int, message: dict[str, Any], now: float) -> dict[str, Any] | None:
-        rank = self.rank_for(pid)
+    def _dispatch(self, link: Link, message: dict[str, Any], now: float) -> dict[str, Any] | None:
+        rank = self.rank_for(link.pid)
+        lost = self.monitor.on_sequence(rank, link, message.get("s"), message.get("dropped"))
+        if lost:
+            self.losses.lost(rank, lost, now)
+        state = message.get("o")
+        try:
+            reply = self._handle(rank, link, message, now)
+        except BudgetExceeded as error:
+            self.budgets.exceeded(rank, error)
+            raise
+        finally:
+            if state is not None:
+                for refusal in self.monitor.on_state(rank, link.id, state, now):
+                    self.budgets.exceeded(rank, refusal)
+        self.losses.received(rank, now)
+        return reply
+
+    def _handle(
+        self, rank: RankHealth, link: Link, message: dict[str, Any], now: float
+    ) -> dict[str, Any] | None:
         kind = message["t"]
+        synced = "o" in message
         if kind == protocol.HEARTBEAT:
             self.monitor.on_heartbeat(rank, now)
         elif kind == protocol.SECTION_START:
-            self.monitor.on_section_start(rank, message["n"], now)
+            at = sent_at(message.get("m"), now)
+            self.monitor.on_section_start(rank, message["n"], now, link.id, at)
         elif kind == protocol.SECTION_END:
-            self.monitor.on_section_end(rank, message["n"], now)
+            at = sent_at(message.get("m"), now)
+            self.monitor.on_section_end(rank, message["n"], now, link.id, synced, at)
         elif kind == protocol.HELLO:
             self.monitor.on_hello(rank, message.get("stack_signal"), now)
             return self._timeouts_reply(self.timeouts)
@@ -368,6 +400,15 @@ class HealthService:
         if action is not WorkloadAction.CONTINUE:
             log.warning("%s", request.reason())
             self.workload_request = request
+
+
+def sent_at(sent_ns: object, now: float) -> float:
+    """When the rank sent a message (its CLOCK_MONOTONIC, the daemon's too), within the second
+    before its receipt: a backlog does not delay a section's clock, and a daemon that was not
+    running gets its grace (monitor.STALL_THRESHOLD_S) instead of deadlines in the past."""
+    if not isinstance(sent_ns, int):
+        return now
+    return min(now, max(sent_ns / 1e9, now - STALL_THRESHOLD_S))
 
 
 def _names(value: object, what: str) -> frozenset[str]:

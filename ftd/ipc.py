@@ -14,6 +14,7 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import itertools
 import json
 import logging
 import os
@@ -28,15 +29,24 @@ from typing import Any, Protocol
 from ftd_client import protocol
 from ftd_client.protocol import ProtocolError
 
+from ftd.rank_health import Link
+
 log = logging.getLogger("ftd.ipc")
 
 UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 MAX_CONNECTIONS = 4096
 PREVIOUS_ATTEMPT = "previous_attempt"
 LISTEN_BACKLOG = 1024
+READ_BATCH = 512
+"""Messages read from one connection per wake-up: a rank that sends without pause cannot keep
+the loop from the others (the loop wakes it again while it is readable)."""
+DRAIN_BATCHES = 64
+"""A drain before a verdict reads this many batches per connection at most (32k messages:
+more than a rank's whole send buffer holds)."""
 
-Dispatch = Callable[[int, dict[str, Any], float], dict[str, Any] | None]
-"""(sender pid, message, receipt time) -> reply for answered messages; raises ProtocolError."""
+Dispatch = Callable[[Link, dict[str, Any], float], dict[str, Any] | None]
+"""(sender's connection, message, receipt time) -> reply for answered messages; raises
+ProtocolError."""
 Authorize = Callable[[int], None]
 """(sender pid) -> None when the pid is a rank or a rank's descendant; raises ProtocolError."""
 
@@ -52,7 +62,7 @@ class Follower(Protocol):
 @dataclasses.dataclass(slots=True)
 class _Connection:
     sock: socket.socket
-    pid: int
+    link: Link
 
 
 class RankSocketServer:
@@ -67,6 +77,7 @@ class RankSocketServer:
         self._logged: set[tuple[str, int]] = set()
         self._listener: socket.socket | None = None
         self._connections: dict[int, _Connection] = {}
+        self._link_ids = itertools.count(1)
         self._paused = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self.followers: list[Follower] = []
@@ -110,8 +121,11 @@ class RankSocketServer:
             return
         self._on_connect()
         for connection in list(self._connections.values()):
-            if connection.sock.fileno() in self._connections:
-                self._on_readable(connection)
+            for _ in range(DRAIN_BATCHES):
+                if connection.sock.fileno() not in self._connections:
+                    break
+                if not self._on_readable(connection):
+                    break
 
     def close(self) -> None:
         loop = self._loop
@@ -136,7 +150,7 @@ class RankSocketServer:
                 self._refuse(conn, "too_many_connections", pid, f"{MAX_CONNECTIONS} are open")
                 continue
             conn.setblocking(False)
-            connection = _Connection(conn, pid)
+            connection = _Connection(conn, Link(next(self._link_ids), pid))
             self._connections[conn.fileno()] = connection
             self._loop.add_reader(conn.fileno(), self._on_readable, connection)
 
@@ -159,26 +173,28 @@ class RankSocketServer:
             self._loop.remove_reader(fd)
             entry.sock.close()
 
-    def _on_readable(self, connection: _Connection) -> None:
-        conn, pid = connection.sock, connection.pid
-        while True:
+    def _on_readable(self, connection: _Connection) -> bool:
+        """Read up to READ_BATCH messages; whether more may be waiting."""
+        conn, link = connection.sock, connection.link
+        pid = link.pid
+        for _ in range(READ_BATCH):
             try:
                 data, _, flags, _ = conn.recvmsg(protocol.MAX_MESSAGE_BYTES + 1)
             except (BlockingIOError, InterruptedError):
-                return
+                return False
             except OSError:
                 self._hang_up(conn.fileno())
-                return
+                return False
             if not data and _peer_closed(conn):  # not an empty message: the rank has gone
                 self._hang_up(conn.fileno())
-                return
+                return False
             now = time.monotonic()
             self.received += 1
             try:
                 if flags & socket.MSG_TRUNC or len(data) > protocol.MAX_MESSAGE_BYTES:
                     raise ProtocolError("oversized", f"more than {protocol.MAX_MESSAGE_BYTES} B")
                 message = protocol.decode(data)
-                reply = self._dispatch(pid, message, now)
+                reply = self._dispatch(link, message, now)
             except ProtocolError as error:
                 self._drop(error.cause, pid, str(error))
                 self._reply_error(conn, data, str(error))
@@ -190,6 +206,7 @@ class RankSocketServer:
                 continue
             if reply is not None:
                 self._send(conn, {"t": protocol.REPLY, "id": message.get("id"), **reply})
+        return True
 
     def _drop(self, cause: str, pid: int, detail: str) -> None:
         self.dropped[cause] += 1

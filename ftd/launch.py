@@ -46,6 +46,7 @@ def worker_envs(
     daemon_id: str,
     socket_path: str = "",
     attempt_log_dir: str = "",
+    send_buffer: int = 0,
 ) -> dict[int, dict[str, str]]:
     """Each local rank's environment, as torchrun's LocalElasticAgent sets it, plus FTD_*."""
     envs: dict[int, dict[str, str]] = {}
@@ -83,6 +84,8 @@ def worker_envs(
         if socket_path:
             env["FTD_SOCKET"] = socket_path
             env["FTD_STACK_SIGNAL"] = str(int(STACK_SIGNAL))
+            if send_buffer > 0:
+                env["FTD_SOCKET_SNDBUF"] = str(send_buffer)
             env.update(nvrx_rank_env(socket_path))  # for nvidia_resiliency_ext's own client
         if attempt_log_dir:
             env["FTD_STACKS_FILE"] = os.path.join(attempt_log_dir, str(local_rank), "stacks.txt")

@@ -27,7 +27,23 @@ from ftd_client.protocol import ProtocolError
 
 from ftd.ft_config import RankTimeouts
 from ftd.learning import HEARTBEATS, OUT_OF_SECTION, Observations
-from ftd.rank_health import Cancellable, Deadline, RankHealth, next_deadline, valid_stack_signal
+from ftd.rank_health import (
+    Cancellable,
+    Deadline,
+    Link,
+    RankHealth,
+    next_deadline,
+    valid_stack_signal,
+)
+from ftd.rank_sync import (
+    NO_LINK,
+    BudgetExceeded,
+    SectionNames,
+    apply_state,
+    close_section,
+    lose,
+    open_section,
+)
 
 log = logging.getLogger("ftd.monitor")
 
@@ -121,6 +137,7 @@ class Monitor:
         """A rank that has not contacted the daemon this long after its start is judged hung:
         the configured initial heartbeat timeout (never a learned one)."""
         self.on_first_step: Callable[[RankHealth, float], None] | None = None
+        self.section_names = SectionNames(timeouts.rank_section_timeouts)
         self._by_pid: dict[int, RankHealth] = {}
         self._recent_interval = 0.0
 
@@ -167,6 +184,7 @@ class Monitor:
 
     def set_timeouts(self, timeouts: RankTimeouts) -> None:
         self.timeouts = timeouts
+        self.section_names.include(timeouts.rank_section_timeouts)
         now = self._clock.now()
         for rank in self.ranks():
             self._disarm(rank)
@@ -200,26 +218,68 @@ class Monitor:
         if rank.armed_at is None or (limit is not None and now + limit < rank.armed_at):
             self._rearm_if_earlier(rank, now)
 
-    def on_section_start(self, rank: RankHealth, name: str, now: float) -> None:
-        self._ensure_connected(rank, now)
-        if not rank.open_sections and rank.out_of_section_since is not None:
-            self.observed.see(OUT_OF_SECTION, now - rank.out_of_section_since)
-        rank.open_sections[name] = rank.last_seen = now
-        rank.out_of_section_since = None
-        if rank.first_step_at is None:
-            self._first_step(rank, now)
-        self._rearm_if_earlier(rank, now)
+    def on_sequence(self, rank: RankHealth, link: Link, seq: int | None, dropped: object) -> int:
+        """The message numbered `seq` arrived on `link`; how many before it were lost (their
+        connection's sections are untimed until its state arrives). `dropped` is the rank's
+        own count, when it sent one."""
+        lost = link.advance(seq)
+        lose(rank, link.id, lost)
+        if isinstance(dropped, int):
+            rank.dropped_by_link[link.id] = dropped
+        return lost
 
-    def on_section_end(self, rank: RankHealth, name: str, now: float) -> None:
+    def on_section_start(
+        self,
+        rank: RankHealth,
+        name: str,
+        now: float,
+        link: int = NO_LINK,
+        at: float | None = None,
+    ) -> None:
+        """`at`: when the rank opened it (its send time), if it said; else `now`."""
         self._ensure_connected(rank, now)
-        started = rank.open_sections.pop(name, None)
-        if started is None:
-            raise ProtocolError("section_not_open", f"end of section {name!r} that is not open")
         rank.last_seen = now
-        self.observed.see(name, now - started)
-        if not rank.open_sections:
-            rank.out_of_section_since = now
+        at = now if at is None else at
+        known = link not in rank.unknown_links
+        if known and not rank.open_sections and rank.out_of_section_since is not None:
+            self.observed.see(OUT_OF_SECTION, max(at - rank.out_of_section_since, 0.0))
+        try:
+            open_section(rank, name, link, at, self.section_names)
+        finally:
+            if rank.first_step_at is None:
+                self._first_step(rank, now)
+            self._rearm_if_earlier(rank, now)
+
+    def on_section_end(
+        self,
+        rank: RankHealth,
+        name: str,
+        now: float,
+        link: int = NO_LINK,
+        synced: bool = False,
+        at: float | None = None,
+    ) -> None:
+        """`synced`: the message carries its connection's state (a section not open is one
+        whose start was lost, not an error); `at`: when the rank closed it, if it said."""
+        self._ensure_connected(rank, now)
+        rank.last_seen = now
+        at = now if at is None else at
+        known = link not in rank.unknown_links and rank.section_links.get(name) == link
+        started = close_section(rank, name, at)
         self._rearm_if_earlier(rank, now)
+        if started is None and not synced:
+            raise ProtocolError("section_not_open", f"end of section {name!r} that is not open")
+        if started is not None and known:
+            self.observed.see(name, max(at - started, 0.0))
+
+    def on_state(
+        self, rank: RankHealth, link: int, state: list[str], now: float
+    ) -> list[BudgetExceeded]:
+        """The sections open on `link` are exactly `state` (rank_sync.apply_state); what a
+        budget refused."""
+        refused = apply_state(rank, link, state, now, self.section_names)
+        self._rearm_if_earlier(rank, now)
+        return refused
 
     def on_resumed(self, rank: RankHealth, now: float) -> None:
         """The rank says it is training again (after a restart): a first step, a sign of life."""

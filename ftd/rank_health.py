@@ -38,6 +38,16 @@ class RankHealth:
     first_step_at: float | None = None
     """Its first heartbeat, section start or resumed(): the rank is training."""
     open_sections: dict[str, float] = field(default_factory=dict)
+    """Open section -> when it opened (monotonic)."""
+    section_links: dict[str, int] = field(default_factory=dict)
+    """Open section -> the connection (Link.id) whose state it belongs to."""
+    unknown_links: set[int] = field(default_factory=set)
+    """Connections that lost messages and have not sent their state since: their sections
+    (and the time out of any section) are not timed until they do."""
+    lost_messages: int = 0
+    """Messages the daemon knows it missed (gaps in the sequence numbers)."""
+    dropped_by_link: dict[int, int] = field(default_factory=dict)
+    """What each connection said it dropped (its `dropped`): the rank's own count."""
     out_of_section_since: float | None = None
     hung: bool = False
     simulated_hang: bool = False
@@ -56,7 +66,17 @@ class RankHealth:
             ),
             "section": section,
             "section_age_s": round(now - since, 6) if since is not None else None,
+            "dropped_messages": self.dropped_messages,
         }
+
+    @property
+    def dropped_messages(self) -> int:
+        """Messages of this rank that never reached the daemon: the rank's count where it told
+        us, else the gaps the daemon saw."""
+        return max(self.lost_messages, sum(self.dropped_by_link.values()))
+
+    def section_timed(self, name: str) -> bool:
+        return self.section_links.get(name) not in self.unknown_links
 
 
 @dataclass(frozen=True)
@@ -116,9 +136,33 @@ def next_deadline(
     elif (limit := timeouts.rank_heartbeat_timeout) is not None:
         candidates.append(Deadline(rank.last_heartbeat + limit, "heartbeat", limit))
     for name, started in rank.open_sections.items():
-        if (limit := timeouts.rank_section_timeouts.get(name)) is not None:
+        if (limit := timeouts.rank_section_timeouts.get(name)) is not None and (
+            not rank.unknown_links or rank.section_timed(name)
+        ):
             candidates.append(Deadline(started + limit, "section", limit, name))
     limit = timeouts.rank_out_of_section_timeout
-    if rank.out_of_section_since is not None and not rank.open_sections and limit is not None:
-        candidates.append(Deadline(rank.out_of_section_since + limit, "out_of_section", limit))
+    since = rank.out_of_section_since
+    if since is not None and not rank.open_sections and not rank.unknown_links and limit:
+        candidates.append(Deadline(since + limit, "out_of_section", limit))
     return min(candidates, key=lambda deadline: deadline.at, default=None)
+
+
+@dataclass(slots=True, eq=False)
+class Link:
+    """One rank connection as the health service sees it: whose it is, and how far its
+    sequence numbers have come (protocol.py: `s`)."""
+
+    id: int
+    pid: int
+    last_seq: int = 0
+
+    def advance(self, seq: int | None) -> int:
+        """Take the message numbered `seq`; how many messages before it were lost. A number
+        at or below the last one (a forked child writing on an inherited socket) loses
+        nothing and moves nothing."""
+        if seq is None:
+            return 0
+        lost = seq - self.last_seq - 1
+        if seq > self.last_seq:
+            self.last_seq = seq
+        return max(lost, 0)

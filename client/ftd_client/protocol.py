@@ -8,7 +8,25 @@ of its own. A connected packet socket, unlike one datagram socket shared by ever
 held to net.unix.max_dgram_qlen (10 on many hosts), so a burst of heartbeats while the daemon
 is descheduled for a moment is queued, not dropped.
 
-Every message has `"v"` (PROTOCOL_VERSION) and `"t"` (its type):
+Every message has `"v"` (PROTOCOL_VERSION) and `"t"` (its type), and from ftd_client's
+RankClient also `"s"`: the connection's sequence number (1, 2, ... counting every message the
+rank tried to send, sent or dropped). Sends are non-blocking, so a burst, or a daemon that is
+paused, loses messages; the sequence lets the daemon see the gap. Messages that change section
+state (`ss`, `se`) carry `"o"`: the sections open on that connection *after* the change, so the
+daemon's view converges with the next message that gets through; after a drop, the rank's next
+message of any kind carries `"o"` too, and `"dropped"`: how many messages the rank has dropped so far.
+A gap without `"o"` leaves the connection's section state unknown (untimed) until one arrives.
+
+| field | meaning |
+|---|---|
+| `s` | int, 1 .. 2^53: sequence number on this connection (optional: older clients) |
+| `o` | list of section names open on this connection, oldest first (<= MAX_OPEN_SECTIONS) |
+| `dropped` | int: messages the rank dropped so far on this client (with `o`, after a drop) |
+| `m` | int: the rank's CLOCK_MONOTONIC in ns when it sent a section event (`ss`, `se`) |
+
+The daemon times a section from `m` rather than from its receipt (a backlog behind a burst
+would delay the clock), but never from earlier than a second before the receipt (a daemon or
+machine that was paused gets its grace: ftd/monitor.py STALL_THRESHOLD_S).
 
 | t | fields | answered | meaning |
 |---|---|---|---|
@@ -22,6 +40,7 @@ Every message has `"v"` (PROTOCOL_VERSION) and `"t"` (its type):
 | `bye` |  | no | the rank stops monitoring |
 | `fault` | `kind`, `sections` (open now) | no | a simulated fault is being carried out |
 | `up` |  | no | the rank is training again (`resumed()`): ends a restart's first step |
+| `st` | `o`, `dropped` | no | the rank's state only, retried after a drop: no sign of life |
 
 Messages that are answered carry `"id"` (int); the daemon replies on the same connection
 with `{"v": 1, "t": "reply", "id": <id>, "ok": bool, "error": str?, "timeouts": {...}?,
@@ -45,6 +64,9 @@ MAX_CONTAINERS = 256
 """Objects and arrays in one message: the largest real one (a `set` of every section's timeout)
 has a handful; a deeply nested packet is refused before it is parsed."""
 MAX_SECTIONS = 256
+MAX_OPEN_SECTIONS = 64
+"""Sections open at once on one connection: real code nests a handful; a state list is bounded."""
+MAX_SEQUENCE = 2**53
 
 HELLO = "hello"
 HEARTBEAT = "hb"
@@ -56,17 +78,20 @@ SET_TIMEOUTS = "set"
 GOODBYE = "bye"
 FAULT = "fault"
 RESUMED = "up"
+STATE = "st"
 REPLY = "reply"
 
 ANSWERED = frozenset({HELLO, WORKLOAD_CONTROL, CALCULATE_TIMEOUTS, SET_TIMEOUTS})
 TYPES = frozenset(
     {HELLO, HEARTBEAT, SECTION_START, SECTION_END, WORKLOAD_CONTROL}
-    | {CALCULATE_TIMEOUTS, SET_TIMEOUTS, GOODBYE, FAULT, RESUMED}
+    | {CALCULATE_TIMEOUTS, SET_TIMEOUTS, GOODBYE, FAULT, RESUMED, STATE}
 )
 
-# Pre-encoded: a heartbeat is a constant packet, so sending one costs one syscall.
+# Pre-encoded: a heartbeat is a constant packet and a sequence number, so sending one costs
+# one %-format and one syscall.
 HEARTBEAT_BYTES = b'{"v":1,"t":"hb"}'
 RESUMED_BYTES = b'{"v":1,"t":"up"}'
+HEARTBEAT_TEMPLATE = b'{"v":1,"t":"hb","s":%d}'
 
 
 class WorkloadAction(enum.Enum):
@@ -96,6 +121,15 @@ def section_bytes(kind: str, name: str) -> bytes:
     return encode({"t": kind, "n": name})
 
 
+def sequenced_template(message: dict[str, Any], timed: bool = False) -> bytes:
+    """`message` encoded with a `%d` where its sequence number goes (`template % seq`), and
+    with `timed` a second one for its send time (`template % (seq, time.monotonic_ns())`)."""
+    data = encode(message)
+    assert data.endswith(b"}")
+    tail = b',"s":%d,"m":%d}' if timed else b',"s":%d}'
+    return data[:-1].replace(b"%", b"%%") + tail
+
+
 def decode(data: bytes) -> dict[str, Any]:
     """Parse and validate one packet; ProtocolError with a countable cause otherwise."""
     if len(data) > MAX_MESSAGE_BYTES:
@@ -119,9 +153,37 @@ def decode(data: bytes) -> dict[str, Any]:
             raise ProtocolError("bad_section_name", f"section name {name!r}")
     if kind in ANSWERED and not isinstance(message.get("id"), int):
         raise ProtocolError("missing_id", f"{kind} needs an integer id")
+    _check_sync_fields(message)
     if kind == WORKLOAD_CONTROL:
         try:
             WorkloadAction[str(message.get("a"))]
         except KeyError:
             raise ProtocolError("bad_action", f"action {message.get('a')!r}") from None
     return message
+
+
+def _check_sync_fields(message: dict[str, Any]) -> None:
+    """`s`, `o`, `dropped` and `m` (see the module's docstring), when present."""
+    seq = message.get("s")
+    if seq is not None and not (_is_int(seq) and 0 < seq <= MAX_SEQUENCE):
+        raise ProtocolError("bad_sequence", f"sequence {seq!r:.40}")
+    dropped = message.get("dropped")
+    if dropped is not None and not (_is_int(dropped) and 0 <= dropped <= MAX_SEQUENCE):
+        raise ProtocolError("bad_sequence", f"dropped count {dropped!r:.40}")
+    sent = message.get("m")
+    if sent is not None and not (_is_int(sent) and 0 <= sent < 2**63):
+        raise ProtocolError("bad_time", f"send time {sent!r:.40}")
+    state = message.get("o")
+    if state is None:
+        return
+    if not isinstance(state, list):
+        raise ProtocolError("bad_state", "open sections must be a list")
+    if len(state) > MAX_OPEN_SECTIONS:
+        raise ProtocolError("budget_open_sections", f"{len(state)} open > {MAX_OPEN_SECTIONS}")
+    for name in state:
+        if not isinstance(name, str) or not name or len(name) > MAX_SECTION_NAME:
+            raise ProtocolError("bad_section_name", f"open section {name!r:.40}")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -2,20 +2,20 @@
 
 Every call is cheap and never blocks training: a heartbeat or a section event is one
 non-blocking packet send; if the daemon is away (stopped, slow, gone) the message is dropped
-and counted. Only explicit requests (workload control, timeout calculation) wait for an answer,
-bounded by `request_timeout_s`. Outside `ftd serve` every call is a no-op (one warning).
+and counted. Every message carries a sequence number and section events carry the sections
+open after them, and the first message after a drop carries the whole state, so a lost
+message never leaves the daemon timing a section this rank has closed (protocol.py). Only
+explicit requests (workload control, timeout calculation) wait for an answer, bounded by
+`request_timeout_s`. Outside `ftd serve` every call is a no-op (one warning).
 """
 
 from __future__ import annotations
 
-import errno
-import faulthandler
 import itertools
 import json
 import logging
 import os
 import select
-import signal
 import socket
 import time
 import warnings
@@ -24,11 +24,12 @@ from typing import IO, Any
 
 from ftd_client import faults, protocol
 from ftd_client.protocol import WorkloadAction
+from ftd_client.rank_sender import Sender
+from ftd_client.rank_setup import register_stack_dump, size_send_buffer, unregister_stack_dump
 
 log = logging.getLogger("ftd_client")
 
 RECONNECT_INTERVAL_S = 1.0
-_NO_SIGNAL = socket.MSG_NOSIGNAL  # a daemon that went away must not SIGPIPE the rank
 _warned_unsupervised = False
 
 
@@ -55,8 +56,6 @@ class RankClient:
 
     def __init__(self, socket_path: str | None = None, request_timeout_s: float = 5.0) -> None:
         self.request_timeout_s = request_timeout_s
-        self.dropped = 0
-        """Messages that could not be handed to the daemon (it was away or overloaded)."""
         self.connect_failures = 0
         """Connection attempts that failed (the daemon was away); a retry is rate-limited."""
         self.timeouts: dict[str, Any] = {}
@@ -68,9 +67,11 @@ class RankClient:
         """Why the last request was not answered with timeouts."""
         self._path = socket_path if socket_path is not None else os.environ.get("FTD_SOCKET")
         self._sock: socket.socket | None = None
+        self._sender = Sender()
+        self._open_sections = self._sender.open_sections
         self._ids = itertools.count(1)
-        self._section_bytes: dict[tuple[str, str], bytes] = {}
-        self._open_sections: list[str] = []
+        self.refused_sections = 0
+        """Sections not opened: MAX_OPEN_SECTIONS were open already (a leak in the caller)."""
         self._next_reconnect = 0.0
         self._stack_file: IO[str] | None = None
         self._stack_signal: int | None = None
@@ -78,7 +79,7 @@ class RankClient:
         if not self._path:
             _warn_unsupervised()
             return
-        self._stack_signal = self._register_stack_dump()
+        self._stack_file, self._stack_signal = register_stack_dump()
         self._connect()
         faults.arm_from_env(self._announce_fault)
 
@@ -86,33 +87,45 @@ class RankClient:
     def is_supervised(self) -> bool:
         return self._sock is not None
 
+    @property
+    def dropped(self) -> int:
+        """Messages that could not be handed to the daemon (it was away or overloaded)."""
+        return self._sender.dropped
+
     # -- the hot path ------------------------------------------------------------------------
 
     def heartbeat(self) -> None:
         """Tell the daemon this rank is alive."""
-        sock = self._sock
-        if sock is None:
-            return
-        try:
-            sock.send(protocol.HEARTBEAT_BYTES, _NO_SIGNAL)
-        except OSError as error:
-            self._on_send_error(error)
+        if not self._sender.heartbeat():
+            self._reconnect()
 
     def resumed(self) -> None:
         """Tell the daemon this rank is training again (say, after its first collective of a
         new attempt): the end of a restart's `first_step` stage. A heartbeat or a section start
         counts too; this says it where neither fits."""
-        self._send(protocol.RESUMED_BYTES)
+        self._send_message({"t": protocol.RESUMED})
 
     def start_section(self, name: str) -> None:
         """Open section `name` (timed against its `rank_section_timeouts` entry)."""
+        if len(self._open_sections) >= protocol.MAX_OPEN_SECTIONS:
+            self.refused_sections += 1
+            if self.refused_sections == 1:
+                log.warning(
+                    "ftd: %d sections are open (is end_section missing?); section %r and "
+                    "further ones beyond that are not timed",
+                    protocol.MAX_OPEN_SECTIONS,
+                    name[:64],
+                )
+            return
         self._open_sections.append(name)
-        self._send(self._section_message(protocol.SECTION_START, name))
+        if not self._sender.section(protocol.SECTION_START, name):
+            self._reconnect()
 
     def end_section(self, name: str) -> None:
         if name in self._open_sections:
             self._open_sections.remove(name)
-        self._send(self._section_message(protocol.SECTION_END, name))
+        if not self._sender.section(protocol.SECTION_END, name):
+            self._reconnect()
 
     def end_all_sections(self) -> None:
         for name in reversed(self._open_sections):
@@ -186,17 +199,17 @@ class RankClient:
 
     def _announce_fault(self, kind: str) -> None:
         sections = list(self._open_sections)  # what the daemon should charge the hang to
-        self._send(protocol.encode({"t": protocol.FAULT, "kind": kind, "sections": sections}))
+        self._send_message({"t": protocol.FAULT, "kind": kind, "sections": sections})
 
     def close(self) -> None:
         if self._sock is not None:
-            self._send(protocol.encode({"t": protocol.GOODBYE}))
+            self._send_message({"t": protocol.GOODBYE})
+            self._sender.detach()
             self._sock.close()
             self._sock = None
         self._path = None
         if self._stack_file is not None:
-            faulthandler.unregister(_stack_signal())
-            self._stack_file.close()
+            unregister_stack_dump(self._stack_file)
             self._stack_file = None
 
     def __enter__(self) -> RankClient:
@@ -207,38 +220,30 @@ class RankClient:
 
     # -- internals ---------------------------------------------------------------------------
 
-    def _section_message(self, kind: str, name: str) -> bytes:
-        key = (kind, name)
-        data = self._section_bytes.get(key)
-        if data is None:
-            data = self._section_bytes[key] = protocol.section_bytes(kind, name)
-        return data
+    def _send_message(self, message: dict[str, Any]) -> None:
+        if not self._sender.message(message):
+            self._reconnect()
 
-    def _send(self, data: bytes) -> None:
-        sock = self._sock
-        if sock is None:
-            return
-        try:
-            sock.send(data, _NO_SIGNAL)
-        except OSError as error:
-            self._on_send_error(error)
-
-    def _on_send_error(self, error: OSError) -> None:
-        self.dropped += 1
-        if error.errno != errno.EAGAIN:  # the daemon is gone; it may come back on its path
-            now = time.monotonic()
-            if now >= self._next_reconnect:
-                self._next_reconnect = now + RECONNECT_INTERVAL_S
-                self._connect()
+    def _reconnect(self) -> None:
+        """The daemon went away; it may come back on its path (at most once a second)."""
+        now = time.monotonic()
+        if now >= self._next_reconnect:
+            self._next_reconnect = now + RECONNECT_INTERVAL_S
+            self._connect()
 
     def _connect(self) -> None:
         """(Re)connect and send the handshake; a daemon that is away costs one failed try."""
         if not self._path:
             return
+        self._sender.detach()
         if self._sock is not None:
             self._sock.close()
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._sock.setblocking(False)
+        size_send_buffer(self._sock)
+        # Numbered from 1, the handshake carrying the state; unconnected, a send fails
+        # (ENOTCONN) and the next call retries the connection.
+        self._sender.attach(self._sock)
         try:
             self._sock.connect(self._path)
         except OSError:
@@ -246,14 +251,14 @@ class RankClient:
             return
         self._hello_id = next(self._ids)
         hello = {"t": protocol.HELLO, "id": self._hello_id, "stack_signal": self._stack_signal}
-        self._send(protocol.encode(hello))
+        self._send_message(hello)
 
     def _request(self, message: dict[str, Any]) -> dict[str, Any] | None:
         self.last_error = ""
         if self._sock is None:
             return None
         request_id = next(self._ids)
-        self._send(protocol.encode({**message, "id": request_id}))
+        self._send_message({**message, "id": request_id})
         deadline = time.monotonic() + self.request_timeout_s
         while (remaining := deadline - time.monotonic()) > 0:
             readable, _, _ = select.select([self._sock], [], [], remaining)
@@ -299,25 +304,6 @@ class RankClient:
         if isinstance(learned, list):
             self.learned = frozenset(str(name) for name in learned)
         return self.timeouts
-
-    def _register_stack_dump(self) -> int | None:
-        """On the daemon's signal, dump every thread's Python stack into the attempt's log
-        directory; the dump runs in the signal handler, so it works while the main thread is
-        stuck (in a collective, say)."""
-        path = os.environ.get("FTD_STACKS_FILE")
-        if not path:
-            return None
-        try:
-            self._stack_file = open(path, "a", encoding="utf-8")  # noqa: SIM115 (kept open)
-            faulthandler.register(_stack_signal(), file=self._stack_file, all_threads=True)
-        except (OSError, ValueError, RuntimeError) as error:
-            log.warning("ftd: cannot register the stack dump: %s", error)
-            return None
-        return int(_stack_signal())
-
-
-def _stack_signal() -> signal.Signals:
-    return signal.Signals(int(os.environ.get("FTD_STACK_SIGNAL", int(signal.SIGUSR2))))
 
 
 def _warn_unsupervised() -> None:
