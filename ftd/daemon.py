@@ -256,6 +256,9 @@ class Daemon:
             "received": server.received,
             "dropped": dict(server.dropped),
             "stalls": self.health.monitor.stalls,
+            "lost": self.health.losses.lost_total,
+            "loss_episodes": self.health.losses.episodes,
+            "budget_refusals": dict(self.health.budgets.refused),
         }
 
     def _publish(self, summary: dict[str, object]) -> None:

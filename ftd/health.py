@@ -8,7 +8,6 @@ in a state file so they survive restarts of ranks and of the daemon.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from pathlib import Path
@@ -33,14 +32,15 @@ from ftd.learning import (
     learn_nvrx,
     learn_timeouts,
     learned_values,
+    load_learned,
 )
-from ftd.monitor import STALL_THRESHOLD_S, Monitor
+from ftd.monitor import Monitor
 from ftd.nvrx_host import NvrxRankHost
 from ftd.nvrx_server import NvrxServer
 from ftd.persist import Persistence
 from ftd.rank_accounting import BudgetWatch, LossWatch, send_buffer_bytes
 from ftd.rank_health import Link, RankHealth
-from ftd.rank_sync import BudgetExceeded
+from ftd.rank_messages import deliver
 from ftd.state import RankStatus
 from ftd.workers import WorkerGroup
 
@@ -81,11 +81,13 @@ class HealthService:
         self.budgets = BudgetWatch(events)
         self._learned: frozenset[str] = frozenset()
         self._generations = Generations()
-        timeouts = self._load_state(ft.timeouts())
+        timeouts, self._learned = load_learned(state_file, ft.timeouts())
         self.monitor = Monitor(timeouts, lambda verdict: self.hangs.on_hang(verdict))
         self.hangs = HangHandler(self.monitor, events, ft.rank_termination_signal)
         self.monitor.connect_timeout = ft.initial_rank_heartbeat_timeout  # as configured
-        self.server = RankSocketServer(socket_path, self._dispatch, self._authorize)
+        self.server = RankSocketServer(
+            socket_path, self._dispatch, self._authorize, self._link_closed
+        )
         self.monitor.drain = self.server.drain
         self.nvrx = NvrxServer(socket_path, NvrxRankHost(self), self.server.dropped)
         self.server.followers.append(self.nvrx)
@@ -222,29 +224,6 @@ class HealthService:
         )
         log.info("timeouts changed by %s: %s", by, timeouts.model_dump())
 
-    def _load_state(self, configured: RankTimeouts) -> RankTimeouts:
-        """Learned values from an earlier run override the configured ones they replaced."""
-        try:
-            state = json.loads(self.state_file.read_text())
-            learned = frozenset(state.get("learned", []))
-            saved = RankTimeouts.model_validate(state["timeouts"])
-        except FileNotFoundError:
-            return configured
-        except (ValueError, KeyError, TypeError, ValidationError) as error:
-            log.warning("ignoring the unreadable state file %s: %s", self.state_file, error)
-            return configured
-        values = configured.model_dump()
-        for name in learned:
-            if name.startswith("section:"):
-                section = name.removeprefix("section:")
-                if section in saved.rank_section_timeouts:
-                    values["rank_section_timeouts"][section] = saved.rank_section_timeouts[section]
-            elif name in values:
-                values[name] = getattr(saved, name)
-        self._learned = learned
-        log.info("loaded learned timeouts from %s", self.state_file)
-        return RankTimeouts.model_validate(values)
-
     def _save_state(self) -> None:
         state = {"timeouts": self.timeouts.model_dump(), "learned": sorted(self._learned)}
         self.persist.write_json(self.state_file, state)
@@ -270,42 +249,32 @@ class HealthService:
 
     def _dispatch(self, link: Link, message: dict[str, Any], now: float) -> dict[str, Any] | None:
         rank = self.rank_for(link.pid)
-        lost = self.monitor.on_sequence(rank, link, message.get("s"), message.get("dropped"))
-        if lost:
-            self.losses.lost(rank, lost, now)
-        state = message.get("o")
-        try:
-            reply = self._handle(rank, link, message, now)
-        except BudgetExceeded as error:
-            self.budgets.exceeded(rank, error)
-            raise
-        finally:
-            if state is not None:
-                for refusal in self.monitor.on_state(rank, link.id, state, now):
-                    self.budgets.exceeded(rank, refusal)
         self.losses.received(rank, now)
+        if message["t"] == protocol.HELLO:  # before its state: the rank is connected
+            self.monitor.on_hello(rank, message.get("stack_signal"), now)
+        delivery = deliver(self.monitor, rank, link, message, now)
+        if delivery.lost:
+            self.losses.lost(rank, delivery.lost, now)
+        for refusal in delivery.refused:
+            self.budgets.exceeded(rank, refusal)
+        reply = self._answer(rank, message, now)
+        if delivery.refused:
+            raise delivery.refused[0]  # counted by the socket as a dropped message
         return reply
 
-    def _handle(
-        self, rank: RankHealth, link: Link, message: dict[str, Any], now: float
+    def _link_closed(self, link: Link) -> None:
+        """A rank's connection ended: nothing can close its sections any more."""
+        rank = self.monitor.rank_of(link.pid)
+        if rank is not None:
+            self.monitor.on_state(rank, link.id, [], time.monotonic(), fresh=False)
+
+    def _answer(
+        self, rank: RankHealth, message: dict[str, Any], now: float
     ) -> dict[str, Any] | None:
+        """The requests a rank's message makes beyond its health (rank_messages.deliver)."""
         kind = message["t"]
-        synced = "o" in message
-        if kind == protocol.HEARTBEAT:
-            self.monitor.on_heartbeat(rank, now)
-        elif kind == protocol.SECTION_START:
-            at = sent_at(message.get("m"), now)
-            self.monitor.on_section_start(rank, message["n"], now, link.id, at)
-        elif kind == protocol.SECTION_END:
-            at = sent_at(message.get("m"), now)
-            self.monitor.on_section_end(rank, message["n"], now, link.id, synced, at)
-        elif kind == protocol.HELLO:
-            self.monitor.on_hello(rank, message.get("stack_signal"), now)
+        if kind == protocol.HELLO:
             return self._timeouts_reply(self.timeouts)
-        elif kind == protocol.GOODBYE:
-            self.monitor.on_goodbye(rank)
-        elif kind == protocol.RESUMED:
-            self.monitor.on_resumed(rank, now)
         elif kind == protocol.FAULT:
             fault = str(message.get("kind"))[:16]
             rank.simulated_hang = rank.simulated_hang or fault == "hang"
@@ -400,15 +369,6 @@ class HealthService:
         if action is not WorkloadAction.CONTINUE:
             log.warning("%s", request.reason())
             self.workload_request = request
-
-
-def sent_at(sent_ns: object, now: float) -> float:
-    """When the rank sent a message (its CLOCK_MONOTONIC, the daemon's too), within the second
-    before its receipt: a backlog does not delay a section's clock, and a daemon that was not
-    running gets its grace (monitor.STALL_THRESHOLD_S) instead of deadlines in the past."""
-    if not isinstance(sent_ns, int):
-        return now
-    return min(now, max(sent_ns / 1e9, now - STALL_THRESHOLD_S))
 
 
 def _names(value: object, what: str) -> frozenset[str]:

@@ -66,10 +66,18 @@ class _Connection:
 
 
 class RankSocketServer:
-    def __init__(self, path: Path, dispatch: Dispatch, authorize: Authorize) -> None:
+    def __init__(
+        self,
+        path: Path,
+        dispatch: Dispatch,
+        authorize: Authorize,
+        closed: Callable[[Link], None] = lambda link: None,
+    ) -> None:
         self.path = path
         self._dispatch = dispatch
         self._authorize = authorize
+        self._closed = closed
+        """Told when a rank's connection ends (after its last message was dispatched)."""
         self.dropped: collections.Counter[str] = collections.Counter()
         self.received = 0
         self.previous_pids: set[int] = set()
@@ -172,6 +180,7 @@ class RankSocketServer:
         if entry is not None and self._loop is not None:
             self._loop.remove_reader(fd)
             entry.sock.close()
+            self._closed(entry.link)
 
     def _on_readable(self, connection: _Connection) -> bool:
         """Read up to READ_BATCH messages; whether more may be waiting."""

@@ -24,11 +24,19 @@ ftd adds a floor: a learned value is never below `min_learned_timeout`.
 
 from __future__ import annotations
 
+import json
+import logging
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal
 
-from ftd.ft_config import MAX_TIMEOUT_S, RankTimeouts
+from pydantic import ValidationError
+
+from ftd.ft_config import MAX_SECTIONS, MAX_TIMEOUT_S, RankTimeouts
+
+log = logging.getLogger("ftd.health")
+MAX_STATE_FILE_BYTES = 1 << 20
 
 HB_INITIAL = "initial_rank_heartbeat_timeout"
 HB_SUBSEQUENT = "rank_heartbeat_timeout"
@@ -71,7 +79,7 @@ def learn_timeouts(
     """ft_launcher's rule: timeout = longest observed interval * safety_factor (at least
     `floor`), blended 50/50 with the previous value when that one was itself learned. Returns
     the new timeouts and the names of those now learned (`sections` None: every observed
-    section)."""
+    section). The table never outgrows MAX_SECTIONS: new names beyond it are not learned."""
     values = current.model_dump()
     now_learned = set(learned)
 
@@ -94,6 +102,8 @@ def learn_timeouts(
         )
     section_values = dict(current.rank_section_timeouts)
     for name, observed in seen.sections.items():
+        if name not in section_values and len(section_values) >= MAX_SECTIONS:
+            continue  # the table is full (its bound): a new name is not learned
         if sections is None or name in sections:
             section_values[name] = blend(f"section:{name}", section_values.get(name), observed)
     values["rank_section_timeouts"] = section_values
@@ -221,3 +231,53 @@ def learned_values(timeouts: RankTimeouts, names: frozenset[str]) -> dict[str, f
         if isinstance(value, float | int):
             values[name] = float(value)
     return values
+
+
+def load_learned(path: Path, configured: RankTimeouts) -> tuple[RankTimeouts, frozenset[str]]:
+    """Learned values saved by an earlier run override the configured ones they replaced.
+    The file is read as outside input (a disk filled mid-write, an edit by hand): bounded,
+    every field checked, and anything wrong is one warning and the configured timeouts."""
+    try:
+        with path.open("rb") as file:
+            data = file.read(MAX_STATE_FILE_BYTES + 1)
+    except FileNotFoundError:
+        return configured, frozenset()
+    except OSError as error:
+        log.warning("ignoring the unreadable state file %s: %s", path, error)
+        return configured, frozenset()
+    try:
+        if len(data) > MAX_STATE_FILE_BYTES:
+            raise ValueError(f"larger than {MAX_STATE_FILE_BYTES} bytes")
+        state = json.loads(data)
+        saved = RankTimeouts.model_validate(state["timeouts"])
+        learned = _learned_names(state.get("learned", []))
+        merged = _merge_learned(configured, saved, learned)
+        log.info("loaded learned timeouts from %s", path)
+        return merged, learned
+    except (ValueError, KeyError, TypeError, RecursionError, ValidationError) as error:
+        log.warning("ignoring the unreadable state file %s: %s", path, str(error)[:300])
+        return configured, frozenset()
+
+
+def _learned_names(value: object) -> frozenset[str]:
+    if not isinstance(value, list) or len(value) > MAX_SECTIONS + 8:
+        raise ValueError("learned must be a list of timeout names")
+    if not all(isinstance(name, str) and len(name) <= 200 for name in value):
+        raise ValueError("learned must be a list of timeout names")
+    return frozenset(value)
+
+
+def _merge_learned(
+    configured: RankTimeouts, saved: RankTimeouts, learned: frozenset[str]
+) -> RankTimeouts:
+    values: dict[str, Any] = configured.model_dump()
+    sections: dict[str, float | None] = values["rank_section_timeouts"]
+    for name in sorted(learned):
+        if name.startswith("section:"):
+            section = name.removeprefix("section:")
+            full = section not in sections and len(sections) >= MAX_SECTIONS
+            if section in saved.rank_section_timeouts and not full:
+                sections[section] = saved.rank_section_timeouts[section]
+        elif name in values and name != "rank_section_timeouts":
+            values[name] = getattr(saved, name)
+    return RankTimeouts.model_validate(values)

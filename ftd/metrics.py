@@ -150,6 +150,31 @@ class DaemonCollector(Collector):
             if isinstance(age, int | float):
                 heartbeat.add_metric([str(rank.local_rank)], now - age)
         yield heartbeat
+        ipc = status.ipc
+        yield CounterMetricFamily(
+            "ftd_rank_messages_lost",
+            "Rank messages that never reached the daemon (gaps in their sequence numbers)",
+            value=_count(ipc.get("lost")),
+        )
+        yield CounterMetricFamily(
+            "ftd_rank_message_loss_episodes",
+            "Episodes of lost rank messages (a burst, a paused daemon)",
+            value=_count(ipc.get("loss_episodes")),
+        )
+        refusals = CounterMetricFamily(
+            "ftd_budget_refusals",
+            "Rank requests refused by a budget (open sections, section names)",
+            labels=["budget"],
+        )
+        by_budget = ipc.get("budget_refusals")
+        for budget in ("open_sections", "section_names"):
+            refused = by_budget.get(budget) if isinstance(by_budget, dict) else None
+            refusals.add_metric([budget], _count(refused))
+        yield refusals
+
+
+def _count(value: object) -> float:
+    return float(value) if isinstance(value, int) else 0.0
 
 
 class ApiMetrics:

@@ -273,11 +273,11 @@ class Monitor:
             self.observed.see(name, max(at - started, 0.0))
 
     def on_state(
-        self, rank: RankHealth, link: int, state: list[str], now: float
+        self, rank: RankHealth, link: int, state: list[str], now: float, fresh: bool
     ) -> list[BudgetExceeded]:
-        """The sections open on `link` are exactly `state` (rank_sync.apply_state); what a
-        budget refused."""
-        refused = apply_state(rank, link, state, now, self.section_names)
+        """The sections open on `link` are exactly `state` (rank_sync.apply_state; `fresh`:
+        their clocks restart); what a budget refused."""
+        refused = apply_state(rank, link, state, now, self.section_names, fresh)
         self._rearm_if_earlier(rank, now)
         return refused
 

@@ -81,10 +81,18 @@ def close_section(rank: RankHealth, name: str, now: float) -> float | None:
 
 
 def apply_state(
-    rank: RankHealth, link: int, state: list[str], now: float, names: SectionNames
+    rank: RankHealth,
+    link: int,
+    state: list[str],
+    now: float,
+    names: SectionNames,
+    fresh: bool = False,
 ) -> list[BudgetExceeded]:
     """Make the sections open on `link` exactly `state` (see the module's docstring); the
-    link's state is known again. Returns what a budget refused."""
+    link's state is known again. `fresh` (or a link whose state was unknown): the sections
+    that stay open may have closed and opened again unseen, so their clocks restart now.
+    Returns what a budget refused."""
+    fresh = fresh or link in rank.unknown_links
     wanted = dict.fromkeys(state)
     for name in [n for n, owner in rank.section_links.items() if owner == link]:
         if name not in wanted:
@@ -93,6 +101,8 @@ def apply_state(
     for name in wanted:
         if name in rank.open_sections:
             rank.section_links[name] = link
+            if fresh:
+                rank.open_sections[name] = now
             continue
         try:
             open_section(rank, name, link, now, names)

@@ -80,6 +80,7 @@ class RankStatus:
             "last_heartbeat_age_s": health.get("last_heartbeat_age_s"),
             "section": health.get("section"),
             "section_age_s": health.get("section_age_s"),
+            "dropped_messages": health.get("dropped_messages"),
         }
 
 

@@ -14,8 +14,9 @@ rank tried to send, sent or dropped). Sends are non-blocking, so a burst, or a d
 paused, loses messages; the sequence lets the daemon see the gap. Messages that change section
 state (`ss`, `se`) carry `"o"`: the sections open on that connection *after* the change, so the
 daemon's view converges with the next message that gets through; after a drop, the rank's next
-message of any kind carries `"o"` too, and `"dropped"`: how many messages the rank has dropped so far.
-A gap without `"o"` leaves the connection's section state unknown (untimed) until one arrives.
+message of any kind carries `"o"` too, and `"dropped"`: how many messages the rank has dropped
+so far. A gap without `"o"` leaves the connection's section state unknown (untimed) until one
+arrives.
 
 | field | meaning |
 |---|---|
