@@ -18,10 +18,11 @@ from pathlib import Path
 
 from ftd.event_kind import EventKind
 from ftd.events import EventLog
-from ftd.monitor import Monitor, Verdict
+from ftd.monitor import Monitor
 from ftd.rank_health import RankHealth
 from ftd.state import Failure
 from ftd.tasks import within
+from ftd.verdict import Verdict
 from ftd.workers import WorkerGroup
 
 log = logging.getLogger("ftd.health")

@@ -40,6 +40,9 @@ LISTEN_BACKLOG = 1024
 READ_BATCH = 512
 """Messages read from one connection per wake-up: a rank that sends without pause cannot keep
 the loop from the others (the loop wakes it again while it is readable)."""
+BACKLOG_MESSAGES = 64
+"""A queue this long when drained may have been full: a rank's send buffer holds 278 small
+messages at Linux's default size, thousands at ftd's (FTD_SOCKET_SNDBUF)."""
 DRAIN_BATCHES = 64
 """A drain before a verdict reads this many batches per connection at most (32k messages:
 more than a rank's whole send buffer holds)."""
@@ -120,20 +123,29 @@ class RankSocketServer:
         for fd, connection in self._connections.items():
             self._loop.add_reader(fd, self._on_readable, connection)
 
-    def drain(self) -> None:
+    def drain(self) -> set[int]:
         """Read every message already queued, now: a timer about to judge a rank must not run
-        ahead of the rank's queued heartbeats (the event loop runs due timers before I/O)."""
+        ahead of the rank's queued heartbeats (the event loop runs due timers before I/O).
+        The pids whose queue held BACKLOG_MESSAGES or more: it may have been full, and the
+        rank may have dropped a message since."""
         for follower in self.followers:
             follower.drain()
+        backlogged: set[int] = set()
         if self._loop is None or self._paused or self._listener is None:
-            return
+            return backlogged
         self._on_connect()
         for connection in list(self._connections.values()):
+            read = 0
             for _ in range(DRAIN_BATCHES):
                 if connection.sock.fileno() not in self._connections:
                     break
-                if not self._on_readable(connection):
+                batch = self._on_readable(connection)
+                read += batch
+                if batch < READ_BATCH:
                     break
+            if read >= BACKLOG_MESSAGES:
+                backlogged.add(connection.link.pid)
+        return backlogged
 
     def close(self) -> None:
         loop = self._loop
@@ -182,21 +194,21 @@ class RankSocketServer:
             entry.sock.close()
             self._closed(entry.link)
 
-    def _on_readable(self, connection: _Connection) -> bool:
-        """Read up to READ_BATCH messages; whether more may be waiting."""
+    def _on_readable(self, connection: _Connection) -> int:
+        """Read up to READ_BATCH messages; how many (READ_BATCH: more may be waiting)."""
         conn, link = connection.sock, connection.link
         pid = link.pid
-        for _ in range(READ_BATCH):
+        for count in range(READ_BATCH):
             try:
                 data, _, flags, _ = conn.recvmsg(protocol.MAX_MESSAGE_BYTES + 1)
             except (BlockingIOError, InterruptedError):
-                return False
+                return count
             except OSError:
                 self._hang_up(conn.fileno())
-                return False
+                return count
             if not data and _peer_closed(conn):  # not an empty message: the rank has gone
                 self._hang_up(conn.fileno())
-                return False
+                return count
             now = time.monotonic()
             self.received += 1
             try:
@@ -215,7 +227,7 @@ class RankSocketServer:
                 continue
             if reply is not None:
                 self._send(conn, {"t": protocol.REPLY, "id": message.get("id"), **reply})
-        return True
+        return READ_BATCH
 
     def _drop(self, cause: str, pid: int, detail: str) -> None:
         self.dropped[cause] += 1

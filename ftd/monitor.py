@@ -18,17 +18,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Protocol
+from collections.abc import Callable, Collection
 
 from ftd_client.protocol import ProtocolError
 
 from ftd.ft_config import RankTimeouts
 from ftd.learning import HEARTBEATS, OUT_OF_SECTION, Observations
 from ftd.rank_health import (
-    Cancellable,
     Deadline,
     Link,
     RankHealth,
@@ -44,9 +40,13 @@ from ftd.rank_sync import (
     lose,
     open_section,
 )
+from ftd.verdict import Clock, LoopClock, Overdue, Verdict, order_by_silence
 
 log = logging.getLogger("ftd.monitor")
 
+RESYNC_GRACE_S = 0.25
+"""How long a verdict waits for the state of a rank whose queue was found full: more than
+ftd_client's slowest retry (rank_sender.RETRY_SLOW_S)."""
 STALL_THRESHOLD_S = 1.0
 """A timer this much later than its deadline means the daemon was not running, not the rank."""
 BLAME_WINDOW_MAX_S = 1.0
@@ -54,62 +54,6 @@ BLAME_WINDOW_FRACTION = 0.25
 """Ranks whose deadlines fall within one heartbeat interval of a verdict (at most a second, at
 most a quarter of the timeout that fell due) are judged together: the one silent longest is
 named first."""
-
-
-class Clock(Protocol):
-    """Monotonic time and timers: the event loop in the daemon, a fake clock in tests."""
-
-    def now(self) -> float: ...
-
-    def call_later(
-        self, delay: float, callback: Callable[[RankHealth], None], rank: RankHealth
-    ) -> Cancellable: ...
-
-
-class LoopClock:
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-
-    def now(self) -> float:
-        return time.monotonic()
-
-    def call_later(
-        self, delay: float, callback: Callable[[RankHealth], None], rank: RankHealth
-    ) -> Cancellable:
-        return self._loop.call_later(delay, callback, rank)
-
-
-@dataclass(frozen=True)
-class Overdue:
-    rank: RankHealth
-    deadline: Deadline
-
-    def reason(self, now: float) -> str:
-        return self.deadline.reason(self.rank, now)
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """Ranks found hung together, the one silent longest first."""
-
-    overdue: tuple[Overdue, ...]
-    at: float
-
-    @property
-    def first(self) -> Overdue:
-        return self.overdue[0]
-
-
-def order_by_silence(overdue: list[Overdue]) -> list[Overdue]:
-    """The rank whose last sign of life is oldest stopped first: it comes first (a rank waiting
-    on it in a collective stopped talking later); ties by global rank."""
-
-    def silent_since(item: Overdue) -> float:
-        rank = item.rank
-        seen = rank.last_seen if rank.last_seen is not None else rank.connected_at
-        return seen if seen is not None else float("-inf")
-
-    return sorted(overdue, key=lambda item: (silent_since(item), item.rank.global_rank))
 
 
 HangHandler = Callable[[Verdict], None]
@@ -123,7 +67,7 @@ class Monitor:
         timeouts: RankTimeouts,
         on_hang: HangHandler,
         clock: Clock | None = None,
-        drain: Callable[[], None] | None = None,
+        drain: Callable[[], Collection[int]] | None = None,
     ) -> None:
         self.timeouts = timeouts
         self.observed = Observations()
@@ -132,7 +76,8 @@ class Monitor:
         self._on_hang = on_hang
         self._clock = clock or LoopClock(asyncio.get_running_loop())
         self.drain = drain
-        """Reads every queued rank message (the socket's), called before a verdict."""
+        """Reads every queued rank message (the socket's), called before a verdict; the pids
+        whose queue was (perhaps) full."""
         self.connect_timeout: float | None = timeouts.initial_rank_heartbeat_timeout
         """A rank that has not contacted the daemon this long after its start is judged hung:
         the configured initial heartbeat timeout (never a learned one)."""
@@ -331,9 +276,10 @@ class Monitor:
         now = self._clock.now()
         deadline = next_deadline(rank, self.timeouts, self.connect_timeout)
         if deadline is not None and deadline.at <= now and self.drain is not None:
-            self.drain()  # a heartbeat queued behind this timer is a sign of life
-            if rank.timer is not None:  # the drain re-armed it
-                return
+            # A heartbeat queued behind this timer is a sign of life.
+            backlogged = [r for p in self.drain() if (r := self._by_pid.get(p)) is not None]
+            if rank in self._defer(backlogged, now) or rank.timer is not None:
+                return  # waiting for its state, or the drain re-armed it
             deadline = next_deadline(rank, self.timeouts, self.connect_timeout)
         if deadline is None:
             return
@@ -344,6 +290,23 @@ class Monitor:
             self._grace_after_stall(now, now - armed_at)
             return
         self._judge(now, deadline)
+
+    def _defer(self, backlogged: list[RankHealth], now: float) -> list[RankHealth]:
+        """Ranks whose queue the drain found full may have dropped a message since (their
+        queue had no room): their state, retried by the rank every RETRY_S, comes once the
+        drain made room. A deadline due for such a rank waits RESYNC_GRACE_S, once."""
+        deferred: list[RankHealth] = []
+        for rank in backlogged:
+            deadline = next_deadline(rank, self.timeouts, self.connect_timeout)
+            if deadline is None or deadline.at > now + RESYNC_GRACE_S:
+                continue
+            if rank.deferred_deadline == deadline.at:
+                continue
+            rank.deferred_deadline = deadline.at
+            self._disarm(rank)
+            self._arm_at(rank, now + RESYNC_GRACE_S, now)
+            deferred.append(rank)
+        return deferred
 
     def _grace_after_stall(self, now: float, late_s: float) -> None:
         """The daemon did not run for `late_s`: nobody can say who was silent then. Every rank
@@ -377,8 +340,12 @@ class Monitor:
         overdue: list[Overdue] = []
         for rank in self.ranks():
             deadline = next_deadline(rank, self.timeouts, self.connect_timeout)
-            if deadline is not None and deadline.at <= now + window:
-                overdue.append(Overdue(rank, deadline))
+            if deadline is None or deadline.at > now + window:
+                continue
+            waiting = rank.armed_at is not None and rank.armed_at > now
+            if waiting and rank.deferred_deadline == deadline.at:
+                continue  # its state may be on its way (_defer)
+            overdue.append(Overdue(rank, deadline))
         if not overdue:
             return
         for item in overdue:

@@ -54,6 +54,8 @@ class RankHealth:
     """The rank announced an injected hang (ft_config simulated_fault, POST /v1/faults)."""
     timer: Cancellable | None = None
     armed_at: float | None = None
+    deferred_deadline: float | None = None
+    """The deadline whose verdict already waited once for the rank's state (Monitor._defer)."""
 
     def snapshot(self, now: float) -> dict[str, Any]:
         section, since = (None, None)

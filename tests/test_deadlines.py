@@ -16,8 +16,9 @@ from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
 from ftd.ft_config import RankTimeouts
-from ftd.monitor import BLAME_WINDOW_MAX_S, Monitor, Verdict
+from ftd.monitor import BLAME_WINDOW_MAX_S, Monitor
 from ftd.rank_health import RankHealth
+from ftd.verdict import Verdict
 
 
 @dataclass(order=True)
@@ -271,10 +272,11 @@ def test_queued_heartbeats_are_read_before_a_verdict() -> None:
         h.step(("hb", r))
     queued = {0: 0.9}  # rank 0 sent at 0.9 s, still unread when its timer fires
 
-    def drain() -> None:
+    def drain() -> set[int]:
         for index, _sent in list(queued.items()):
             h.monitor.on_heartbeat(h.rank(index), h.clock.now())
             queued.pop(index)
+        return set()  # no queue was full
 
     h.monitor.drain = drain
     h.clock.advance_to(1.0)

@@ -16,6 +16,7 @@ import socket
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 from ftd_client import protocol
@@ -35,7 +36,9 @@ _senders: weakref.WeakSet[Sender] = weakref.WeakSet()
 class Sender:
     """The sending half of a RankClient: its socket, sequence, section state and drops."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock_ns: Callable[[], int] = time.monotonic_ns) -> None:
+        self._clock_ns = clock_ns
+        """CLOCK_MONOTONIC in ns, the daemon's clock too (a fake one in tests)."""
         self.sock: socket.socket | None = None
         self.dropped = 0
         """Messages that could not be handed to the daemon (it was away or overloaded)."""
@@ -95,9 +98,9 @@ class Sender:
                 return True
             self._seq = seq = self._seq + 1
             if self._resync:
-                event = {"t": kind, "n": name, "m": time.monotonic_ns()}
+                event = {"t": kind, "n": name, "m": self._clock_ns()}
                 return self._send(sock, self._state(event))
-            return self._send(sock, template % (seq, time.monotonic_ns()))
+            return self._send(sock, template % (seq, self._clock_ns()))
 
     def message(self, message: dict[str, Any]) -> bool:
         """Any other message, numbered (and with the state after a drop)."""
