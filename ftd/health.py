@@ -252,7 +252,7 @@ class HealthService:
         self.losses.received(rank, now)
         if message["t"] == protocol.HELLO:  # before its state: the rank is connected
             self.monitor.on_hello(rank, message.get("stack_signal"), now)
-        delivery = deliver(self.monitor, rank, link, message, now)
+        delivery = deliver(self.monitor, rank, link, message, now, self.server.reading_since)
         if delivery.lost:
             self.losses.lost(rank, delivery.lost, now)
         for refusal in delivery.refused:

@@ -37,6 +37,7 @@ UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 MAX_CONNECTIONS = 4096
 PREVIOUS_ATTEMPT = "previous_attempt"
 LISTEN_BACKLOG = 1024
+READING_PAUSE_S = 1.0
 READ_BATCH = 512
 """Messages read from one connection per wake-up: a rank that sends without pause cannot keep
 the loop from the others (the loop wakes it again while it is readable)."""
@@ -89,6 +90,10 @@ class RankSocketServer:
         self._listener: socket.socket | None = None
         self._connections: dict[int, _Connection] = {}
         self._link_ids = itertools.count(1)
+        self._last_read = float("-inf")
+        self.reading_since = 0.0
+        """When the daemon began reading without a pause (READING_PAUSE_S): a message sent
+        since then waited in a backlog; one sent before waited while nobody read."""
         self._paused = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self.followers: list[Follower] = []
@@ -210,6 +215,9 @@ class RankSocketServer:
                 self._hang_up(conn.fileno())
                 return count
             now = time.monotonic()
+            if now - self._last_read > READING_PAUSE_S:
+                self.reading_since = now
+            self._last_read = now
             self.received += 1
             try:
                 if flags & socket.MSG_TRUNC or len(data) > protocol.MAX_MESSAGE_BYTES:

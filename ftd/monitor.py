@@ -218,11 +218,18 @@ class Monitor:
             self.observed.see(name, max(at - started, 0.0))
 
     def on_state(
-        self, rank: RankHealth, link: int, state: list[str], now: float, fresh: bool
+        self,
+        rank: RankHealth,
+        link: int,
+        state: list[str],
+        now: float,
+        fresh: bool,
+        at: float | None = None,
     ) -> list[BudgetExceeded]:
-        """The sections open on `link` are exactly `state` (rank_sync.apply_state; `fresh`:
-        their clocks restart); what a budget refused."""
-        refused = apply_state(rank, link, state, now, self.section_names, fresh)
+        """The sections open on `link` are exactly `state` as of `at` (its send time; else
+        `now`); rank_sync.apply_state; `fresh`: their clocks restart. What a budget refused."""
+        as_of = now if at is None else at
+        refused = apply_state(rank, link, state, as_of, self.section_names, fresh)
         self._rearm_if_earlier(rank, now)
         return refused
 

@@ -19,6 +19,9 @@ from ftd.monitor import STALL_THRESHOLD_S, Monitor
 from ftd.rank_health import Link, RankHealth
 from ftd.rank_sync import BudgetExceeded
 
+MAX_BACKLOG_S = 30.0
+"""A message older than this when read is timed from 30 s before its receipt."""
+
 
 @dataclass
 class Delivery:
@@ -28,35 +31,47 @@ class Delivery:
 
 
 def deliver(
-    monitor: Monitor, rank: RankHealth, link: Link, message: dict[str, Any], now: float
+    monitor: Monitor,
+    rank: RankHealth,
+    link: Link,
+    message: dict[str, Any],
+    now: float,
+    reading_since: float | None = None,
 ) -> Delivery:
-    """Apply `message` (decoded, received on `link` at `now`). A budget's refusal of its event
-    is in `refused`, never raised: the state it carries is applied all the same."""
+    """Apply `message` (decoded, received on `link` at `now`; the daemon has been reading
+    without a pause since `reading_since`). A budget's refusal of its event is in `refused`,
+    never raised: the state it carries is applied all the same."""
     delivery = Delivery(monitor.on_sequence(rank, link, message.get("s"), message.get("dropped")))
+    at = sent_at(message.get("m"), now, reading_since)
     state = message.get("o")
     try:
-        _apply_event(monitor, rank, link, message, now)
+        _apply_event(monitor, rank, link, message, now, at)
     except BudgetExceeded as error:
         delivery.refused.append(error)
     if state is not None:
         # After a drop ("dropped" rides along) what stayed open may have closed and opened
-        # again unseen: its clock restarts now.
+        # again unseen: its clock restarts when the rank said so.
         fresh = "dropped" in message
-        delivery.refused += monitor.on_state(rank, link.id, state, now, fresh)
+        for refusal in monitor.on_state(rank, link.id, state, now, fresh, at):
+            if all(refusal.budget != seen.budget for seen in delivery.refused):
+                delivery.refused.append(refusal)  # one refusal per budget and message
     return delivery
 
 
 def _apply_event(
-    monitor: Monitor, rank: RankHealth, link: Link, message: dict[str, Any], now: float
+    monitor: Monitor,
+    rank: RankHealth,
+    link: Link,
+    message: dict[str, Any],
+    now: float,
+    at: float,
 ) -> None:
     match message["t"]:
         case protocol.HEARTBEAT:
             monitor.on_heartbeat(rank, now)
         case protocol.SECTION_START:
-            at = sent_at(message.get("m"), now)
             monitor.on_section_start(rank, message["n"], now, link.id, at)
         case protocol.SECTION_END:
-            at = sent_at(message.get("m"), now)
             monitor.on_section_end(rank, message["n"], now, link.id, "o" in message, at)
         case protocol.RESUMED:
             monitor.on_resumed(rank, now)
@@ -66,10 +81,12 @@ def _apply_event(
             pass
 
 
-def sent_at(sent_ns: object, now: float) -> float:
-    """When the rank sent a message (its CLOCK_MONOTONIC, the daemon's too), within the second
-    before its receipt: a backlog does not delay a section's clock, and a daemon that was not
-    running gets its grace (monitor.STALL_THRESHOLD_S) instead of deadlines in the past."""
+def sent_at(sent_ns: object, now: float, reading_since: float | None = None) -> float:
+    """When the rank sent a message (its CLOCK_MONOTONIC, the daemon's too), as far back as
+    the daemon has been reading without a pause (`reading_since`, at most MAX_BACKLOG_S ago;
+    else STALL_THRESHOLD_S): a backlog does not delay a section's clock, and a daemon, or a
+    machine, that was not running gives a grace instead of deadlines in the past."""
     if not isinstance(sent_ns, int):
         return now
-    return min(now, max(sent_ns / 1e9, now - STALL_THRESHOLD_S))
+    earliest = now - STALL_THRESHOLD_S if reading_since is None else reading_since
+    return min(now, max(sent_ns / 1e9, earliest, now - MAX_BACKLOG_S))

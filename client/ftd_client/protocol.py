@@ -23,11 +23,11 @@ arrives.
 | `s` | int, 1 .. 2^53: sequence number on this connection (optional: older clients) |
 | `o` | list of section names open on this connection, oldest first (<= MAX_OPEN_SECTIONS) |
 | `dropped` | int: messages the rank dropped so far on this client (with `o`, after a drop) |
-| `m` | int: the rank's CLOCK_MONOTONIC in ns when it sent a section event (`ss`, `se`) |
+| `m` | int: the rank's CLOCK_MONOTONIC in ns when it sent a section event or its state |
 
 The daemon times a section from `m` rather than from its receipt (a backlog behind a burst
-would delay the clock), but never from earlier than a second before the receipt (a daemon or
-machine that was paused gets its grace: ftd/monitor.py STALL_THRESHOLD_S).
+would delay the clock), but never from before the daemon last began reading without a pause
+(a daemon or machine that was paused gives a grace instead: ftd/rank_messages.py sent_at).
 
 | t | fields | answered | meaning |
 |---|---|---|---|

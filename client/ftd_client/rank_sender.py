@@ -98,8 +98,7 @@ class Sender:
                 return True
             self._seq = seq = self._seq + 1
             if self._resync:
-                event = {"t": kind, "n": name, "m": self._clock_ns()}
-                return self._send(sock, self._state(event))
+                return self._send(sock, self._state({"t": kind, "n": name}))
             return self._send(sock, template % (seq, self._clock_ns()))
 
     def message(self, message: dict[str, Any]) -> bool:
@@ -116,7 +115,12 @@ class Sender:
     # -- internals (under the lock) ---------------------------------------------------------
 
     def _state(self, message: dict[str, Any]) -> bytes:
-        state = {"s": self._seq, "o": list(self.open_sections), "dropped": self.dropped}
+        state = {
+            "s": self._seq,
+            "o": list(self.open_sections),
+            "dropped": self.dropped,
+            "m": self._clock_ns(),
+        }
         return protocol.encode({**message, **state})
 
     def _send(self, sock: socket.socket, data: bytes) -> bool:

@@ -21,10 +21,20 @@ def main() -> None:
     parser.add_argument("--interval", type=float, default=0.05)
     parser.add_argument("--hang", action="store_true")
     parser.add_argument("--mark", type=Path, default=None)
+    parser.add_argument("--names", type=int, default=0, help="open and close s0..sN-1 first")
+    parser.add_argument("--nest", type=int, default=0, help="leave N sections open first")
     args = parser.parse_args()
     client = RankClient()
     client.wait_for_handshake()
     client.heartbeat()
+    for i in range(args.names):
+        with client.section(f"s{i}"):
+            client.heartbeat()
+    for i in range(args.nest):
+        client.start_section(f"n{i}")
+    if args.names or args.nest:
+        print(f"rank {RANK} refused {client.refused_sections} sections", flush=True)
+        client.end_all_sections()
     print(f"rank {RANK} bursting pid {os.getpid()}", flush=True)
     if args.mark is not None:
         args.mark.with_name(f"{args.mark.name}.{RANK}.start").touch()
