@@ -295,6 +295,8 @@ async def test_read_endpoints_auth_and_error_shapes(serve: ServeFactory) -> None
             'ftd_ranks{state="running"} 2.0',
             'ftd_rank_failures_total{reason="exit"} 0.0',
             "ftd_hangs_total 0.0",
+            "ftd_rank_messages_lost_total 0.0",
+            'ftd_budget_refusals_total{budget="section_names"} 0.0',
             'ftd_api_requests_total{code="200",method="GET",route="/v1/status"} 1.0',
         ):
             assert line in text.splitlines(), line
