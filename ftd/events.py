@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ftd import containment
+
 log = logging.getLogger("ftd.events")
 
 DEFAULT_CAPACITY = 10_000
@@ -131,13 +133,18 @@ class EventLog:
         self._next_id += 1
         self._slots[event.id % self._capacity] = event
         if self._journal is not None:
-            self._journal.append(json.dumps(event.to_dict(), default=str) + "\n")
+            # If the journal fails, the event is still in the ring and the streams.
+            containment.call("events", self._journal_line, event)
         for subscription in self._subscribers:
             subscription.offer(event)
         if self._changed is not None:
             self._changed.set()
             self._changed = None
         return event
+
+    def _journal_line(self, event: Event) -> None:
+        if self._journal is not None:
+            self._journal.append(json.dumps(event.to_dict(), default=str) + "\n")
 
     def since(self, event_id: int = 0, limit: int | None = None) -> list[Event]:
         """Events with an id above `event_id`, oldest first (those still in the ring)."""

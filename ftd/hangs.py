@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from ftd import containment
 from ftd.event_kind import EventKind
 from ftd.events import EventLog
 from ftd.monitor import Monitor
@@ -46,6 +47,11 @@ class HangHandler:
         for task in self._tasks:
             task.cancel()
 
+    def fail(self, reason: str) -> None:
+        """A part of the health service failed (containment): the attempt ends with it."""
+        if self.group is not None:
+            self.group.fail(Failure(kind="internal", reason=reason, timestamp=time.time()))
+
     def on_hang(self, verdict: Verdict) -> None:
         overdue = list(verdict.overdue)
         # Ranks waiting in a collective on an injected hang time out as well, and may do so first.
@@ -68,8 +74,10 @@ class HangHandler:
             return
         notes: list[str] = []
         try:
+            containment.inject("hangs")
             notes = await self._explain_each(group, [rank, *others], unnamed=rank)
         except Exception as error:  # never lose the kill to an explanation
+            containment.record("hangs", error)
             notes.append(f"stacks not collected ({error!r})")
         finally:
             self._kill(group, rank, others, reason, notes)
@@ -153,13 +161,13 @@ class HangHandler:
                 notes=notes,
             )
             timestamp = event.time
-        except Exception:
-            log.exception("could not record the hang of rank %d", rank.global_rank)
+        except Exception as error:
+            containment.record("hangs", error)
             timestamp = time.time()
         try:
             group.signal_rank(rank.local_rank, signal.Signals[signal_name])
-        except Exception:
-            log.exception("could not signal hung rank %d", rank.global_rank)
+        except Exception as error:
+            containment.record("hangs", error)
         full_reason = f"{reason}; {'; '.join(notes)}; terminated with {signal_name}"
         silent = rank.last_seen if rank.last_seen is not None else rank.connected_at
         group.fail(

@@ -17,6 +17,7 @@ from ftd_client import protocol
 from ftd_client.protocol import ProtocolError, WorkloadAction
 from pydantic import ValidationError
 
+from ftd import containment
 from ftd.errors import InvalidRequest, format_validation_error
 from ftd.event_kind import EventKind
 from ftd.events import EventLog
@@ -82,7 +83,11 @@ class HealthService:
         self._learned: frozenset[str] = frozenset()
         self._generations = Generations()
         timeouts, self._learned = load_learned(state_file, ft.timeouts())
-        self.monitor = Monitor(timeouts, lambda verdict: self.hangs.on_hang(verdict))
+        self.monitor = Monitor(
+            timeouts,
+            lambda verdict: self.hangs.on_hang(verdict),
+            on_error=lambda reason: self.hangs.fail(reason),
+        )
         self.hangs = HangHandler(self.monitor, events, ft.rank_termination_signal)
         self.monitor.connect_timeout = ft.initial_rank_heartbeat_timeout  # as configured
         self.server = RankSocketServer(
@@ -249,6 +254,7 @@ class HealthService:
 
     def _dispatch(self, link: Link, message: dict[str, Any], now: float) -> dict[str, Any] | None:
         rank = self.rank_for(link.pid)
+        containment.inject("rank_messages")
         self.losses.received(rank, now)
         if message["t"] == protocol.HELLO:  # before its state: the rank is connected
             self.monitor.on_hello(rank, message.get("stack_signal"), now)

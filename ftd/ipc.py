@@ -29,6 +29,7 @@ from typing import Any, Protocol
 from ftd_client import protocol
 from ftd_client.protocol import ProtocolError
 
+from ftd import containment
 from ftd.rank_health import Link
 
 log = logging.getLogger("ftd.ipc")
@@ -228,9 +229,9 @@ class RankSocketServer:
                 self._drop(error.cause, pid, str(error))
                 self._reply_error(conn, data, str(error))
                 continue
-            except Exception:  # a bug of ours must not stop the socket serving every rank
+            except Exception as error:  # a bug of ours must not stop serving every rank
                 self.dropped["internal_error"] += 1
-                log.exception("error handling a message from pid %d", pid)
+                containment.record("rank_messages", error)
                 self._reply_error(conn, data, "internal error in the daemon")
                 continue
             if reply is not None:

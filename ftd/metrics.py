@@ -28,6 +28,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
+from ftd import containment
 from ftd.control import DaemonControl
 from ftd.event_kind import EventKind
 from ftd.state import DaemonState, RankState
@@ -81,6 +82,22 @@ class DaemonCollector(Collector):
         self._failures = _FailureTally(cursor=control.events.last_id)
 
     def collect(self) -> Iterable[Metric]:
+        """A scrape's boundary: an error of ours ends this scrape's families, nothing else."""
+        try:
+            containment.inject("metrics")
+            yield from self._collect()
+        except Exception as error:
+            containment.record("metrics", error)
+        internal = CounterMetricFamily(
+            "ftd_internal_errors",
+            "Errors of the daemon's own contained at a part's boundary (supervision went on)",
+            labels=["component"],
+        )
+        for component in sorted(containment.COMPONENTS):
+            internal.add_metric([component], containment.errors[component])
+        yield internal
+
+    def _collect(self) -> Iterable[Metric]:
         control, status = self._control, self._control.status
         info = GaugeMetricFamily("ftd_info", "The daemon's identity", labels=["node_id", "run_id"])
         info.add_metric([status.node_id, status.run_id], 1)
@@ -128,7 +145,8 @@ class DaemonCollector(Collector):
             "Failed attempts by the reason of the first failure",
             labels=["reason"],
         )
-        for reason in sorted({"exit", "signal", "hang", "fatal", *self._failures.by_reason}):
+        reasons = {"exit", "signal", "hang", "fatal", "internal", *self._failures.by_reason}
+        for reason in sorted(reasons):
             failures.add_metric([reason], self._failures.by_reason[reason])
         yield failures
         yield CounterMetricFamily("ftd_hangs", "Ranks found hung", value=self._failures.hangs)

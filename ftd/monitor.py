@@ -22,6 +22,7 @@ from collections.abc import Callable, Collection
 
 from ftd_client.protocol import ProtocolError
 
+from ftd import containment
 from ftd.ft_config import RankTimeouts
 from ftd.learning import HEARTBEATS, OUT_OF_SECTION, Observations
 from ftd.rank_health import (
@@ -68,6 +69,7 @@ class Monitor:
         on_hang: HangHandler,
         clock: Clock | None = None,
         drain: Callable[[], Collection[int]] | None = None,
+        on_error: Callable[[str], None] | None = None,
     ) -> None:
         self.timeouts = timeouts
         self.observed = Observations()
@@ -82,6 +84,8 @@ class Monitor:
         """A rank that has not contacted the daemon this long after its start is judged hung:
         the configured initial heartbeat timeout (never a learned one)."""
         self.on_first_step: Callable[[RankHealth, float], None] | None = None
+        self.on_error = on_error
+        """Told why, when a timer's work failed (a bug of ours): the attempt ends with it."""
         self.section_names = SectionNames(timeouts.rank_section_timeouts)
         self._by_pid: dict[int, RankHealth] = {}
         self._recent_interval = 0.0
@@ -278,6 +282,17 @@ class Monitor:
         rank.timer = rank.armed_at = None
 
     def _on_timer(self, rank: RankHealth) -> None:
+        """The timer's boundary: an error of ours fails the attempt (on_error) rather than
+        leaving a rank untimed."""
+        try:
+            containment.inject("monitor")
+            self._on_deadline(rank)
+        except Exception as error:
+            reason = containment.record("monitor", error)
+            if self.on_error is not None:
+                self.on_error(reason)
+
+    def _on_deadline(self, rank: RankHealth) -> None:
         armed_at = rank.armed_at
         rank.timer = rank.armed_at = None
         now = self._clock.now()

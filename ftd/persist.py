@@ -19,6 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ftd import containment
+
 log = logging.getLogger("ftd.persist")
 
 FILE_MODE = 0o600
@@ -74,7 +76,13 @@ class Persistence:
         return self.write_bytes(path, text.encode(), durable)
 
     def write_json(self, path: Path, value: Any, durable: bool = True) -> bool:
-        return self.write_text(path, json.dumps(value, default=str), durable)
+        try:
+            containment.inject("persistence")
+            text = json.dumps(value, default=str)
+        except Exception as error:  # a value that cannot be written: a bug of ours
+            containment.record("persistence", error)
+            return False
+        return self.write_text(path, text, durable)
 
     def write_bytes(self, path: Path, data: bytes, durable: bool = True) -> bool:
         key = str(path)

@@ -19,6 +19,7 @@ from typing import Any
 
 from ftd_client.protocol import WorkloadAction
 
+from ftd import containment
 from ftd.attempt import Attempt, AttemptTools
 from ftd.board import StatusBoard
 from ftd.coordination import CoordinationError, Round
@@ -127,7 +128,11 @@ class Supervisor:
             self.board.set_state(DaemonState.FAILED, request.reason)
             failure = self.status.last_failure
             if failure is not None:
-                summary = attempt.failure_summary(failure) if attempt else failure.reason
+                summary = failure.reason  # if the summary fails, the reason alone
+                if attempt is not None:
+                    summary = containment.call("summary", attempt.failure_summary, failure) or (
+                        failure.reason
+                    )
                 log.error("restarts exhausted, the job failed:\n%s", summary)
             else:
                 log.error("the job failed: %s", request.reason)
@@ -154,6 +159,12 @@ class Supervisor:
         except CoordinationError:
             await attempt.stop(self.force)
             raise
+        except Exception as error:  # a bug of ours: this attempt fails, supervision goes on
+            reason = containment.record("attempt", error)
+            with contextlib.suppress(Exception):
+                await attempt.stop(self.force)
+            failure = Failure(kind="internal", reason=reason, timestamp=time.time())
+            request = await self._failed(rnd, failure)
         return attempt, request, time.monotonic() - started
 
     async def _join(self) -> Round | None:
@@ -243,6 +254,7 @@ class Supervisor:
         coordinator, health = self.coordinator, self.tools.health
         stop, lost = self.stop, coordinator.lost
         first = await first_of(attempt.group.wait(), ended, stop.wait(), lost.wait())
+        containment.inject("attempt")
         if stop.is_set():
             self.board.set_state(DaemonState.STOPPING, "received a signal")
             await attempt.stop(self.force)
@@ -270,7 +282,8 @@ class Supervisor:
         outcome: Failure | None = first.result()
         health.detach(attempt.group)
         if self.config.ft.calc_timeouts:
-            health.learn(by="ftd (calc_timeouts)")
+            # If learning fails, the timeouts in force stay.
+            containment.call("learning", health.learn, by="ftd (calc_timeouts)")
         if outcome is None:
             await attempt.stop(self.force)
             await coordinator.succeeded(rnd)
@@ -280,7 +293,7 @@ class Supervisor:
                 )
             return await self._await_end(ended)
         self.status.last_failure = outcome
-        self.crash_loop.crashed = outcome.kind in ("exit", "signal", "hang", "fatal")
+        self.crash_loop.crashed = outcome.kind in ("exit", "signal", "hang", "fatal", "internal")
         self.tools.events.emit(
             EventKind.ATTEMPT_FAILED, attempt=rnd.number, failure=outcome.to_dict()
         )
@@ -330,9 +343,14 @@ class Supervisor:
         reason = f"the ranks of attempt {rnd.number} could not be started: {why}"
         if isinstance(error, OSError | TimeoutError):
             log.error("%s", reason)
-        else:  # not the machine's doing: a bug of ours, with its traceback
-            log.error("%s", reason, exc_info=error)
-        failure = Failure(kind="start", reason=reason, timestamp=time.time())
+        else:  # not the machine's doing: a bug of ours, said once with its origin
+            containment.record("attempt", error)
+        return await self._failed(rnd, Failure(kind="start", reason=reason, timestamp=time.time()))
+
+    async def _failed(self, rnd: Round, failure: Failure) -> RequestRecord:
+        """The attempt failed outside its ranks (they could not start; a part of the daemon
+        failed): the policy decides as after any failure."""
+        reason = failure.reason
         self.status.last_failure = failure
         self.crash_loop.crashed = True
         self.tools.events.emit(
