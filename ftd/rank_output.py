@@ -2,15 +2,15 @@
 log files (and, with --tee, to the daemon's console) by writer threads.
 
 A rank's stdout and stderr are pipes (ftd/spawn/output.py). The loop reads them as they fill,
-in big reads (after a read it waits `BATCH_S` before the next one when the pipe holds enough
-for that wait, so a chatty rank costs tens of wake-ups a second, not one per line), cuts the
-data at its last newline and hands whole lines to a `LineWriter`. A writer thread does the
-disk's work (ftd/output_writer.py), so a slow or stuck disk never holds the loop. What a
-writer cannot take (more than `PENDING_LIMIT` bytes waiting for one destination) or cannot
-write (ENOSPC, EIO, EFBIG) is dropped and counted: the loop never stops reading, so a rank's
-write never fails, and waits only while the daemon itself does not run (stopped, starved) for
-longer than the rank's pipe takes to fill (`PIPE_SIZE`: 1 MiB, about 0.1 s at 10 MB/s; 64 KiB
-where the pipe cannot be raised).
+in big reads (after a read it waits up to `BATCH_S` before the next one, less if the rank
+would fill half its pipe sooner: a chatty rank costs tens of wake-ups a second, not one per
+line), cuts the data at its last newline and hands whole lines to a `LineWriter`. A writer
+thread does the disk's work (ftd/output_writer.py), so a slow or stuck disk never holds the
+loop. What a writer cannot take (more than `PENDING_LIMIT` bytes waiting for one
+destination) or cannot write (ENOSPC, EIO, EFBIG) is dropped and counted: the loop never
+stops reading, so a rank's write never fails, and waits only while the daemon itself does not
+run (stopped, starved) for longer than the rank's pipe takes to fill (`PIPE_SIZE`: 1 MiB,
+about 0.1 s at 10 MB/s; 64 KiB where the pipe cannot be raised).
 
 A destination that drops starts an episode: one warning and one `output_dropped` event; it
 ends, with one line giving what was lost, at the first write that succeeds `QUIET_S` after the
@@ -34,10 +34,9 @@ log = logging.getLogger("ftd.rank_output")
 READ_SIZE = 1 << 20
 MAX_LINE = 1 << 16
 """A line longer than this is written in pieces (a piece without its newline)."""
-BATCH_S = 0.02
-"""After a read, the next one waits this long (unless the pipe filled past half)."""
-BATCH_MIN_PIPE = 512 << 10
-"""Only a pipe at least this big is read in batches: it holds 20 ms at 25 MB/s."""
+BATCH_S = 0.05
+"""After a read, the next one waits this long at most (see `_readable`)."""
+BATCH_MIN_S = 0.002
 CLOSE_TIMEOUT_S = 5.0
 
 DropReport = Callable[[dict[str, object]], object]
@@ -85,6 +84,7 @@ class _Reader:
     lines: LineSplitter = field(default_factory=lambda: LineSplitter())
     paused: bool = False
     closed: bool = False
+    read_at: float = 0.0
 
 
 class OutputDrain:
@@ -112,18 +112,23 @@ class OutputDrain:
                 fd = self.console_fds[stream.name]
                 where = f"the daemon's {stream.name}"
                 console = Destination("console", fd, stream.local_rank, stream.name, where)
-            reader = _Reader(stream, file, console)
+            reader = _Reader(stream, file, console, read_at=self._loop.time())
             self._readers.append(reader)
             self._loop.add_reader(stream.read_fd, self._readable, reader)
 
     def _readable(self, reader: _Reader) -> None:
+        now = self._loop.time()
         got = self._read(reader)
-        size = reader.stream.pipe_size
-        # A pipe that filled past half in one wait is read at once: the rank never waits long.
-        if 0 < got < size // 2 and not reader.closed and size >= BATCH_MIN_PIPE:
+        elapsed, reader.read_at = now - reader.read_at, now
+        if not got or reader.closed:
+            return
+        # Wait before the next read, but never longer than the rank, at the rate it just
+        # wrote, takes to fill half its pipe: batches, and a rank that never waits on us.
+        pause = min(BATCH_S, reader.stream.pipe_size / 2 * elapsed / got)
+        if pause >= BATCH_MIN_S:
             self._loop.remove_reader(reader.stream.read_fd)
             reader.paused = True
-            self._loop.call_later(BATCH_S, self._resume, reader)
+            self._loop.call_later(pause, self._resume, reader)
 
     def _resume(self, reader: _Reader) -> None:
         if reader.paused and not reader.closed:
