@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import re
+import signal
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -333,3 +334,43 @@ def test_one_huge_feed_is_linear() -> None:
     total += len(splitter.flush())
     assert total == 200_000
     assert time.monotonic() - started < 2.0
+
+
+async def test_a_paused_daemon_holds_no_print_within_the_pipe(
+    serve: ServeFactory, tmp_path: Path
+) -> None:
+    """The daemon SIGSTOPped: a rank prints 512 KiB (under its 1 MiB pipe) without waiting for
+    it; once the daemon runs again every line reaches the file, whole."""
+    ready, go, printed, end = (tmp_path / name for name in ("ready", "go", "printed", "end"))
+    script = tmp_path / "paused.py"
+    script.write_text(
+        "import os, time\n"
+        "from pathlib import Path\n"
+        f"Path({str(ready)!r}).touch()\n"
+        f"while not Path({str(go)!r}).exists(): time.sleep(0.01)\n"
+        "for n in range(512): print(f'r0 a0 {n} ' + 'p' * (1017 - len(str(n))))\n"
+        f"Path({str(printed)!r}).touch()\n"
+        f"while not Path({str(end)!r}).exists(): time.sleep(0.01)\n"
+    )
+    run = await serve("--nproc-per-node", "1", "-r", "3", script=script)
+    await await_files([ready], timeout=90)
+    run.signal(signal.SIGSTOP)
+    try:
+        go.touch()
+        await await_files([printed], timeout=30)  # printed while the daemon is stopped
+    finally:
+        run.signal(signal.SIGCONT)
+    end.touch()
+    assert await run.wait() == 0
+    assert assert_whole_lines(run.attempt_dir(0) / "0" / "stdout.log", 0, 0) == 512
+
+
+def test_the_pipe_is_raised_to_a_mebibyte() -> None:
+    read_fd, write_fd = os.pipe()
+    try:
+        limit = int(Path("/proc/sys/fs/pipe-max-size").read_text())
+        # Root may go past pipe-max-size; another user gets what it allows.
+        assert grow_pipe(write_fd) == (1 << 20 if AS_ROOT else min(1 << 20, limit))
+    finally:
+        os.close(read_fd)
+        os.close(write_fd)
