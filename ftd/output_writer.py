@@ -174,9 +174,10 @@ class LineWriter:
                 self._drop(dest, data[written:], os.strerror(error.errno or errno.EIO))
             return
         dest.offset = start + written
-        if dest.in_episode and now - dest.last_drop >= QUIET_S:
-            with self._cond:
-                self._end_episode(dest)
+        if dest.in_episode:
+            with self._cond:  # the loop may have dropped for it meanwhile
+                if dest.in_episode and now - dest.last_drop >= QUIET_S:
+                    self._end_episode(dest)
 
     def _drop(self, dest: Destination, data: bytes, reason: str) -> None:
         """With the lock held: count `data` as lost; a new episode is reported."""
