@@ -29,6 +29,7 @@ from ftd.guard import GuardKeeper
 from ftd.health import HealthService
 from ftd.inprocess import InprocessRounds, rank_env
 from ftd.launch import Placement, worker_envs
+from ftd.rank_output import OutputDrain
 from ftd.spawn import LaunchSpec, Spawner
 from ftd.state import Failure, NodeStatus, RankState, RankStatus
 from ftd.store import AttemptStores
@@ -117,6 +118,12 @@ class Attempt:
                 on_register=tools.guard.register,
                 on_unregister=tools.guard.unregister,
                 daemon_id=tools.daemon_id,
+                output=OutputDrain(
+                    number,
+                    lambda data: tools.events.emit(
+                        EventKind.OUTPUT_DROPPED, attempt=number, **data
+                    ),
+                ),
             )
             health.attach(group, status.ranks)
         finally:

@@ -64,3 +64,4 @@ class EventKind(enum.StrEnum):
     INPROCESS_RANK_FAILED = "inprocess_rank_failed"
     INPROCESS_GAVE_UP = "inprocess_gave_up"
     RANK_RESPAWNED = "rank_respawned"
+    OUTPUT_DROPPED = "output_dropped"

@@ -52,6 +52,20 @@ RECOVERY_STAGE_SECONDS = Histogram(
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
 )
 
+# Rank output that ftd.rank_output could not write (incremented from its writer threads).
+OUTPUT_DROPPED_BYTES = Counter(
+    "ftd_output_dropped_bytes",
+    "Rank output (-r/-t) dropped instead of written: a full or failing disk, a slow console",
+    ["destination"],
+    registry=None,
+)
+OUTPUT_DROPPED_LINES = Counter(
+    "ftd_output_dropped_lines",
+    "Lines of rank output (-r/-t) dropped instead of written",
+    ["destination"],
+    registry=None,
+)
+
 KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 
@@ -204,6 +218,8 @@ class ApiMetrics:
         self.registry.register(DaemonCollector(control))
         self.registry.register(STORE_OPERATION_SECONDS)
         self.registry.register(RECOVERY_STAGE_SECONDS)
+        self.registry.register(OUTPUT_DROPPED_BYTES)
+        self.registry.register(OUTPUT_DROPPED_LINES)
         self.requests = Counter(
             "ftd_api_requests",
             "API requests answered",

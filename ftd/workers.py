@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ftd.guard import kill_tagged
+from ftd.rank_output import OutputDrain
 from ftd.spawn import LaunchSpec, RankHandle, Spawner, StartedGroup
 from ftd.state import Failure, RankState, RankStatus, describe_exit
 from ftd.tasks import within
@@ -53,6 +54,7 @@ class WorkerGroup:
         daemon_id: str,
         spawner: Spawner | None = None,
         spec: LaunchSpec | None = None,
+        output: OutputDrain | None = None,
     ) -> None:
         self._started = started
         self.statuses = statuses
@@ -79,6 +81,8 @@ class WorkerGroup:
         self.exit_listeners: list[ExitListener] = []
         self.failure_handler: FailureHandler | None = None
         """When set, a failed rank is handed to it and the attempt goes on (in-process mode)."""
+        self.output = output if output is not None else OutputDrain(0)
+        self.output.attach(started.streams)
         for local_rank in started.ranks:
             self._track(local_rank, started, local_rank)
 
@@ -106,9 +110,10 @@ class WorkerGroup:
         on_register: Callable[[int], None],
         on_unregister: Callable[[int], None],
         daemon_id: str,
+        output: OutputDrain | None = None,
     ) -> WorkerGroup:
         started = await within(asyncio.to_thread(spawner.start, spec), SPAWN_TIMEOUT_S)
-        return cls(started, statuses, on_register, on_unregister, daemon_id, spawner, spec)
+        return cls(started, statuses, on_register, on_unregister, daemon_id, spawner, spec, output)
 
     @property
     def attempt_log_dir(self) -> str:
@@ -222,6 +227,7 @@ class WorkerGroup:
         )
         started = await within(asyncio.to_thread(self._spawner.start, one), SPAWN_TIMEOUT_S)
         self._all_started.append(started)
+        self.output.attach(started.streams)
         if self._stopping:  # stopped while it started: it goes with the others
             started.kill(0, signal.SIGKILL)
         self._track(local_rank, started, 0)
@@ -300,6 +306,7 @@ class WorkerGroup:
                 self._loop.remove_reader(fd)
             os.close(fd)
         self._all_pidfds = []
+        await self.output.close()  # every writer is gone: the pipes hold the last of it
         for started in self._all_started:
             await within(asyncio.to_thread(started.close), CLOSE_TIMEOUT_S)
         for pid in self._all_pids:

@@ -110,9 +110,8 @@ async def test_rank_gets_what_a_fresh_interpreter_has(serve: ServeFactory, tmp_p
         assert set(ours["env"]) == set(theirs["env"])  # FTD_TEST_DIRTY did not leak
         differing = {k for k in ours["env"] if ours["env"][k] != theirs["env"][k]}
         assert differing <= PER_RUN | {"TORCHELASTIC_RUN_ID"}, differing
-        assert ours["stdout_is_log"] == str(
-            runs["zygote"].attempt_dir(0) / str(rank) / "stdout.log"
-        )
+        # A redirected stream is a pipe the daemon reads (a full disk cannot fail a print).
+        assert "pipe:[" in ours["stdout_is_log"] and "pipe:[" in theirs["stdout_is_log"]
         # Output written without a newline, by atexit handlers and to files left open.
         for method, run in runs.items():
             rank_dir = run.attempt_dir(0) / str(rank)

@@ -5,7 +5,10 @@ from __future__ import annotations
 import signal
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from ftd.spawn.output import RankStream
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,9 @@ class StartedGroup(Protocol):
 
     ranks: dict[int, RankHandle]
     attempt_log_dir: str
+    streams: list[RankStream]
+    """The daemon's ends of the ranks' redirected stdout/stderr (pipes and their log files),
+    for ftd.rank_output to read and close."""
 
     def reap(self, local_rank: int) -> int | None:
         """The rank's exit status (negative: killed by that signal), or None while it runs."""

@@ -14,9 +14,10 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator
-from typing import IO, Any
+from typing import IO
 
 from ftd.spawn.base import RankHandle
+from ftd.spawn.output import OutputPlan, RankStream, StreamName
 
 log = logging.getLogger("ftd.spawn.zygote")
 
@@ -26,12 +27,14 @@ REAP_TIMEOUT_S = 5.0
 
 class ZygoteGroup:
     """An attempt's ranks forked from the zygote: children of the daemon, each in its own
-    session; their output tee'd by torch's TailLog as PContext does."""
+    session; their redirected output read by the daemon (ftd/rank_output.py)."""
 
-    def __init__(self, ranks: dict[int, RankHandle], attempt_log_dir: str, tails: list[Any]):
+    def __init__(
+        self, ranks: dict[int, RankHandle], attempt_log_dir: str, streams: list[RankStream]
+    ) -> None:
         self.ranks = ranks
         self.attempt_log_dir = attempt_log_dir
-        self._tails = tails
+        self.streams = streams
         self._codes: dict[int, int] = {}
 
     def reap(self, local_rank: int) -> int | None:
@@ -64,17 +67,19 @@ class ZygoteGroup:
             if self.reap(local_rank) is None:
                 self.kill(local_rank, signal.SIGKILL)
                 wait_child(self.ranks[local_rank].pid, REAP_TIMEOUT_S)
-        for tail in self._tails:
-            tail.stop()
 
 
 @contextlib.contextmanager
-def rank_stdio(streams: list[tuple[str, str]]) -> Iterator[list[int]]:
-    """Each rank's fds 0, 1 and 2 as Popen would give them: the daemon's own stdin, and the
-    daemon's stdout/stderr unless a log file (or /dev/null) is named."""
+def rank_stdio(plan: OutputPlan, local_ranks: list[int]) -> Iterator[list[int]]:
+    """Each rank's fds 0, 1 and 2 as PContext would give them: the daemon's own stdin; the
+    plan's pipe for a redirected stream, else the daemon's stdout/stderr (or /dev/null)."""
     opened: list[IO[bytes]] = []
 
-    def target(path: str, inherited: int) -> int:
+    def target(local_rank: int, name: StreamName | None, inherited: int) -> int:
+        path = plan.child_path(local_rank, name) if name else os.devnull
+        end = plan.child_ends.get((local_rank, name)) if name else None
+        if end is not None:
+            return end
         if not path:
             return inherited
         file = open(path, "wb")  # noqa: SIM115 - closed below, once sent
@@ -82,10 +87,10 @@ def rank_stdio(streams: list[tuple[str, str]]) -> Iterator[list[int]]:
         return file.fileno()
 
     try:
-        stdin = 0 if valid_fd(0) else target(os.devnull, 0)
+        stdin = 0 if valid_fd(0) else target(0, None, 0)
         fds = []
-        for stdout, stderr in streams:
-            fds += [stdin, target(stdout, 1), target(stderr, 2)]
+        for local_rank in local_ranks:
+            fds += [stdin, target(local_rank, "stdout", 1), target(local_rank, "stderr", 2)]
         yield fds
     finally:
         for file in opened:

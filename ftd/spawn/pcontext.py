@@ -1,4 +1,8 @@
-"""The subprocess start method: torch.distributed.elastic's PContext, as torchrun uses it."""
+"""The subprocess start method: torch.distributed.elastic's PContext, as torchrun uses it.
+
+Its redirected streams are the pipes of the attempt's OutputPlan (ftd/spawn/output.py), not
+the log files: PContext opens what it is given, and `/proc/self/fd/<write end>` opens the pipe.
+"""
 
 from __future__ import annotations
 
@@ -9,10 +13,10 @@ import signal
 from typing import TYPE_CHECKING
 
 from ftd.spawn.base import LaunchSpec, RankHandle
-from ftd.spawn.logs import make_logs_specs
+from ftd.spawn.output import OutputPlan, RankStream, plan_output
 
 if TYPE_CHECKING:
-    from torch.distributed.elastic.multiprocessing.api import SubprocessContext
+    from torch.distributed.elastic.multiprocessing.api import LogsSpecs, SubprocessContext
 
 
 class _DropSignalHandlerWarning(logging.Filter):
@@ -29,17 +33,18 @@ logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(
 
 
 class PContextGroup:
-    def __init__(self, context: SubprocessContext, attempt_log_dir: str) -> None:
+    def __init__(self, context: SubprocessContext, attempt_log_dir: str, plan: OutputPlan) -> None:
         self._context = context
         self.attempt_log_dir = attempt_log_dir
+        self.streams: list[RankStream] = plan.streams
         handlers = context.subprocess_handlers
         self.ranks = {
             local_rank: RankHandle(
                 local_rank=local_rank,
                 pid=handler.proc.pid,
                 error_file=context.error_files[local_rank],
-                stdout=context.stdouts[local_rank],
-                stderr=context.stderrs[local_rank],
+                stdout=plan.dest.stdouts[local_rank],
+                stderr=plan.dest.stderrs[local_rank],
             )
             for local_rank, handler in handlers.items()
         }
@@ -70,21 +75,47 @@ class PContextSpawner:
     def start(self, spec: LaunchSpec) -> PContextGroup:
         from torch.distributed.elastic.multiprocessing import start_processes
 
-        logs_specs = make_logs_specs(
-            spec.log_dir,
-            spec.redirects,
-            spec.tee,
-            set(spec.local_ranks_filter) if spec.local_ranks_filter else None,
-        )
+        plan = plan_output(spec)
         entrypoint, *fixed_args = spec.cmd
-        context = start_processes(
-            name=spec.name,
-            entrypoint=entrypoint,
-            args={local_rank: tuple(fixed_args) for local_rank in spec.envs},
-            envs=spec.envs,
-            logs_specs=logs_specs,
-            log_line_prefixes=spec.log_line_prefixes,
-        )
+        try:
+            context = start_processes(
+                name=spec.name,
+                entrypoint=entrypoint,
+                args={local_rank: tuple(fixed_args) for local_rank in spec.envs},
+                envs=spec.envs,
+                logs_specs=_planned_logs(plan, spec.log_dir),
+                log_line_prefixes=spec.log_line_prefixes,
+            )
+        except BaseException:
+            plan.close()
+            raise
+        plan.close_child_ends()  # each rank holds its own (and PContext a copy, until close)
         run_id = spec.envs[0].get("TORCHELASTIC_RUN_ID", "none")
         attempt = spec.envs[0].get("TORCHELASTIC_RESTART_COUNT", "0")
-        return PContextGroup(context, os.path.join(spec.log_dir, run_id, f"attempt_{attempt}"))
+        return PContextGroup(
+            context, os.path.join(spec.log_dir, run_id, f"attempt_{attempt}"), plan
+        )
+
+
+def _planned_logs(plan: OutputPlan, log_dir: str) -> LogsSpecs:
+    """The plan as PContext takes it: the pipes for redirected streams, and nothing to tail
+    (the daemon tees what it reads)."""
+    from torch.distributed.elastic.multiprocessing.api import LogsDest, LogsSpecs
+
+    dest = LogsDest(
+        stdouts={lr: plan.child_path(lr, "stdout") for lr in plan.dest.stdouts},
+        stderrs={lr: plan.child_path(lr, "stderr") for lr in plan.dest.stderrs},
+        tee_stdouts={},
+        tee_stderrs={},
+        error_files=plan.dest.error_files,
+    )
+
+    class Planned(LogsSpecs):  # type: ignore[misc]
+        def reify(self, envs: dict[int, dict[str, str]]) -> LogsDest:
+            return dest
+
+        @property
+        def root_log_dir(self) -> str:
+            return log_dir
+
+    return Planned(log_dir)

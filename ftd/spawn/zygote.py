@@ -36,7 +36,7 @@ from ftd.spawn.forked import (
     wait_child,
     wait_popen,
 )
-from ftd.spawn.logs import make_logs_specs
+from ftd.spawn.output import plan_output
 from ftd.spawn.pcontext import PContextSpawner
 from ftd.spawn.zygote_server import MAX_MESSAGE, MAX_RANKS_PER_REQUEST
 
@@ -321,14 +321,7 @@ class ZygoteSpawner:
     def _start_forked(self, spec: LaunchSpec) -> ZygoteGroup:
         module, target, args = self._command(spec.cmd)
         zygote = self._ready_zygote()
-        from torch.distributed.elastic.multiprocessing.tail_log import TailLog
-
-        logs = make_logs_specs(
-            spec.log_dir,
-            spec.redirects,
-            spec.tee,
-            set(spec.local_ranks_filter) if spec.local_ranks_filter else None,
-        ).reify(spec.envs)
+        plan = plan_output(spec)
         started = time.monotonic()
         cwd = os.getcwd()
         argv = ["-m", *args] if module else [target, *args]
@@ -341,21 +334,23 @@ class ZygoteSpawner:
             "env": dict(os.environ),  # each rank: this updated with its own, as Popen does
             "cwd": cwd,
         }
-        streams = [(logs.stdouts[lr], logs.stderrs[lr]) for lr in local_ranks]
         pids: list[int] = []
         try:
             for first in range(0, len(local_ranks), MAX_RANKS_PER_REQUEST):
-                chunk = slice(first, first + MAX_RANKS_PER_REQUEST)
-                envs = [spec.envs[local_rank] for local_rank in local_ranks[chunk]]
-                with rank_stdio(streams[chunk]) as fds:
+                chunk = local_ranks[first : first + MAX_RANKS_PER_REQUEST]
+                envs = [spec.envs[local_rank] for local_rank in chunk]
+                with rank_stdio(plan, chunk) as fds:
                     pids += zygote.spawn(common, envs, fds)
         except BaseException as error:
+            plan.close()
             forked = pids + (error.pids if isinstance(error, ZygoteUnavailable) else [])
             for pid in forked:  # a partial group goes; the fallback starts them all
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(pid, signal.SIGKILL)
                 wait_child(pid, CLOSE_TIMEOUT_S)
             raise
+        plan.close_child_ends()
+        logs = plan.dest
         ranks = {
             local_rank: RankHandle(
                 local_rank=local_rank,
@@ -372,10 +367,7 @@ class ZygoteSpawner:
             len(ranks),
             (time.monotonic() - started) * 1000,
         )
-        tails = [
-            TailLog(spec.name, logs.tee_stdouts, sys.stdout, spec.log_line_prefixes).start(),
-            TailLog(spec.name, logs.tee_stderrs, sys.stderr, spec.log_line_prefixes).start(),
-        ]
         run_id = spec.envs[0].get("TORCHELASTIC_RUN_ID", "none")
         attempt = spec.envs[0].get("TORCHELASTIC_RESTART_COUNT", "0")
-        return ZygoteGroup(ranks, os.path.join(spec.log_dir, run_id, f"attempt_{attempt}"), tails)
+        attempt_dir = os.path.join(spec.log_dir, run_id, f"attempt_{attempt}")
+        return ZygoteGroup(ranks, attempt_dir, plan.streams)
