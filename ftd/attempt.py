@@ -13,6 +13,7 @@ import logging
 import os
 import random
 import signal
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from string import Template
@@ -83,6 +84,7 @@ class Attempt:
             tools.daemon_id,
             socket_path=str(health.server.path),
             attempt_log_dir=str(tools.run_dir / f"attempt_{number}"),
+            nvrx_sockets=_serves(health.nvrx.rank_monitor_path, health.nvrx.launcher_path),
         )
         inprocess = (
             await tools.coordinator.inprocess_store()
@@ -242,3 +244,17 @@ def _remove_empty_stacks(attempt_dir: Path) -> None:
             with contextlib.suppress(OSError):
                 if path.stat().st_size == 0:
                     path.unlink()
+
+
+def _serves(*paths: Path) -> bool:
+    """Whether the daemon listens at every one of `paths`: a socket of this user's there (their
+    directory is private, so nobody else could have put one). A path the daemon could not bind
+    is not given to the ranks."""
+    for path in paths:
+        try:
+            info = path.lstat()
+        except OSError:
+            return False
+        if not stat.S_ISSOCK(info.st_mode) or info.st_uid != os.geteuid():
+            return False
+    return True

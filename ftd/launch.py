@@ -46,8 +46,10 @@ def worker_envs(
     daemon_id: str,
     socket_path: str = "",
     attempt_log_dir: str = "",
+    nvrx_sockets: bool = True,
 ) -> dict[int, dict[str, str]]:
-    """Each local rank's environment, as torchrun's LocalElasticAgent sets it, plus FTD_*."""
+    """Each local rank's environment, as torchrun's LocalElasticAgent sets it, plus FTD_*
+    (NVRx's socket paths only with `nvrx_sockets`: when the daemon serves them)."""
     envs: dict[int, dict[str, str]] = {}
     for local_rank in range(config.nproc_per_node):
         global_rank = placement.base_global_rank + local_rank
@@ -83,7 +85,8 @@ def worker_envs(
         if socket_path:
             env["FTD_SOCKET"] = socket_path
             env["FTD_STACK_SIGNAL"] = str(int(STACK_SIGNAL))
-            env.update(nvrx_rank_env(socket_path))  # for nvidia_resiliency_ext's own client
+            if nvrx_sockets:  # for nvidia_resiliency_ext's own client
+                env.update(nvrx_rank_env(socket_path))
         if attempt_log_dir:
             env["FTD_STACKS_FILE"] = os.path.join(attempt_log_dir, str(local_rank), "stacks.txt")
         omp = os.environ.get("OMP_NUM_THREADS")
