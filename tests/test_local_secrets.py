@@ -8,12 +8,19 @@ import contextlib
 import hashlib
 import json
 import os
+import secrets
 import stat
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from ftd import env_secrets
+from ftd.api import TOKEN_FILE
+from ftd.api.security import TOKEN_ENV
+from ftd.coordination.secret import SECRET_ENV
 from ftd.ipc import socket_path
 from ftd.nvrx_server import socket_paths
 from tests.conftest import BIN, ServeFactory
@@ -92,3 +99,66 @@ async def test_ranks_get_only_served_sockets_in_private_directories(
     assert directory != run_dir and directory.name.startswith("ftd-")
     assert not directory.exists(), "the private socket directory outlived the daemon"
     assert "are not served" not in run.stderr.text
+
+
+def test_the_secret_names_are_the_readers_names() -> None:
+    assert env_secrets.NAMES == (SECRET_ENV, TOKEN_ENV)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("method", ["zygote", "spawn"])
+async def test_no_ancestor_of_a_rank_holds_a_secret_in_its_initial_environment(
+    serve: ServeFactory, tmp_path: Path, method: str
+) -> None:
+    job_secret, token = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
+    out = tmp_path / "out"
+    run = await serve(
+        "--nproc-per-node", "2", "--start-method", method,
+        script=PROBE, script_args=("--out", str(out)),
+        env={SECRET_ENV: job_secret, TOKEN_ENV: token},
+    )  # fmt: skip
+    assert await run.wait() == 0, run.stderr.text[-3000:]
+    for rank in (0, 1):
+        processes = json.loads((out / f"{rank}.json").read_text())["processes"]
+        roles = [found["role"] for found in processes.values()]
+        assert roles.count("daemon") == 1, roles
+        assert any("ftd.guard" in role for role in roles), roles
+        if method == "zygote":
+            assert any("zygote_server" in role for role in roles), roles
+        for pid, found in processes.items():
+            for value in (job_secret, token):
+                assert value not in found["environ"], (pid, found["role"])
+            assert "FTD_SECRETS_FD" not in found["environ"] or found["role"] == "daemon"
+    # The token still reached the API: it did not make a token file of its own.
+    assert "created the API token file" not in run.stderr.text
+    assert not (run.run_dir / TOKEN_FILE).exists()
+
+
+def test_the_reexec_hands_the_secrets_over_a_pipe(tmp_path: Path) -> None:
+    """The re-exec itself, in a small program: same pid, the secrets out of /proc/self/environ
+    and still known to the new image; values too long are cut, still too long to be valid."""
+    program = (
+        "import json, os, sys\n"
+        "from ftd import env_secrets\n"
+        "pid = os.getpid()\n"
+        "env_secrets.isolate()\n"
+        "print(json.dumps({'pid': pid, 'ppid': os.getppid(),\n"
+        "  'environ': open('/proc/self/environ', 'rb').read().decode(errors='replace'),\n"
+        "  'secret': env_secrets.get('FTD_RDZV_SECRET'),\n"
+        "  'token': env_secrets.get('FTD_API_TOKEN'),\n"
+        "  'in_os_environ': [n for n in env_secrets.NAMES if n in os.environ],\n"
+        "  'fds': sorted(os.listdir('/proc/self/fd'))}))\n"
+    )
+    long_token = "t" * 100_000
+    env = {**os.environ, SECRET_ENV: "s" * 40, TOKEN_ENV: long_token}
+    done = subprocess.run(
+        [sys.executable, "-c", program], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout)
+    assert seen["ppid"] == os.getpid()  # the same process, re-exec'd (its parent is us)
+    assert seen["secret"] == "s" * 40
+    assert seen["token"] == long_token[: env_secrets.MAX_VALUE_CHARS]
+    assert "s" * 40 not in seen["environ"] and "t" * 40 not in seen["environ"]
+    assert seen["in_os_environ"] == []
+    assert len(seen["fds"]) <= 4, seen["fds"]  # stdin, stdout, stderr, the listing: no pipe
