@@ -19,10 +19,11 @@ from pathlib import Path
 from string import Template
 
 from ftd_client import faults
-from ftd_client.inprocess.keys import prefix_for
+from ftd_client.inprocess.keys import ENV_KEY_FILE, Seal, prefix_for
 
 from ftd.config import ServeConfig
 from ftd.coordination import Coordinator, Round
+from ftd.coordination.records import RecordCodec
 from ftd.event_kind import EventKind
 from ftd.events import Event, EventLog
 from ftd.ft_config import parse_simulated_fault
@@ -92,9 +93,13 @@ class Attempt:
             else None
         )
         prefix = prefix_for(config.run_id, number)
+        seal = Seal()
         if inprocess is not None:
+            seal, key_file = _inprocess_seal(tools, prefix, number)
             for env in envs.values():
                 env.update(rank_env(inprocess, prefix))
+                if key_file is not None:
+                    env[ENV_KEY_FILE] = str(key_file)
         _arm_simulated_fault(config, tools.events, envs, number)
         status.ranks = [
             RankStatus(local_rank=lr, global_rank=placement.base_global_rank + lr) for lr in envs
@@ -142,6 +147,7 @@ class Attempt:
                 node_id=config.node_id,
                 on_respawned=lambda lr, old: _respawned(tools, lr, old),
                 explain_stragglers=health.hangs.explain_ranks,
+                seal=seal,
             )
             await rounds.start()
         tools.events.emit(
@@ -258,3 +264,18 @@ def _serves(*paths: Path) -> bool:
         if not stat.S_ISSOCK(info.st_mode) or info.st_uid != os.geteuid():
             return False
     return True
+
+
+def _inprocess_seal(tools: AttemptTools, prefix: str, number: int) -> tuple[Seal, Path | None]:
+    """The seal of this attempt's in-process rounds, and the private file (0600, in the private
+    run directory) that gives its key to the ranks: none when the job has no secret."""
+    codec = getattr(tools.coordinator, "codec", None)
+    key = codec.inprocess_key(prefix) if isinstance(codec, RecordCodec) else None
+    if key is None:
+        return Seal(), None
+    path = tools.run_dir / f"inprocess_{number}.key"
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as file:
+        file.write(key.hex() + "\n")
+    return Seal(key), path

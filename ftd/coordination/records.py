@@ -132,6 +132,13 @@ class RecordCodec:
     def signed(self) -> bool:
         return self._secret is not None
 
+    def inprocess_key(self, prefix: str) -> bytes | None:
+        """The key that seals one attempt's in-process rounds (its ranks hold it, never the
+        job secret); None when the job has no secret."""
+        from ftd_client.inprocess.keys import derive_key
+
+        return derive_key(self._secret, prefix) if self._secret is not None else None
+
     def _mac(self, key: str, body: bytes) -> str:
         assert self._secret is not None
         message = b"\0".join((self._rdzv_id, key.encode(), body))
