@@ -104,3 +104,34 @@ async def test_forged_inprocess_records_restart_nothing(
     assert "inprocess_fault" not in [e["kind"] for e in events]
     assert "in-process: ignored a fault record" in a.stderr.text
     assert os.stat(a.log_dir / "a" / a.run_id / "inprocess_0.key").st_mode & 0o077 == 0
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize(
+    ("inject", "flags"),
+    [("raise", ()), ("exit", ()), ("exit", ("--no-inprocess-respawn",))],
+    ids=["raise", "exit-respawn", "exit-written-off"],
+)
+async def test_sealed_rounds_restart_in_process_on_a_real_fault(
+    serve: ServeFactory, tmp_path: Path, inject: str, flags: tuple[str, ...]
+) -> None:
+    """The sealed records carry the genuine protocol: a rank's exception (announced by the
+    rank), a death (announced by its daemon, respawned or written off for good)."""
+    endpoint = C10D.endpoint()
+    out = tmp_path / "out"
+    nodes = [
+        await serve(
+            "--nnodes", "2", "--rdzv-endpoint", endpoint, "--local-addr", "127.0.0.1",
+            "--rdzv-last-call-timeout", "1", "--node-id", node, "--nproc-per-node", "2",
+            "--max-restarts", "1", "--restart-mode", "inprocess", *flags,
+            script=TRAIN,
+            script_args=("--out", str(out), "--inject", inject, "--step-time", "0.05"),
+            env={**ENV, "FTD_RDZV_SECRET": JOB_SECRET},
+        )
+        for node in ("a", "b")
+    ]  # fmt: skip
+    for node in nodes:
+        assert await node.wait(timeout=120) == 0, node.stderr.text[-3000:]
+    assert list(out.glob("round_i1_*")), sorted(p.name for p in out.iterdir())
+    for node in nodes:
+        assert "in-process: ignored" not in node.stderr.text
