@@ -8,11 +8,23 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from ftd_client.inprocess.keys import DAEMON, FAULT, Fault, Keys, Members, Seal, derive_key
+from ftd_client.inprocess.keys import (
+    DAEMON,
+    FAULT,
+    Fault,
+    Forged,
+    Keys,
+    Members,
+    Seal,
+    derive_key,
+)
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.conftest import C10D, ServeFactory, pids_with_env
 from tests.test_inprocess import ENV, TRAIN, WORLD
@@ -135,3 +147,18 @@ async def test_sealed_rounds_restart_in_process_on_a_real_fault(
     assert list(out.glob("round_i1_*")), sorted(p.name for p in out.iterdir())
     for node in nodes:
         assert "in-process: ignored" not in node.stderr.text
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.binary(max_size=4096), st.sampled_from(["p/round/0/fault", "p/dead/1"]))
+def test_unsealing_any_value_is_a_record_or_forged_in_linear_time(data: bytes, key: str) -> None:
+    seal = Seal(derive_key(JOB_SECRET.encode(), "p"))
+    started = time.perf_counter()
+    try:
+        payload = seal.unseal(key, data)
+    except Forged:
+        pass
+    else:
+        assert data.endswith(payload) and len(payload) < len(data)
+    assert time.perf_counter() - started < 0.05
+    assert seal.unseal(key, seal.seal(key, data)) == data
