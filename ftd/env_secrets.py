@@ -17,6 +17,7 @@ import json
 import os
 import sys
 from collections.abc import Mapping
+from typing import NoReturn
 
 NAMES = ("FTD_RDZV_SECRET", "FTD_API_TOKEN")
 """ftd.coordination.secret.SECRET_ENV and ftd.api.security.TOKEN_ENV: spelled out, since this
@@ -58,27 +59,38 @@ def isolate() -> None:
 
 
 def _receive(fd_text: str) -> None:
+    """Take the secrets from the pipe; a daemon that cannot must not go on without them (it
+    would run with an open store, or make a token of its own): one line and exit 1."""
     try:
         fd = int(fd_text)
     except ValueError:
-        return
+        _give_up(f"{FD_ENV}={fd_text[:20]!r} is not a descriptor")
     chunks: list[bytes] = []
     try:
         while chunk := os.read(fd, 65536):
             chunks.append(chunk)
             if sum(map(len, chunks)) > 65536:
-                break
-    except OSError:
-        return
+                _give_up("more than 64 KiB in the pipe")
+    except OSError as error:
+        _give_up(str(error))
     finally:
         with contextlib.suppress(OSError):
             os.close(fd)
     try:
         data = json.loads(b"".join(chunks))
-    except ValueError:
-        return
-    if isinstance(data, dict):
-        _held.update({k: v for k, v in data.items() if k in NAMES and isinstance(v, str)})
+    except (ValueError, RecursionError):
+        data = None
+    if not isinstance(data, dict) or not all(
+        k in NAMES and isinstance(v, str) for k, v in data.items()
+    ):
+        _give_up("not what ftd serve writes")
+    _held.update(data)
+
+
+def _give_up(why: str) -> NoReturn:
+    message = f"ftd serve: error: cannot read the secrets handed over at restart: {why}"
+    print(message, file=sys.stderr)
+    raise SystemExit(2)
 
 
 def get(name: str, environ: Mapping[str, str] = os.environ) -> str:

@@ -162,3 +162,19 @@ def test_the_reexec_hands_the_secrets_over_a_pipe(tmp_path: Path) -> None:
     assert "s" * 40 not in seen["environ"] and "t" * 40 not in seen["environ"]
     assert seen["in_os_environ"] == []
     assert len(seen["fds"]) <= 4, seen["fds"]  # stdin, stdout, stderr, the listing: no pipe
+
+
+@pytest.mark.parametrize("fd", ["x", "999", "0"])
+def test_a_daemon_that_cannot_read_its_secrets_stops_with_one_line(fd: str) -> None:
+    env = {**os.environ, env_secrets.FD_ENV: fd}
+    done = subprocess.run(
+        [sys.executable, "-m", "ftd", "serve", "--print-config", "x.py"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "cannot read the secrets handed over at restart" in done.stderr
+    assert "Traceback" not in done.stderr
