@@ -13,15 +13,17 @@ import logging
 import os
 import random
 import signal
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from string import Template
 
 from ftd_client import faults
-from ftd_client.inprocess.keys import prefix_for
+from ftd_client.inprocess.keys import ENV_KEY_FILE, Seal, prefix_for
 
 from ftd.config import ServeConfig
 from ftd.coordination import Coordinator, Round
+from ftd.coordination.records import RecordCodec
 from ftd.event_kind import EventKind
 from ftd.events import Event, EventLog
 from ftd.ft_config import parse_simulated_fault
@@ -85,6 +87,7 @@ class Attempt:
             socket_path=str(health.server.path),
             attempt_log_dir=str(tools.run_dir / f"attempt_{number}"),
             send_buffer=health.send_buffer(config.nproc_per_node),
+            nvrx_sockets=_serves(health.nvrx.rank_monitor_path, health.nvrx.launcher_path),
         )
         inprocess = (
             await tools.coordinator.inprocess_store()
@@ -92,9 +95,13 @@ class Attempt:
             else None
         )
         prefix = prefix_for(config.run_id, number)
+        seal = Seal()
         if inprocess is not None:
+            seal, key_file = _inprocess_seal(tools, prefix, number)
             for env in envs.values():
                 env.update(rank_env(inprocess, prefix))
+                if key_file is not None:
+                    env[ENV_KEY_FILE] = str(key_file)
         _arm_simulated_fault(config, tools.events, envs, number)
         status.ranks = [
             RankStatus(local_rank=lr, global_rank=placement.base_global_rank + lr) for lr in envs
@@ -148,6 +155,7 @@ class Attempt:
                 node_id=config.node_id,
                 on_respawned=lambda lr, old: _respawned(tools, lr, old),
                 explain_stragglers=health.hangs.explain_ranks,
+                seal=seal,
             )
             await rounds.start()
         tools.events.emit(
@@ -250,3 +258,32 @@ def _remove_empty_stacks(attempt_dir: Path) -> None:
             with contextlib.suppress(OSError):
                 if path.stat().st_size == 0:
                     path.unlink()
+
+
+def _serves(*paths: Path) -> bool:
+    """Whether the daemon listens at every one of `paths`: a socket of this user's there (their
+    directory is private, so nobody else could have put one). A path the daemon could not bind
+    is not given to the ranks."""
+    for path in paths:
+        try:
+            info = path.lstat()
+        except OSError:
+            return False
+        if not stat.S_ISSOCK(info.st_mode) or info.st_uid != os.geteuid():
+            return False
+    return True
+
+
+def _inprocess_seal(tools: AttemptTools, prefix: str, number: int) -> tuple[Seal, Path | None]:
+    """The seal of this attempt's in-process rounds, and the private file (0600, in the private
+    run directory) that gives its key to the ranks: none when the job has no secret."""
+    codec = getattr(tools.coordinator, "codec", None)
+    key = codec.inprocess_key(prefix) if isinstance(codec, RecordCodec) else None
+    if key is None:
+        return Seal(), None
+    path = tools.run_dir / f"inprocess_{number}.key"
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as file:
+        file.write(key.hex() + "\n")
+    return Seal(key), path

@@ -154,6 +154,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if words and words[0] in COMMANDS:  # operators' commands: no torch, no pydantic
         return admin_main(words)
     if words and words[0] == "serve":
+        if argv is None:  # this process is the daemon: no secret stays in its environ block
+            from ftd.env_secrets import isolate
+
+            isolate()
         served = parse_serve_argv(words[1:])
         if message := _unknown_options(served.unknown):
             print(f"ftd serve: error: {message}", file=sys.stderr)

@@ -17,6 +17,7 @@ import ctypes
 import logging
 import os
 import resource
+import shutil
 import signal
 import sys
 import tempfile
@@ -162,9 +163,16 @@ class Daemon:
             )
         except CoordinationError as error:
             raise StartupError(error.reason) from None
+        rank_socket = socket_path(self.run_dir, self.daemon_id)
+        if rank_socket.parent != self.run_dir:  # a private mkdtemp: the run dir's path is long
+            private = rank_socket.parent
+            self._on_teardown(
+                "removing the sockets' directory",
+                lambda: asyncio.to_thread(shutil.rmtree, private, ignore_errors=True),
+            )
         self.health = HealthService(
             config.ft,
-            socket_path(self.run_dir, self.daemon_id),
+            rank_socket,
             config.ft_state_file or self.run_dir / "ft_state.json",
             self.events,
             self.persist,

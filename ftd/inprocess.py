@@ -46,6 +46,7 @@ from ftd_client.inprocess.keys import (
     Fault,
     Keys,
     Members,
+    Seal,
 )
 
 from ftd.event_kind import EventKind
@@ -99,6 +100,7 @@ class InprocessRounds:
         node_id: str,
         on_respawned: Callable[[int, int | None], None] | None = None,
         explain_stragglers: ExplainRanks | None = None,
+        seal: Seal | None = None,
     ) -> None:
         self.group = group
         self.explain_stragglers = explain_stragglers
@@ -117,7 +119,9 @@ class InprocessRounds:
         """Called once a rank's new process runs, with its local rank and the old pid."""
         self.by = f"daemon {node_id}"
         self._closing = threading.Event()
-        self._store = InprocessStore(store_addr, Keys(prefix), world_size, self.by, self._closing)
+        self._store = InprocessStore(
+            store_addr, Keys(prefix), world_size, self.by, self._closing, seal
+        )
         self._ops = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ftd-inproc")
         self._waits = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="ftd-inproc-wait")
         self._tasks: set[asyncio.Task[None]] = set()

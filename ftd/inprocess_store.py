@@ -14,6 +14,7 @@ sees the other and announces.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import threading
@@ -23,7 +24,20 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from ftd_client.inprocess.keys import DAEMON, DEAD, FAULT, STOP, Arrival, Fault, Keys, Members
+from ftd_client.inprocess.keys import (
+    DAEMON,
+    DEAD,
+    FAULT,
+    STOP,
+    Arrival,
+    Fault,
+    Forged,
+    Keys,
+    Members,
+    Seal,
+    claim_fault,
+    valid_fault,
+)
 from ftd_client.store import tcp_store_client, wait_keys
 
 from ftd.store import STORE_OP_TIMEOUT_S
@@ -49,9 +63,16 @@ class Arrivals:
     raw: dict[int, bytes]
 
     @classmethod
-    def read(cls, slots: Sequence[int], values: Sequence[bytes]) -> Arrivals:
+    def read(
+        cls, slots: Sequence[int], values: Sequence[bytes], payloads: Sequence[bytes]
+    ) -> Arrivals:
+        """`values` as stored (sealed), `payloads` unsealed."""
         raw = dict(zip(slots, values, strict=True))
-        live = {slot: Arrival.decode(value) for slot, value in raw.items() if value != DEAD}
+        live = {
+            slot: Arrival.decode(payload)
+            for slot, payload in zip(slots, payloads, strict=True)
+            if payload != DEAD
+        }
         return cls(live, raw)
 
     @property
@@ -74,6 +95,7 @@ class InprocessStore:
         world_size: int,
         by: str,
         closing: threading.Event,
+        seal: Seal | None = None,
     ) -> None:
         self.store_addr = store_addr
         self.keys = keys
@@ -84,7 +106,27 @@ class InprocessStore:
         """Set once the rounds close (by InprocessRounds): the waits leave."""
         self.round = 0
         """The newest round this node has seen opened (the leader's is the truth)."""
+        self.seal = seal or Seal()
+        """Seals this attempt's records when the job has a secret (keys.py)."""
+        self.refused: collections.Counter[str] = collections.Counter()
+        """Values that failed to unseal, by key kind: stepped over, never acted on."""
+        self._logged: set[str] = set()
         self._store: TCPStore | None = None
+
+    def _refuse(self, kind: str, error: Forged) -> None:
+        self.refused[kind] += 1
+        if kind not in self._logged:
+            self._logged.add(kind)
+            log.warning(
+                "in-process: ignored a %s record (%s); further ones are counted", kind, error
+            )
+
+    def _unsealed(self, kind: str, key: str, value: bytes) -> bytes | None:
+        try:
+            return self.seal.unseal(key, value)
+        except Forged as error:
+            self._refuse(kind, error)
+            return None
 
     # -- this node's connection --------------------------------------------------------------
 
@@ -112,10 +154,10 @@ class InprocessStore:
         """Whether the open round ended with every member's function returned."""
         store, keys = self.store, self.keys
         rnd = int(store.get(keys.open))
-        return (
-            bool(store.check([keys.fault(rnd)]))
-            and Fault.decode(store.get(keys.fault(rnd))).completed
-        )
+        if not store.check([keys.fault(rnd)]):
+            return False
+        payload = self._unsealed("fault", keys.fault(rnd), store.get(keys.fault(rnd)))
+        return payload is not None and Fault.decode(payload).completed
 
     def write_off(self, slot: int, respawn: bool, reason: str) -> tuple[int, bool]:
         """Take the slot's arrival out of the open round and the next (survivors may be a
@@ -124,7 +166,7 @@ class InprocessStore:
         store, keys = self.store, self.keys
         if not respawn:
             n = store.add(keys.dead_count, 1)
-            store.set(keys.dead(n), str(slot))
+            store.set(keys.dead(n), self.seal.seal(keys.dead(n), str(slot).encode()))
         rnd = int(store.get(keys.open))
         self.round = max(self.round, rnd)
         rounds = (rnd, rnd + 1)
@@ -132,14 +174,15 @@ class InprocessStore:
             if respawn:
                 store.delete_key(keys.arrive(k, slot))
             else:
-                store.set(keys.arrive(k, slot), DEAD)
+                store.set(keys.arrive(k, slot), self.seal.seal(keys.arrive(k, slot), DEAD))
         if not respawn:
             store.queue_push(keys.barrier, f"{rnd}:{slot}")
         announced = False
         for k in rounds:
             if not store.check([keys.members(k)]):
                 continue
-            if slot in Members.decode(store.get(keys.members(k))).slots:
+            payload = self._unsealed("members", keys.members(k), store.get(keys.members(k)))
+            if payload is not None and slot in Members.decode(payload).slots:
                 fault = Fault.now("rank_exit", slot, reason, k, self.by)
                 self.announce(store, k, fault)
                 announced = True
@@ -147,7 +190,7 @@ class InprocessStore:
 
     def announce(self, store: TCPStore, rnd: int, fault: Fault) -> Fault:
         """Round `rnd`'s fault is `fault` unless one was written first; wake every watcher."""
-        stored = Fault.decode(store.compare_set(self.keys.fault(rnd), "", fault.encode()))
+        stored = claim_fault(store, self.seal, self.keys.fault(rnd), fault)
         watchers: list[int | str] = [*self.world, DAEMON]
         wake = [self.keys.wake(rnd, who) for who in watchers]
         store.multi_set(wake, [FAULT.decode()] * len(wake))
@@ -167,9 +210,15 @@ class InprocessStore:
         self.round = rnd
         count = int(store.add(keys.dead_count, 0))
         if count:
-            dead = [int(v) for v in store.multi_get([keys.dead(n) for n in range(1, count + 1)])]
+            names = [keys.dead(n) for n in range(1, count + 1)]
+            found = [
+                self._unsealed("dead slot", k, v)
+                for k, v in zip(names, store.multi_get(names), strict=True)
+            ]
+            dead = [int(v) for v in found if v is not None]
             arrive = [keys.arrive(rnd, slot) for slot in dead]
-            store.multi_set(arrive, [DEAD.decode()] * len(arrive))
+            if arrive:
+                store.multi_set(arrive, [self.seal.seal(k, DEAD) for k in arrive])
 
     def gather(self, store: TCPStore, rnd: int, deadline: float | None) -> Arrivals | list[int]:
         """The arrivals at round `rnd`'s barrier once every slot is there; at the deadline, the
@@ -179,7 +228,16 @@ class InprocessStore:
         keys = [self.keys.arrive(rnd, slot) for slot in self.world]
         while not self.closing.is_set():
             if store.check(keys):
-                return Arrivals.read(self.world, store.multi_get(keys))
+                values = store.multi_get(keys)
+                payloads = [
+                    self._unsealed("arrival", k, v) for k, v in zip(keys, values, strict=True)
+                ]
+                if all(p is not None for p in payloads):
+                    return Arrivals.read(self.world, values, [p or b"" for p in payloads])
+                for key, payload in zip(keys, payloads, strict=True):
+                    if payload is None:  # the rank's own arrival, if any, is written again
+                        store.delete_key(key)
+                continue
             left_s = IDLE_WAIT_S if deadline is None else deadline - time.monotonic()
             if left_s <= 0:
                 return missing(self.world, [store.check([key]) for key in keys])
@@ -192,7 +250,7 @@ class InprocessStore:
         """Write the members, then read the arrivals again; a member whose process died
         meanwhile ends the round at once. The slots that changed."""
         store, keys = self.store, self.keys
-        store.set(keys.members(rnd), members.encode())
+        store.set(keys.members(rnd), self.seal.seal(keys.members(rnd), members.encode()))
         arrive = [keys.arrive(rnd, slot) for slot in members.slots]
         present = [store.check([key]) for key in arrive]
         changed = missing(members.slots, present)
@@ -209,12 +267,18 @@ class InprocessStore:
         """Round `rnd`'s fault once announced; None when the watch was stopped or the round
         ended well (no round follows)."""
         key = self.keys.wake(rnd, DAEMON)
-        while not wait_keys(store, [key], IDLE_WAIT_S):
-            if self.closing.is_set():
+        fault: Fault | None = None
+        while fault is None:
+            while not wait_keys(store, [key], IDLE_WAIT_S):
+                if self.closing.is_set():
+                    return None
+            if store.get(key) == STOP or self.closing.is_set():
                 return None
-        if store.get(key) == STOP or self.closing.is_set():
-            return None
-        fault = Fault.decode(store.get(self.keys.fault(rnd)))
+            fault = valid_fault(store, self.seal, self.keys.fault(rnd), key)
+            if fault is None:
+                self._refuse(
+                    "fault", Forged(f"{self.keys.fault(rnd)}: forged, or a wake without one")
+                )
         if fault.completed:
             log.info("in-process round %d: every member's function returned", rnd)
             return None

@@ -342,10 +342,13 @@ def parent_pid(pid: int) -> int | None:
 
 
 def socket_path(run_dir: Path, daemon_id: str) -> Path:
-    """The run directory's `ftd.sock`, unless that path is too long for AF_UNIX (108 bytes)."""
+    """The run directory's `ftd.sock`, unless that directory leaves no room for AF_UNIX's 108
+    bytes (NVRx's sockets go beside it, with names 14 bytes longer): then `ftd.sock` in a
+    fresh private directory (mkdtemp: this user's, mode 0700, a name nobody could take first),
+    which the daemon removes at teardown."""
     path = run_dir / "ftd.sock"
-    if len(os.fsencode(path)) < 100:
+    if len(os.fsencode(path)) < 90:
         return path
     import tempfile
 
-    return Path(tempfile.gettempdir()) / f"ftd-{daemon_id}.sock"
+    return Path(tempfile.mkdtemp(prefix=f"ftd-{daemon_id}-")) / "ftd.sock"

@@ -47,8 +47,10 @@ def worker_envs(
     socket_path: str = "",
     attempt_log_dir: str = "",
     send_buffer: int = 0,
+    nvrx_sockets: bool = True,
 ) -> dict[int, dict[str, str]]:
-    """Each local rank's environment, as torchrun's LocalElasticAgent sets it, plus FTD_*."""
+    """Each local rank's environment, as torchrun's LocalElasticAgent sets it, plus FTD_*
+    (NVRx's socket paths only with `nvrx_sockets`: when the daemon serves them)."""
     envs: dict[int, dict[str, str]] = {}
     for local_rank in range(config.nproc_per_node):
         global_rank = placement.base_global_rank + local_rank
@@ -86,7 +88,8 @@ def worker_envs(
             env["FTD_STACK_SIGNAL"] = str(int(STACK_SIGNAL))
             if send_buffer > 0:
                 env["FTD_SOCKET_SNDBUF"] = str(send_buffer)
-            env.update(nvrx_rank_env(socket_path))  # for nvidia_resiliency_ext's own client
+            if nvrx_sockets:  # for nvidia_resiliency_ext's own client
+                env.update(nvrx_rank_env(socket_path))
         if attempt_log_dir:
             env["FTD_STACKS_FILE"] = os.path.join(attempt_log_dir, str(local_rank), "stacks.txt")
         omp = os.environ.get("OMP_NUM_THREADS")

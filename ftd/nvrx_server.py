@@ -15,11 +15,8 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import hashlib
 import logging
-import os
 import socket
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,15 +38,14 @@ RemoveReader = Callable[[int], object]
 
 
 def socket_paths(ftd_socket: Path) -> tuple[Path, Path]:
-    """The rank-monitor and launcher socket paths beside ftd's own socket (or, where that
-    path would be too long for AF_UNIX, in the temporary directory)."""
+    """The rank-monitor and launcher socket paths beside ftd's own socket, in its directory: the
+    private run directory, or the private one ftd.ipc.socket_path made where that is too long
+    (never a shared one, where another user could bind the name first)."""
     stem = ftd_socket.name.removesuffix(".sock")
-    paths = tuple(ftd_socket.with_name(f"{stem}-nvrx-{kind}.sock") for kind in ("rmon", "launcher"))
-    if all(len(os.fsencode(path)) < 104 for path in paths):
-        return paths[0], paths[1]
-    digest = hashlib.sha256(os.fsencode(ftd_socket)).hexdigest()[:16]
-    temp = Path(tempfile.gettempdir())
-    return temp / f"ftd-{digest}-nvrx-rmon.sock", temp / f"ftd-{digest}-nvrx-launcher.sock"
+    rank_monitor, launcher = (
+        ftd_socket.with_name(f"{stem}-nvrx-{kind}.sock") for kind in ("rmon", "launcher")
+    )
+    return rank_monitor, launcher
 
 
 class NvrxHost(Protocol):

@@ -174,12 +174,10 @@ async def test_attacks_are_refused_and_counted_and_the_daemon_goes_on(
     assert dropped["nvrx_refused_class"] >= 3  # type: ignore[index]
 
 
-def test_socket_paths_fit_af_unix(tmp_path: Path) -> None:
+def test_socket_paths_are_beside_ftds_socket() -> None:
     short = socket_paths(Path("/tmp/r/ftd.sock"))
     assert short == (Path("/tmp/r/ftd-nvrx-rmon.sock"), Path("/tmp/r/ftd-nvrx-launcher.sock"))
-    deep = tmp_path / ("d" * 80) / "ftd.sock"
-    rank_monitor, launcher = socket_paths(deep)
-    assert len(os.fsencode(rank_monitor)) < 104 and rank_monitor != launcher
+    # A long run dir: tests/test_local_secrets.py (a private directory, never a shared name).
 
 
 @needs_nvrx

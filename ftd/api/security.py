@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ftd_client.discovery import NO_ACCESS_BY_OTHERS, UnsafeFile, read_checked
 
+from ftd import env_secrets
 from ftd.errors import ApiStartupError
 
 log = logging.getLogger("ftd.api")
@@ -37,7 +38,7 @@ def load_token(path: Path) -> tuple[str, bool]:
     """(token, whether it came from FTD_API_TOKEN). Else the token in `path`, which must be
     a private file of this user (created with a random token, mode 0600, when absent).
     ApiStartupError naming the problem otherwise."""
-    env = os.environ.get(TOKEN_ENV, "").strip()
+    env = env_secrets.get(TOKEN_ENV).strip()
     if env:
         if problem := token_problem(env):
             raise ApiStartupError(f"${TOKEN_ENV}: {problem}")

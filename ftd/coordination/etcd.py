@@ -37,7 +37,7 @@ from ftd.coordination.records import (
     RequestRecord,
     RoundRecord,
 )
-from ftd.coordination.rounds import Late, key
+from ftd.coordination.rounds import Late, excluded_error, key
 from ftd.etcd_client import EtcdClient, Get
 from ftd.tasks import within
 
@@ -186,8 +186,11 @@ class EtcdCoordinator:
             record, revision = await self._await_close(number, joiner, deadline)
             if record.aborted:
                 raise CoordinationError(record.aborted)
+            rounds.exclusions.learn(record)
             self.excluded = dict(record.excluded)
             ids = [m.node_id for m in record.members]
+            if me.node_id not in ids and me.node_id in record.excluded:
+                raise excluded_error(me.node_id, self.config.run_id, record.excluded[me.node_id])
             rounds.round_hint = number + 1
             if me.node_id not in ids:
                 continue  # its join key went with a lease etcd ended: the next round

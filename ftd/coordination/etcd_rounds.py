@@ -33,6 +33,7 @@ from ftd.coordination.etcd_kv import RecordKv
 from ftd.coordination.records import (
     MAX_ROUND_RECORD_BYTES,
     ExcludedRecord,
+    ExclusionLedger,
     MarkRecord,
     Member,
     Record,
@@ -76,12 +77,14 @@ class EtcdRounds:
         """The highest restart count this daemon has seen: it never accepts a lower one."""
         self.round_hint = 0
         """The next round this daemon may join (never an older one)."""
+        self.exclusions = ExclusionLedger()
+        """The newest exclusion this daemon has seen: a replay never rolls it back."""
 
     # -- reading -----------------------------------------------------------------------------
 
     def excluded_of(self, found: RangeResult) -> dict[str, str]:
         record, _ = self.kv.first(found, ExcludedRecord, MAX_ROUND_RECORD_BYTES)
-        return dict(record.nodes) if record is not None else {}
+        return self.exclusions.merge(record, self.kv.codec)
 
     async def read_excluded(self) -> dict[str, str]:
         _, (found,) = await self.kv.reads(Get("excluded"))
@@ -113,8 +116,10 @@ class EtcdRounds:
             if view.hint is not None and view.hint > number:
                 number = view.hint
                 continue
-            if me.node_id in view.excluded:
-                raise excluded_error(me.node_id, self.config.run_id, view.excluded[me.node_id])
+            if view.closed is not None:
+                self.exclusions.learn(view.closed)
+            if (reason := self.exclusions.nodes.get(me.node_id)) is not None:
+                raise excluded_error(me.node_id, self.config.run_id, reason)
             if view.request is not None:
                 if view.request.action != "restart":
                     raise CoordinationError(
@@ -183,6 +188,9 @@ class EtcdRounds:
             decided, closed_kv = self.kv.first(closed, RoundRecord, MAX_ROUND_RECORD_BYTES)
             if decided is not None:
                 return
+            previous_record = self.kv.first(prev_closed, RoundRecord, MAX_ROUND_RECORD_BYTES)[0]
+            if previous_record is not None:
+                self.exclusions.learn(previous_record)
             out = self.excluded_of(excluded)
             valid = self.kv.valid(joins, Member)
             members = [
@@ -195,7 +203,7 @@ class EtcdRounds:
                 members,
                 out,
                 failed=len(joins.kvs) - len(valid),
-                previous=self.kv.first(prev_closed, RoundRecord, MAX_ROUND_RECORD_BYTES)[0],
+                previous=previous_record,
                 request=self.kv.first(prev_request, RequestRecord)[0],
                 respawns=len(self.kv.valid(respawns, MarkRecord)) if number > 0 else 0,
             )
@@ -223,8 +231,10 @@ class EtcdRounds:
         respawns: int,
     ) -> RoundRecord:
         cfg = self.config
+        epoch = self.exclusions.newest.epoch
         if len(joined) < cfg.nnodes_min:
-            return aborted_round(cfg, number, len(joined), failed, self.known_restarts, excluded)
+            aborted = aborted_round(cfg, number, len(joined), failed, self.known_restarts, excluded)
+            return aborted.model_copy(update={"excluded_epoch": epoch})
         before = [m.node_id for m in previous.members] if previous is not None else []
         restarts = self.known_restarts
         if number > 0:
@@ -236,6 +246,7 @@ class EtcdRounds:
             members=tuple(order_members(joined, before)[: cfg.nnodes_max]),
             restarts=max(restarts, self.known_restarts),
             excluded=excluded,
+            excluded_epoch=epoch,
         )
 
     # -- marks -------------------------------------------------------------------------------
@@ -287,15 +298,11 @@ class EtcdRounds:
         for _ in range(MAX_EXCLUDE_TRIES):
             _, (found,) = await self.kv.reads(Get("excluded"))
             current, seen = self.kv.first(found, ExcludedRecord, MAX_ROUND_RECORD_BYTES)
-            nodes = dict(current.nodes) if current is not None else {}
-            if reason is None:
-                nodes.pop(node_id, None)
-            else:
-                nodes[node_id] = reason[:4000]
+            update = self.exclusions.updated(current, node_id, reason)
             result = await self.kv.txn(
                 [self.kv.unchanged("excluded", seen)],
-                [self.kv.put_op("excluded", ExcludedRecord(nodes=nodes))],
+                [self.kv.put_op("excluded", update)],
             )
             if result.succeeded:
-                return nodes
+                return self.exclusions.merge(update, self.kv.codec)
         raise CoordinationError("could not update the excluded nodes (contention)")

@@ -65,6 +65,9 @@ class RoundRecord(Record):
     restarts: Count
     excluded: dict[NodeId, Reason] = Field(default_factory=dict, max_length=MAX_NODES)
     aborted: Reason | None = None
+    excluded_epoch: Count = 0
+    """The epoch of `excluded` (ExcludedRecord.epoch): bound to this round's key, so a replayed
+    `excluded` record cannot take a node's exclusion back past it."""
 
 
 class RequestRecord(Record):
@@ -93,6 +96,8 @@ class MarkRecord(Record):
 
 class ExcludedRecord(Record):
     nodes: dict[NodeId, Reason] = Field(default_factory=dict, max_length=MAX_NODES)
+    epoch: Count = 0
+    """Grows by one with every exclusion and readmission."""
 
 
 class NodeSummary(Record):
@@ -126,6 +131,13 @@ class RecordCodec:
     @property
     def signed(self) -> bool:
         return self._secret is not None
+
+    def inprocess_key(self, prefix: str) -> bytes | None:
+        """The key that seals one attempt's in-process rounds (its ranks hold it, never the
+        job secret); None when the job has no secret."""
+        from ftd_client.inprocess.keys import derive_key
+
+        return derive_key(self._secret, prefix) if self._secret is not None else None
 
     def _mac(self, key: str, body: bytes) -> str:
         assert self._secret is not None
@@ -170,9 +182,61 @@ class RecordCodec:
             self._refuse(key, "invalid", f"{where}: {first['msg']}")
             return None
 
+    def refuse(self, key: str, cause: str, detail: str) -> None:
+        self._refuse(key, cause, detail)
+
     def _refuse(self, key: str, cause: str, detail: str) -> None:
         """Count and log (once per key and cause)."""
         self.refused[cause] += 1
         if (key, cause) not in self._logged and len(self._logged) < MAX_LOGGED:
             self._logged.add((key, cause))
             log.warning("ignored the rendezvous record at %r (%s): %s", key, cause, detail)
+
+
+class ExclusionLedger:
+    """The newest exclusion a daemon has seen: from the `excluded` record, and from every closed
+    round's record (signed for its round's key, so it cannot be replayed elsewhere). An
+    `excluded` record older than that (a signed one replayed from before an exclusion, to
+    readmit a node) is refused: exclusion and readmission never roll back past what this
+    daemon has seen, and a node the round's closer knows to be excluded is not a member."""
+
+    def __init__(self) -> None:
+        self.newest = ExcludedRecord()
+
+    @property
+    def nodes(self) -> dict[str, str]:
+        return dict(self.newest.nodes)
+
+    def merge(self, found: ExcludedRecord | None, codec: RecordCodec) -> dict[str, str]:
+        """The excluded nodes, given the `excluded` record `found` in the store now."""
+        if found is not None:
+            if found.epoch < self.newest.epoch:
+                codec.refuse(
+                    "excluded",
+                    "rolled_back",
+                    f"epoch {found.epoch}, older than the {self.newest.epoch} already seen "
+                    "(a replayed record): kept the newer one",
+                )
+            else:
+                self.newest = found
+        return self.nodes
+
+    def learn(self, record: RoundRecord) -> None:
+        """What a closed round's record says about the excluded nodes."""
+        if record.excluded_epoch > self.newest.epoch:
+            self.newest = ExcludedRecord(nodes=record.excluded, epoch=record.excluded_epoch)
+
+    def updated(
+        self, current: ExcludedRecord | None, node_id: str, reason: str | None
+    ) -> ExcludedRecord:
+        """The record that excludes (`reason`) or readmits (None) `node_id`, one epoch past
+        both `current` (the store's) and what this daemon has seen."""
+        base = (
+            current if current is not None and current.epoch >= self.newest.epoch else self.newest
+        )
+        nodes = dict(base.nodes)
+        if reason is None:
+            nodes.pop(node_id, None)
+        else:
+            nodes[node_id] = reason[:4000]
+        return ExcludedRecord(nodes=nodes, epoch=base.epoch + 1)

@@ -16,6 +16,7 @@ from ftd.coordination.base import CoordinationError, Round, new_request, order_m
 from ftd.coordination.records import (
     MAX_ROUND_RECORD_BYTES,
     ExcludedRecord,
+    ExclusionLedger,
     MarkRecord,
     Member,
     NodeSummary,
@@ -88,6 +89,8 @@ class StoreRounds:
         """The highest restart count this daemon has seen: it never accepts a lower one."""
         self.round_hint = 0
         """The next round this daemon may join (never an older one)."""
+        self.exclusions = ExclusionLedger()
+        """The newest exclusion this daemon has seen: a replay never rolls it back."""
         self.closing = False
 
     def enter(self, s: RecordStore, me: Member) -> tuple[int, int] | Late:
@@ -99,6 +102,11 @@ class StoreRounds:
             mark = s.read(f"excluded/{me.node_id}", MarkRecord)
             if mark is not None:
                 raise excluded_error(me.node_id, self.config.run_id, mark.reason)
+            if (  # this daemon saw it excluded: unless it was readmitted since
+                me.node_id in self.exclusions.nodes
+                and (reason := self.read_excluded(s).get(me.node_id)) is not None
+            ):
+                raise excluded_error(me.node_id, self.config.run_id, reason)
             request = s.decided(key(number, "request"), RequestRecord)
             if request is not None:
                 if request.action != "restart":
@@ -110,6 +118,9 @@ class StoreRounds:
             if closed is not None:
                 if closed.aborted:
                     raise CoordinationError(closed.aborted)
+                self.exclusions.learn(closed)
+                if (reason := self.exclusions.nodes.get(me.node_id)) is not None:
+                    raise excluded_error(me.node_id, self.config.run_id, reason)
                 return Late(number, closed)
             n = s.count(key(number, "joined"), 1, partial(self.joiners_written, s, number))
             s.put(key(number, f"node/{n}"), me)
@@ -179,20 +190,23 @@ class StoreRounds:
         if s.decided(key(number, "closed"), RoundRecord, MAX_ROUND_RECORD_BYTES) is not None:
             return
         count, found = self.join_records(s, number, JOIN_RECORD_GRACE_S)
+        previous = (
+            s.decided(key(number - 1, "closed"), RoundRecord, MAX_ROUND_RECORD_BYTES)
+            if number > 0
+            else None
+        )
+        if previous is not None:
+            self.exclusions.learn(previous)
         excluded = self.read_excluded(s)
+        epoch = self.exclusions.newest.epoch
         joined = [m for m in found.values() if m.node_id not in excluded]
         if len(joined) < cfg.nnodes_min:
             if not abort:
                 return
             record = aborted_round(
                 cfg, number, len(joined), count - len(found), self.known_restarts, excluded
-            )
+            ).model_copy(update={"excluded_epoch": epoch})
         else:
-            previous = (
-                s.decided(key(number - 1, "closed"), RoundRecord, MAX_ROUND_RECORD_BYTES)
-                if number > 0
-                else None
-            )
             before = [m.node_id for m in previous.members] if previous else []
             members = order_members(joined, before)[: cfg.nnodes_max]
             record = RoundRecord(
@@ -200,6 +214,7 @@ class StoreRounds:
                 members=tuple(members),
                 restarts=self.restarts_before(s, number, previous),
                 excluded=excluded,
+                excluded_epoch=epoch,
             )
         decided = s.decide(key(number, "closed"), record, RoundRecord, MAX_ROUND_RECORD_BYTES)
         if decided == record and not record.aborted:
@@ -279,7 +294,7 @@ class StoreRounds:
 
     def read_excluded(self, s: RecordStore) -> dict[str, str]:
         record = s.read("excluded", ExcludedRecord, MAX_ROUND_RECORD_BYTES)
-        return dict(record.nodes) if record is not None else {}
+        return self.exclusions.merge(record, s.codec)
 
     def update_excluded(self, s: RecordStore, node_id: str, reason: str | None) -> dict[str, str]:
         for _ in range(1000):
@@ -289,14 +304,12 @@ class StoreRounds:
                 if raw is not None
                 else None
             )
-            nodes = dict(current.nodes) if current is not None else {}
-            if reason is None:
-                nodes.pop(node_id, None)
-            else:
-                nodes[node_id] = reason[:4000]
-            desired = s.codec.encode("excluded", ExcludedRecord(nodes=nodes))
+            update = self.exclusions.updated(current, node_id, reason)
+            nodes = dict(update.nodes)
+            desired = s.codec.encode("excluded", update)
             expected = raw.decode(errors="replace") if raw is not None else ""
             if s.compare_set("excluded", expected, desired) == desired.encode():
+                self.exclusions.merge(update, s.codec)
                 break
         else:
             raise CoordinationError("could not update the excluded nodes (contention)")

@@ -7,6 +7,8 @@ import os
 import stat
 from collections.abc import Mapping, MutableMapping
 
+from ftd import env_secrets
+
 SECRET_ENV = "FTD_RDZV_SECRET"
 SECRET_FILE_CONF = "secret_file"
 MIN_SECRET_BYTES = 16
@@ -19,9 +21,11 @@ class SecretError(ValueError):
 
 def load_secret(rdzv_conf: Mapping[str, str], environ: MutableMapping[str, str]) -> bytes | None:
     """`--rdzv-conf secret_file=PATH` (a regular file of this user's, mode 0600 or stricter),
-    else FTD_RDZV_SECRET, else None (the store is open). FTD_RDZV_SECRET is removed from
-    `environ` either way, so that no rank inherits it."""
-    from_env = environ.pop(SECRET_ENV, "").strip()
+    else FTD_RDZV_SECRET (kept by ftd.env_secrets since the daemon's re-exec, or in `environ`),
+    else None (the store is open). FTD_RDZV_SECRET is removed from `environ` either way, so that
+    no rank inherits it."""
+    from_env = (env_secrets.get(SECRET_ENV) or environ.pop(SECRET_ENV, "")).strip()
+    environ.pop(SECRET_ENV, None)
     path = rdzv_conf.get(SECRET_FILE_CONF, "").strip()
     if path:
         secret = read_private_file(path, f"rdzv_conf {SECRET_FILE_CONF}", MAX_SECRET_BYTES)

@@ -48,7 +48,7 @@ from ftd.coordination.records import (
     RequestRecord,
     RoundRecord,
 )
-from ftd.coordination.rounds import Late, StoreRounds, key
+from ftd.coordination.rounds import Late, StoreRounds, excluded_error, key
 from ftd.coordination.store_client import RecordStore
 from ftd.coordination.store_connections import StoreConnections
 from ftd.tasks import within
@@ -192,8 +192,11 @@ class StoreCoordinator:
             record = await self._await_close(number, joiner, deadline)
             if record.aborted:
                 raise CoordinationError(record.aborted)
+            self._rounds.exclusions.learn(record)
             self.excluded = dict(record.excluded)
             ids = [m.node_id for m in record.members]
+            if me.node_id not in ids and me.node_id in record.excluded:
+                raise excluded_error(me.node_id, self.config.run_id, record.excluded[me.node_id])
             if me.node_id not in ids:
                 self._rounds.round_hint = number + 1
                 continue  # the round closed without us: the next one

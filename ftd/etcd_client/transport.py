@@ -323,6 +323,7 @@ class Transport:
                     data=payload,
                     headers=headers,
                     timeout=aiohttp.ClientTimeout(total=None, sock_connect=connect_s),
+                    allow_redirects=False,  # a redirect would re-send the body (a password)
                 )
         except (aiohttp.ConnectionTimeoutError, aiohttp.ClientConnectorError) as error:
             raise AttemptFailed(describe(error), sent=False) from None
@@ -330,6 +331,10 @@ class Transport:
             raise AttemptFailed(f"no answer within {budget_s:.2f} s", sent=True) from None
         except aiohttp.ClientError as error:
             raise AttemptFailed(describe(error), sent=True) from None
+        if 300 <= response.status < 400:
+            response.close()
+            reason = f"a redirect (HTTP {response.status}), not followed"
+            raise AttemptFailed(reason, sent=True, bad_answer=True)
         encoding = response.headers.get("Content-Encoding", "identity").lower()
         if encoding not in ("identity", ""):
             response.close()

@@ -34,8 +34,12 @@ from ftd_client.inprocess.keys import (
     INPROCESS,
     Arrival,
     Fault,
+    Forged,
     Keys,
     Members,
+    Seal,
+    claim_fault,
+    valid_fault,
 )
 from ftd_client.store import tcp_store_client, tcp_store_server, wait_keys
 
@@ -113,6 +117,8 @@ class Coordination:
         self.initial_world_size = initial_world_size
         self.barrier_timeout_s = barrier_timeout_s
         self.hard_timeout_s = hard_timeout_s
+        self.seal = Seal.from_env() if endpoint.daemon else Seal()
+        """Seals this attempt's records under a daemon whose job has a secret (keys.py)."""
         self._store = self.client(barrier_timeout_s)
         self._round_stores: list[Any] = []
         """Stores this rank hosts for rounds it decided (without a daemon)."""
@@ -139,7 +145,9 @@ class Coordination:
         RestartError when the round was decided without this rank.
         """
         store, keys = self._store, self.keys
-        store.set(keys.arrive(rnd, self.slot), Arrival(os.getpid(), self.hard_timeout_s).encode())
+        arrive = keys.arrive(rnd, self.slot)
+        arrival = Arrival(os.getpid(), self.hard_timeout_s).encode()
+        store.set(arrive, self.seal.seal(arrive, arrival))
         if self.endpoint.daemon:
             store.queue_push(keys.barrier, f"{rnd}:{self.slot}")
             members = self._wait_members(rnd)
@@ -166,8 +174,11 @@ class Coordination:
         return members
 
     def _wait_members(self, rnd: int) -> Members | None:
+        key = self.keys.members(rnd)
         try:
-            return Members.decode(self._store.get(self.keys.members(rnd)))
+            return Members.decode(self.seal.unseal(key, self._store.get(key)))
+        except Forged as error:  # never a process group in a store someone else named
+            raise RestartError(f"round {rnd}: refused the members record: {error}") from None
         except RuntimeError as error:  # DistStoreError: the barrier timed out
             if "timeout" not in str(error).lower():
                 raise
@@ -184,12 +195,13 @@ class Coordination:
         ]
         host = _local_address(self.endpoint.host, self.endpoint.port)
         server = tcp_store_server(host, 0, self.barrier_timeout_s)
+        key = self.keys.members(rnd)
         mine = Members(tuple(arrived), host, int(server.port), f"rank {self.slot}").encode()
-        stored = self._store.compare_set(self.keys.members(rnd), "", mine)
-        if stored == mine:
+        stored = self._store.compare_set(key, "", self.seal.seal(key, mine))
+        if stored == self.seal.seal(key, mine):
             self._round_stores = [server]  # the previous round's store is no longer needed
             log.info("ftd: round %d decided by this rank: ranks %s", rnd, arrived)
-        return Members.decode(stored)
+        return Members.decode(self.seal.unseal(key, stored))
 
     def _check(self, key: str) -> bytes | None:
         if not self._store.check([key]):
@@ -200,11 +212,11 @@ class Coordination:
     def announce(self, store: Any, rnd: int, fault: Fault, members: Members) -> Fault:
         """Write `fault` as round `rnd`'s fault unless one is there, and wake every watcher;
         the round's fault (the first written)."""
-        stored = store.compare_set(self.keys.fault(rnd), "", fault.encode())
+        stored = claim_fault(store, self.seal, self.keys.fault(rnd), fault)
         watchers: list[int | str] = [*members.slots, DAEMON]
         for who in watchers:
             store.set(self.keys.wake(rnd, who), FAULT)
-        return Fault.decode(stored)
+        return stored
 
     def announce_here(self, rnd: int, fault: Fault, members: Members) -> Fault:
         return self.announce(self._store, rnd, fault, members)
@@ -224,21 +236,27 @@ class Coordination:
             self.announce(store, rnd, ended, members)
         wake = keys.wake(rnd, self.slot)
         started = time.monotonic()
-        while not wait_keys(store, [wake], self.barrier_timeout_s):
-            if not self.endpoint.daemon:
-                log.warning(
-                    "ftd: round %d: not every member returned within %.0fs (barrier_timeout); "
-                    "this rank returns",
-                    rnd,
-                    time.monotonic() - started,
-                )
-                self.stop_watcher(rnd, self.slot)
-                return None
-        fault = self.read_fault(rnd)
+        fault: Fault | None = None
+        while fault is None:
+            while not wait_keys(store, [wake], self.barrier_timeout_s):
+                if not self.endpoint.daemon:
+                    log.warning(
+                        "ftd: round %d: not every member returned within %.0fs "
+                        "(barrier_timeout); this rank returns",
+                        rnd,
+                        time.monotonic() - started,
+                    )
+                    self.stop_watcher(rnd, self.slot)
+                    return None
+            fault = valid_fault(store, self.seal, keys.fault(rnd), wake)
         return None if fault.completed else fault
 
     def read_fault(self, rnd: int) -> Fault:
-        return Fault.decode(self._store.get(self.keys.fault(rnd)))
+        key = self.keys.fault(rnd)
+        try:
+            return Fault.decode(self.seal.unseal(key, self._store.get(key)))
+        except Forged as error:  # overwritten after a valid one ended the round
+            return Fault.now("interrupted", -1, str(error), rnd, "unknown")
 
     def stop_watcher(self, rnd: int, who: int | str) -> bool:
         """Tell <who>'s watcher that round `rnd` ended well; False when a fault came first."""

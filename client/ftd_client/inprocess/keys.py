@@ -23,12 +23,24 @@ process-level attempt) the store holds:
                                 on its own wake key: a TCPStore wait is for all keys, never any.
     dead/count, dead/<n>        slots written off by a daemon (their process died and is not
                                 respawned): the n-th one; later rounds go on without them
+
+Under a daemon whose job has a secret, the records (arrivals, members, faults, dead slots) are
+sealed (`Seal`): an HMAC over (key, value) with a key derived from the job secret and this
+attempt's prefix, which the ranks read from a private file (FTD_INPROCESS_KEY_FILE): a value
+that fails to unseal was written by someone without the secret, and is stepped over (a fault
+never ends a round, a members record is refused, a dead slot or an arrival is ignored). The
+counters, the queue, `open` and the wake keys stay plain: a forged one can delay a round (the
+hard timeout and hang detection apply), never end or decide one.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
+import os
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -39,6 +51,8 @@ ENV_STORE_ADDR = "FTD_STORE_ADDR"
 ENV_PREFIX = "FTD_INPROCESS_PREFIX"
 """The key prefix of this attempt's rounds in that store."""
 INPROCESS = "inprocess"
+ENV_KEY_FILE = "FTD_INPROCESS_KEY_FILE"
+"""A private file (in the run directory) holding this attempt's sealing key, in hex."""
 
 DAEMON = "daemon"
 FAULT = b"fault"
@@ -186,3 +200,86 @@ class Members:
             master_port=int(value["master_port"]),
             decided_by=str(value["decided_by"]),
         )
+
+
+SEAL_MAGIC = b"ftds1 "
+MAX_KEY_FILE_BYTES = 256
+
+
+class Forged(ValueError):
+    """A value at a key that was not sealed with this attempt's key."""
+
+
+def derive_key(secret: bytes, prefix: str) -> bytes:
+    """The sealing key of one attempt's rounds (a rank holds this, never the job secret)."""
+    return hmac.new(secret, b"ftd inprocess\0" + prefix.encode(), hashlib.sha256).digest()
+
+
+@dataclass(frozen=True)
+class Seal:
+    """Seals values for their key; without a key (a job without a secret, or no daemon) values
+    pass as they are."""
+
+    key: bytes | None = None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> Seal:
+        path = env.get(ENV_KEY_FILE)
+        if not path:
+            return cls()
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            text = os.read(fd, MAX_KEY_FILE_BYTES).strip()
+        finally:
+            os.close(fd)
+        return cls(bytes.fromhex(text.decode("ascii")))
+
+    def _mac(self, name: str, payload: bytes) -> bytes:
+        assert self.key is not None
+        message = name.encode() + b"\0" + payload
+        return hmac.new(self.key, message, hashlib.sha256).hexdigest().encode()
+
+    def seal(self, name: str, payload: bytes) -> bytes:
+        if self.key is None:
+            return payload
+        return SEAL_MAGIC + self._mac(name, payload) + b" " + payload
+
+    def unseal(self, name: str, data: bytes | str) -> bytes:
+        """The value sealed at `name`; Forged when it is not one (unsealed, another key's)."""
+        raw = data.encode() if isinstance(data, str) else bytes(data)
+        if self.key is None:
+            return raw
+        if not raw.startswith(SEAL_MAGIC):
+            raise Forged(f"{name}: not sealed, and this job has a secret")
+        mac, _, payload = raw[len(SEAL_MAGIC) :].partition(b" ")
+        if not hmac.compare_digest(mac, self._mac(name, payload)):
+            raise Forged(f"{name}: the seal does not match (forged, or replayed from another key)")
+        return payload
+
+
+def claim_fault(store: Any, seal: Seal, key: str, fault: Fault) -> Fault:
+    """Write `fault` at `key` unless a valid fault is there (the first writer wins); a forged
+    value there is replaced. The key's fault."""
+    mine = seal.seal(key, fault.encode())
+    stored = bytes(store.compare_set(key, "", mine))
+    for _ in range(8):
+        try:
+            return Fault.decode(seal.unseal(key, stored))
+        except Forged:
+            stored = bytes(store.compare_set(key, stored, mine))
+    return fault
+
+
+def valid_fault(store: Any, seal: Seal, fault_key: str, wake_key: str) -> Fault | None:
+    """The round's fault once the watcher of `wake_key` was woken; None when there is no valid
+    one (a forged fault or wake): the wake key is taken back and its watcher waits again. A
+    real fault is written before its wake, and read again after the take-back: never missed."""
+    for attempt in range(2):
+        if store.check([fault_key]):
+            try:
+                return Fault.decode(seal.unseal(fault_key, store.get(fault_key)))
+            except Forged:
+                pass
+        if attempt == 0:
+            store.delete_key(wake_key)
+    return None

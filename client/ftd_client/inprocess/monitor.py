@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ftd_client.inprocess.keys import STOP, Fault
+from ftd_client.inprocess.keys import STOP, Fault, Seal, valid_fault
 
 log = logging.getLogger("ftd_client.inprocess")
 
@@ -57,8 +57,10 @@ class Watcher(threading.Thread):
         wake_key: Callable[[int], str],
         fault_key: Callable[[int], str],
         on_fault: Callable[[int, Fault], None],
+        seal: Seal | None = None,
     ) -> None:
         super().__init__(name="ftd-inprocess-watcher", daemon=True)
+        self._seal = seal or Seal()
         self._store = store
         self._wake = wake_key
         self._fault = fault_key
@@ -74,13 +76,16 @@ class Watcher(threading.Thread):
     def run(self) -> None:
         while (rnd := self._rounds.get()) is not None:
             try:
-                if self._store.get(self._wake(rnd)) == STOP:
-                    continue
-                fault = Fault.decode(self._store.get(self._fault(rnd)))
+                fault: Fault | None = None
+                while fault is None:  # a forged fault wakes it, and it waits again
+                    if self._store.get(self._wake(rnd)) == STOP:
+                        break
+                    fault = valid_fault(self._store, self._seal, self._fault(rnd), self._wake(rnd))
             except Exception as error:  # the store is gone: nothing more to watch
                 log.warning("ftd: the in-process watcher lost the store: %s", error)
                 return
-            self._on_fault(rnd, fault)
+            if fault is not None:
+                self._on_fault(rnd, fault)
 
 
 class Watchdog(threading.Thread):

@@ -113,6 +113,7 @@ class Runner:
             lambda rnd: keys.wake(rnd, self.slot),
             keys.fault,
             self._on_fault,
+            self.coordination.seal,
         )
         self._watchdog_store: Any = None
         self._assignment_store: Any = None
