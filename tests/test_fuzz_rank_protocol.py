@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+from pathlib import Path
 
 from ftd_client import protocol
 from ftd_client.protocol import ProtocolError
@@ -77,3 +78,60 @@ def test_decoded_messages_are_applied_or_refused(batch: list[dict[str, object]])
             deliver(monitor, rank, link, message, clock.now(), reading_since=0.0)
         assert len(rank.open_sections) <= protocol.MAX_OPEN_SECTIONS
     clock.advance_to(clock.now() + 100)
+
+
+state_files = st.one_of(
+    st.binary(max_size=512),
+    st.recursive(
+        st.one_of(st.none(), st.booleans(), st.floats(), st.integers(), st.text(max_size=20)),
+        lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=30), inner),
+        max_leaves=30,
+    ).map(lambda value: json.dumps(value).encode()),
+    st.builds(
+        lambda sections, learned: json.dumps(
+            {"timeouts": {"rank_section_timeouts": sections}, "learned": learned}
+        ).encode(),
+        st.dictionaries(st.text(max_size=8), st.floats(0.05, 100), max_size=300),
+        st.lists(st.text(max_size=12).map(lambda name: f"section:{name}"), max_size=300),
+    ),
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(state_files)
+def test_a_learned_timeouts_file_is_read_or_ignored(data: bytes) -> None:
+    """The daemon's state file is outside input too (a disk filled mid-write, an edit): read,
+    or one warning and the configured timeouts; never more sections than the table holds."""
+    import tempfile
+    from pathlib import Path
+
+    from ftd.learning import load_learned
+
+    configured = RankTimeouts(rank_section_timeouts={f"c{i}": 1.0 for i in range(200)})
+    with tempfile.TemporaryDirectory() as directory:
+        path = Path(directory) / "state.json"
+        path.write_bytes(data)
+        started = time.perf_counter()
+        timeouts, learned = load_learned(path, configured)
+    assert time.perf_counter() - started < 0.5
+    assert len(timeouts.rank_section_timeouts) <= protocol.MAX_SECTIONS
+    assert isinstance(learned, frozenset)
+
+
+def test_learned_sections_beyond_the_table_are_not_loaded(tmp_path: Path) -> None:
+    from ftd.learning import load_learned
+
+    saved = {f"x{i}": 2.0 for i in range(256)}
+    path = tmp_path / "state.json"
+    path.write_text(
+        json.dumps(
+            {
+                "timeouts": {"rank_section_timeouts": saved},
+                "learned": [f"section:{n}" for n in saved],
+            }
+        )
+    )
+    configured = RankTimeouts(rank_section_timeouts={f"c{i}": 1.0 for i in range(200)})
+    timeouts, _ = load_learned(path, configured)
+    assert len(timeouts.rank_section_timeouts) == 256
+    assert all(timeouts.rank_section_timeouts[f"c{i}"] == 1.0 for i in range(200))
