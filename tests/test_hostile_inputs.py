@@ -4,9 +4,13 @@ and the right exit code, never a traceback of ftd's."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
-from tests.conftest import BIN, ServeFactory
+from tests.conftest import BIN, ROOT, WORKER, ServeFactory
 
 BAD_ERROR_FILE = BIN / "bad_error_file.py"
 
@@ -62,3 +66,29 @@ async def test_r09_escapes_in_an_error_file_are_shown_escaped(serve: ServeFactor
     summary = run.stderr.text[run.stderr.text.index("restarts exhausted") :]
     assert "RuntimeError: \\x1b[2J\\x1b]0;pwned\\x07 \\u202egnp.exe" in summary, summary
     assert "\x1b" not in summary and "\u202e" not in summary and "\x07" not in summary
+
+
+@pytest.mark.parametrize(
+    "nodelist",
+    ["n" + "[1]" * 1300, "n" + "[" * 2000 + "1" + "]" * 2000, "n[0-999999999],m[1-9]" * 100],
+)
+def test_r10_a_hostile_slurm_nodelist_is_one_line_and_exit_2(tmp_path: Path, nodelist: str) -> None:
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": f"{ROOT}:{ROOT / 'client'}",
+        "SLURM_JOB_ID": "7",
+        "SLURM_JOB_NODELIST": nodelist,
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "ftd", "serve", str(WORKER)],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ftd serve: error: SLURM_JOB_NODELIST: "), lines
+    assert len(lines[0]) < 300
+    assert list(tmp_path.iterdir()) == []
