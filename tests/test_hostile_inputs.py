@@ -4,8 +4,13 @@ and the right exit code, never a traceback of ftd's."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import signal
 import subprocess
 import sys
+import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -92,3 +97,92 @@ def test_r10_a_hostile_slurm_nodelist_is_one_line_and_exit_2(tmp_path: Path, nod
     assert len(lines) == 1 and lines[0].startswith("ftd serve: error: SLURM_JOB_NODELIST: "), lines
     assert len(lines[0]) < 300
     assert list(tmp_path.iterdir()) == []
+
+
+# -- row 11: something else listens at --rdzv-endpoint -------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def listener(kind: str) -> AsyncIterator[int]:
+    """A TCP server on 127.0.0.1 that is no c10d store: `silent` accepts and says nothing,
+    `http` is a real HTTP server (aiohttp)."""
+    if kind == "http":
+        from aiohttp import web
+
+        async def hello(request: web.Request) -> web.Response:
+            return web.Response(text="hello")
+
+        app = web.Application()
+        app.router.add_get("/", hello)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        server = site._server
+        assert isinstance(server, asyncio.Server)
+        try:
+            yield server.sockets[0].getsockname()[1]
+        finally:
+            await runner.cleanup()
+        return
+    held: list[asyncio.StreamWriter] = []
+
+    async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+        await reader.read()
+
+    silent = await asyncio.start_server(hold, "127.0.0.1", 0)
+    try:
+        yield silent.sockets[0].getsockname()[1]
+    finally:
+        for writer in held:
+            writer.close()
+        silent.close()
+        await silent.wait_closed()
+
+
+def rdzv_flags(port: int, join_timeout_s: int) -> tuple[str, ...]:
+    return (
+        *("--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d"),
+        *("--rdzv-endpoint", f"127.0.0.1:{port}", "--local-addr", "127.0.0.1"),
+        *("--rdzv-join-timeout", str(join_timeout_s), "--node-id", "a"),
+    )
+
+
+def one_clean_line(text: str, endpoint: str) -> None:
+    errors = [line for line in text.splitlines() if " E " in line[:8] or "error" in line]
+    naming = [line for line in errors if endpoint in line]
+    assert len(naming) == 1, text[-3000:]
+    for mark in ("Traceback", "frame #", "Exception raised from", "TCPStore.cpp"):
+        assert mark not in text, text[-3000:]
+
+
+@pytest.mark.parametrize("kind", ["silent", "http"])
+async def test_r11_a_listener_that_is_no_store_is_one_line_within_the_join_timeout(
+    serve: ServeFactory, kind: str
+) -> None:
+    async with listener(kind) as port:
+        run = await serve(*rdzv_flags(port, 5))
+        await run.stderr.expect("connecting to the rendezvous store")
+        started = time.monotonic()
+        code = await run.wait(timeout=30)
+        took = time.monotonic() - started
+    assert code == 1, run.stderr.text[-3000:]
+    assert took < 5 + 5, took
+    one_clean_line(run.stderr.text, f"127.0.0.1:{port}")
+
+
+async def test_r11_sigterm_while_reaching_the_store_ends_the_daemon_at_once(
+    serve: ServeFactory,
+) -> None:
+    async with listener("silent") as port:
+        run = await serve(*rdzv_flags(port, 60))
+        await run.stderr.expect("connecting to the rendezvous store")
+        run.signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        code = await run.wait(timeout=30)
+        took = time.monotonic() - signalled
+    assert code == 128 + signal.SIGTERM, run.stderr.text[-3000:]
+    assert took < 2.5, took
+    for mark in ("Traceback", "frame #", "Exception raised from"):
+        assert mark not in run.stderr.text

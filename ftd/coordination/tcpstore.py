@@ -37,7 +37,7 @@ from ftd.coordination.base import (
     Round,
     new_request,
 )
-from ftd.coordination.endpoint import is_local, parse_endpoint, route_address
+from ftd.coordination.endpoint import is_local, parse_endpoint, probe_store, route_address
 from ftd.coordination.liveness import Keepalive
 from ftd.coordination.progress import report_progress
 from ftd.coordination.records import (
@@ -98,7 +98,11 @@ class StoreCoordinator:
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def start(self, on_node_lost: NodeLost) -> None:
+        """Host or reach the store, every wait bounded by --rdzv-join-timeout (a signal
+        cancels it: the daemon races it against its stop)."""
         host, port = self.endpoint
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.rdzv_join_timeout_s
         is_host = self.config.rdzv_conf.get("is_host", "").lower()
         want_host = is_host in ("1", "true", "yes") or (
             is_host == "" and is_local(host, self.config.local_addr or "")
@@ -115,7 +119,21 @@ class StoreCoordinator:
                         f"cannot host the store on {bind}:{port}: {error}"
                     ) from None
                 log.debug("not hosting the store (%s); connecting", error)
-        await self._connections.open()
+        if not self.hosting:
+            log.info(
+                "connecting to the rendezvous store at %s (up to --rdzv-join-timeout, %.0f s)",
+                self.describe.removeprefix("store "),
+                self.config.rdzv_join_timeout_s,
+            )
+            await probe_store(host, port, deadline)
+        try:
+            await within(self._connections.open(), max(1.0, deadline - loop.time()))
+        except TimeoutError:
+            raise CoordinationError(
+                f"the rendezvous store at {host}:{port} answered a probe but not c10d's client "
+                "within --rdzv-join-timeout",
+                "store_lost",
+            ) from None
         if not self.codec.signed:
             log.warning(
                 "the rendezvous store at %s:%d is open: anyone who reaches it can end or "
