@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from ftd.admin_cli import format_status
 from tests.conftest import BIN, ROOT, WORKER, ServeFactory
 
 BAD_ERROR_FILE = BIN / "bad_error_file.py"
@@ -186,3 +187,51 @@ async def test_r11_sigterm_while_reaching_the_store_ends_the_daemon_at_once(
     assert took < 2.5, took
     for mark in ("Traceback", "frame #", "Exception raised from"):
         assert mark not in run.stderr.text
+
+
+# -- row 9: terminal escapes in what `ftd status` shows -------------------------------------
+
+ESCAPED_NAME = "s\\x1b[2J\\x0d\\x07\\u202egnp"
+
+
+def test_r09_format_status_escapes_every_text_of_the_job() -> None:
+    hostile = "x\x1b[2J\r\x07\u202e\x9b"
+    status = {
+        "node_id": hostile, "run_id": hostile, "state": hostile, "attempt": 0,
+        "restart_count": 0, "max_restarts": 0, "pid": 1,
+        "last_failure": {"reason": hostile, "kind": hostile, "counted": True},
+        "timeouts": {hostile: {hostile: 3.0}},
+        "ranks": [{"local_rank": 0, "global_rank": 0, "pid": 2, "state": hostile,
+                   "exit_code": None, "section": hostile}],
+    }  # fmt: skip
+    cluster = {
+        "nodes": [{"node_id": hostile, "state": hostile, "attempt": 0}],
+        "round": {"round": 1, "members": [hostile]},
+        "excluded": [hostile, {"node_id": hostile}],
+    }
+    text = format_status(status, cluster)
+    for char in "\x1b\r\x07\u202e\x9b":
+        assert char not in text
+    assert text.count("x\\x1b[2J\\x0d\\x07\\u202e\\x9b") >= 10
+
+
+async def test_r09_ftd_status_shows_a_hostile_section_name_escaped(serve: ServeFactory) -> None:
+    run = await serve("--nproc-per-node", "1", script=BIN / "escape_section.py")
+    await run.stdout.expect("section opened")
+    deadline = time.monotonic() + 30
+    while True:  # the section reaches status.json with the daemon's next refresh
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "ftd", "status", "--run-dir", str(run.run_dir),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=str(ROOT),
+        )  # fmt: skip
+        out, err = await proc.communicate()
+        assert proc.returncode == 0, err
+        text = out.decode()
+        if ESCAPED_NAME in text or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.2)
+    assert ESCAPED_NAME in text, text
+    for char in "\x1b\r\x07\u202e":
+        assert char not in text
+    run.signal(signal.SIGTERM)
+    assert await run.wait() == 128 + signal.SIGTERM
