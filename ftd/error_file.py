@@ -183,11 +183,11 @@ def _clip(text: str) -> str:
 
 
 def _tail(text: str) -> str:
-    """The end of a traceback: the last lines name the error."""
-    lines = text[-MAX_TRACEBACK_CHARS:].splitlines()
-    cut = len(lines) > MAX_TRACEBACK_LINES or len(text) > MAX_TRACEBACK_CHARS
-    kept = lines[-MAX_TRACEBACK_LINES:]
-    return "\n".join(["(earlier lines cut)", *kept] if cut else kept)
+    """The traceback as written, or its end if it is too long: the last lines name the error."""
+    if len(text) <= MAX_TRACEBACK_CHARS and text.count("\n") <= MAX_TRACEBACK_LINES:
+        return text
+    kept = text[-MAX_TRACEBACK_CHARS:].splitlines()[-MAX_TRACEBACK_LINES:]
+    return "\n".join(["(earlier lines cut)", *kept])
 
 
 def _exit_code(value: object) -> int | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import signal
 import subprocess
 import sys
@@ -235,3 +236,36 @@ async def test_r09_ftd_status_shows_a_hostile_section_name_escaped(serve: ServeF
         assert char not in text
     run.signal(signal.SIGTERM)
     assert await run.wait() == 128 + signal.SIGTERM
+
+
+def test_r02_the_summary_keeps_torchruns_format(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Built from our decoded record, the report is ChildFailedError's, line for line."""
+    from torch.distributed.elastic.multiprocessing.errors import (
+        ChildFailedError,
+        ErrorHandler,
+        ProcessFailure,
+    )
+
+    from ftd.summary import format_failures, rank_failure
+
+    good, missing = tmp_path / "1" / "error.json", tmp_path / "0" / "error.json"
+    good.parent.mkdir()
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(good))
+    try:
+        raise RuntimeError("injected")
+    except RuntimeError as error:
+        ErrorHandler().record_exception(error)
+    torch_failures = {
+        1: ProcessFailure(local_rank=1, pid=42, exitcode=1, error_file=str(good)),
+        0: ProcessFailure(local_rank=0, pid=41, exitcode=-9, error_file=str(missing)),
+    }
+    torch_failures[0].timestamp = torch_failures[1].timestamp + 1
+    ours = {
+        1: rank_failure(1, 1, 42, 1, str(good)),
+        0: rank_failure(0, 0, 41, -9, str(missing)),
+    }
+    ours[0] = dataclasses.replace(ours[0], timestamp=torch_failures[0].timestamp)
+    expected = ChildFailedError("train.py", torch_failures).format_msg()
+    assert format_failures("train.py", ours, 1) == expected

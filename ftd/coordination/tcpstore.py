@@ -104,9 +104,19 @@ class StoreCoordinator:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.rdzv_join_timeout_s
         is_host = self.config.rdzv_conf.get("is_host", "").lower()
-        want_host = is_host in ("1", "true", "yes") or (
-            is_host == "" and is_local(host, self.config.local_addr or "")
-        )
+        want_host = is_host in ("1", "true", "yes")
+        if is_host == "" and not want_host:  # a name lookup: off the loop, within the deadline
+            try:
+                want_host = await within(
+                    asyncio.to_thread(is_local, host, self.config.local_addr or ""),
+                    max(0.0, deadline - loop.time()),
+                )
+            except TimeoutError:
+                raise CoordinationError(
+                    f"--rdzv-endpoint {host}:{port}: the name did not resolve within "
+                    "--rdzv-join-timeout",
+                    "store_lost",
+                ) from None
         if want_host:
             bind = self.config.rdzv_conf.get("host", host)
             try:
