@@ -269,3 +269,18 @@ def test_r02_the_summary_keeps_torchruns_format(
     ours[0] = dataclasses.replace(ours[0], timestamp=torch_failures[0].timestamp)
     expected = ChildFailedError("train.py", torch_failures).format_msg()
     assert format_failures("train.py", ours, 1) == expected
+
+
+async def test_r11_a_node_that_starts_before_the_store_host_waits_for_it(
+    serve: ServeFactory,
+) -> None:
+    """The probe retries a refused connection until the host is up (the common case, not an
+    attack): b starts first, a hosts the store later, the job runs."""
+    from tests.test_multinode import Cluster
+
+    cluster = Cluster(serve, "2")
+    b = await cluster.node("b", flags=("--rdzv-conf", "is_host=0"))
+    await b.stderr.expect("connecting to the rendezvous store")
+    a = await cluster.node("a")
+    assert await a.wait() == 0 and await b.wait() == 0
+    assert "hosting the rendezvous store" in a.stderr.text

@@ -129,6 +129,9 @@ class StoreCoordinator:
                         f"cannot host the store on {bind}:{port}: {error}"
                     ) from None
                 log.debug("not hosting the store (%s); connecting", error)
+        # The wait for the store has the whole join timeout; the local work before it (torch's
+        # import for the hosting attempt) does not eat into it.
+        deadline = loop.time() + self.config.rdzv_join_timeout_s
         if not self.hosting:
             log.info(
                 "connecting to the rendezvous store at %s (up to --rdzv-join-timeout, %.0f s)",
@@ -137,7 +140,7 @@ class StoreCoordinator:
             )
             await probe_store(host, port, deadline)
         try:
-            await within(self._connections.open(), max(1.0, deadline - loop.time()))
+            await within(self._connections.open(), max(5.0, deadline - loop.time()))
         except TimeoutError:
             raise CoordinationError(
                 f"the rendezvous store at {host}:{port} answered a probe but not c10d's client "
