@@ -18,7 +18,8 @@ from typing import Any
 from ftd_client.admin import AdminClient, AdminError, AmbiguousDaemon, DaemonNotFound
 
 from ftd.cli_format import EXIT_USAGE, UsageParser
-from ftd.event_lines import describe_event
+from ftd.event_lines import MAX_VALUE_CHARS, describe_event
+from ftd.text import escape
 from ftd.top import add_top_command, run_top
 
 EXIT_ERROR = 1
@@ -222,7 +223,7 @@ def _timeouts(client: AdminClient, args: argparse.Namespace) -> int:
         print(json.dumps(values, indent=2))
     else:
         for name, value in values.items():
-            print(f"{name} = {_seconds(value)}")
+            print(f"{escape(str(name), 60)} = {_seconds(value)}")
     return 0
 
 
@@ -290,14 +291,16 @@ def _value(value: object) -> str:
         return "-"
     if isinstance(value, float):
         return f"{value:.1f}"
-    return str(value)
+    return escape(str(value), MAX_VALUE_CHARS)
 
 
 def _seconds(value: object) -> str:
     """Timeouts for people: `30`, `none`, `setup:600,step:none`."""
     if isinstance(value, dict):
-        return ",".join(f"{k}:{_seconds(v)}" for k, v in value.items()) or "-"
-    return "none" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+        return ",".join(f"{escape(str(k), 60)}:{_seconds(v)}" for k, v in value.items()) or "-"
+    if value is None:
+        return "none"
+    return f"{value:g}" if isinstance(value, float) else escape(str(value), MAX_VALUE_CHARS)
 
 
 def _age(value: object) -> str:
@@ -314,27 +317,37 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def format_status(status: dict[str, Any], cluster: dict[str, Any]) -> str:
+    """`ftd status`: every text the daemon reports (names, states, reasons, sections) escaped
+    (ftd.text), since ranks and other nodes supply much of it."""
     policy = status.get("policy") or {}
     lines = [
-        f"node {status['node_id']}  run {status['run_id']}  state {status['state']}  "
-        f"attempt {status['attempt']}  round {status.get('round', status['attempt'])}  "
-        f"restarts {status['restart_count']}/{policy.get('max_restarts', status['max_restarts'])}"
-        f"  daemon pid {status.get('pid', '-')}",
+        f"node {_value(status['node_id'])}  run {_value(status['run_id'])}  state "
+        f"{_value(status['state'])}  attempt {_value(status['attempt'])}  round "
+        f"{_value(status.get('round', status['attempt']))}  restarts "
+        f"{_value(status['restart_count'])}/"
+        f"{_value(policy.get('max_restarts', status['max_restarts']))}"
+        f"  daemon pid {_value(status.get('pid', '-'))}",
     ]
     failure = status.get("last_failure")
     if failure:
         counted = "" if failure.get("counted", True) else ", not counted"
-        lines.append(f"last failure: {failure['reason']} ({failure['kind']}{counted})")
+        lines.append(
+            f"last failure: {escape(str(failure['reason']), 400)} "
+            f"({_value(failure['kind'])}{counted})"
+        )
     timeouts = status.get("timeouts")
     if timeouts:
-        lines.append("timeouts: " + "  ".join(f"{k}={_seconds(v)}" for k, v in timeouts.items()))
+        lines.append(
+            "timeouts: "
+            + "  ".join(f"{escape(str(k), 60)}={_seconds(v)}" for k, v in timeouts.items())
+        )
     lines.append("")
     rows = [
         [
-            str(rank["local_rank"]),
-            str(rank["global_rank"]),
+            _value(rank["local_rank"]),
+            _value(rank["global_rank"]),
             _value(rank.get("pid")),
-            rank["state"],
+            _value(rank["state"]),
             _value(rank.get("exit_code")),
             _age(rank.get("last_heartbeat_age_s")),
             _value(rank.get("section")),
@@ -348,19 +361,19 @@ def format_status(status: dict[str, Any], cluster: dict[str, Any]) -> str:
     if nodes:
         round_ = cluster.get("round") or {}
         excluded = [
-            e if isinstance(e, str) else e.get("node_id", "?")
+            _value(e if isinstance(e, str) else e.get("node_id", "?"))
             for e in cluster.get("excluded") or []
         ]
+        members = [_value(m) for m in round_.get("members") or []]
         lines += [
             "",
-            f"cluster: round {round_.get('round', '-')}, members "
-            f"{', '.join(round_.get('members') or []) or '-'}; excluded "
-            f"{', '.join(excluded) or 'none'}",
+            f"cluster: round {_value(round_.get('round', '-'))}, members "
+            f"{', '.join(members) or '-'}; excluded {', '.join(excluded) or 'none'}",
         ]
         node_rows = [
             [
-                str(node.get("node_id")),
-                str(node.get("state")),
+                _value(node.get("node_id")),
+                _value(node.get("state")),
                 _value(node.get("attempt")),
                 f"{_value(node.get('restart_count'))}/{_value(node.get('max_restarts'))}",
                 str(len(node.get("ranks") or [])) if "ranks" in node else "-",

@@ -55,11 +55,13 @@ def serve_config_from_args(args: argparse.Namespace) -> object:
 
 
 def _configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        format="[ftd %(levelname).1s %(asctime)s %(name)s] %(message)s",
-        stream=sys.stderr,
+    from ftd.text import EscapingFormatter  # what ranks and stores said, escaped
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        EscapingFormatter("[ftd %(levelname).1s %(asctime)s %(name)s] %(message)s")
     )
+    logging.basicConfig(level=level.upper(), handlers=[handler])
 
 
 def _run_serve(served: ServeArgs) -> int:

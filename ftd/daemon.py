@@ -48,7 +48,7 @@ from ftd.spawn.rank_main import DAEMON_HANDLED_SIGNALS
 from ftd.spawn.zygote_server import NOFILE_ENV
 from ftd.state import NodeStatus
 from ftd.store import AttemptStores
-from ftd.supervisor import Running, Supervisor
+from ftd.supervisor import Running, Supervisor, first_of
 from ftd.tasks import Background, within
 
 log = logging.getLogger("ftd.daemon")
@@ -194,7 +194,15 @@ class Daemon:
         self.health.start()
         self._on_teardown("closing the rank socket", lambda: _now(self.health.close))
         try:  # nodes are only lost once rounds run, by when the supervisor exists
-            await self.coordinator.start(lambda n, r: self.supervisor.on_node_lost(n, r))
+            start = asyncio.ensure_future(
+                self.coordinator.start(lambda n, r: self.supervisor.on_node_lost(n, r))
+            )
+            if await first_of(start, self.stop.wait()) is not start:  # a signal came first
+                start.cancel()
+                with contextlib.suppress(BaseException):
+                    await start
+                raise CoordinationError("stopped while reaching the rendezvous", "stopped")
+            start.result()
         except CoordinationError as error:
             self._start_error = error
         self._on_teardown("leaving the rendezvous", self.coordinator.close)
@@ -218,7 +226,9 @@ class Daemon:
             self._on_teardown("closing the API server", self.api.close)
         for name in SECRETS_FROM_ENV:
             os.environ.pop(name, None)
-        self.spawner = get_spawner(config.start_method, config.preload)
+        # Without a rendezvous no rank will start: no zygote to preload torch and wait for.
+        method = config.start_method if self._start_error is None else "subprocess"
+        self.spawner = get_spawner(method, config.preload)
         self._on_teardown("closing the start method", lambda: asyncio.to_thread(self.spawner.close))
         tools = AttemptTools(
             config=config,
@@ -237,17 +247,16 @@ class Daemon:
         self.supervisor = Supervisor(
             tools, self.board, self.background, self.stop, self.force, address, self.running
         )
-        if config.multi_node:
+        if config.multi_node and self._start_error is None:  # no store: nothing to publish to
             self.board.publish = self._publish
-            if self._start_error is None:
-                log.info(
-                    "rendezvous: job %s, nodes %d:%d, %s%s",
-                    config.run_id,
-                    config.nnodes_min,
-                    config.nnodes_max,
-                    self.coordinator.describe,
-                    " (hosted here)" if getattr(self.coordinator, "hosting", False) else "",
-                )
+            log.info(
+                "rendezvous: job %s, nodes %d:%d, %s%s",
+                config.run_id,
+                config.nnodes_min,
+                config.nnodes_max,
+                self.coordinator.describe,
+                " (hosted here)" if getattr(self.coordinator, "hosting", False) else "",
+            )
         log.info(
             "ftd serve: node %s, run %s, %d local ranks, max restarts %d, run dir %s",
             config.node_id,

@@ -1,17 +1,18 @@
 """Events and values for a terminal: one line per event (time, kind, the data that matters), with
-every control character of the daemon's data made visible, so no event can move the cursor or
-retitle the operator's terminal. Standard library only (`ftd events`, `ftd top`)."""
+every control character of the daemon's data made visible by ftd.text.escape, so no event can
+move the cursor or retitle the operator's terminal. Standard library only (`ftd events`,
+`ftd top`)."""
 
 from __future__ import annotations
 
 import json
-import re
 import time
 from typing import Any
 
+from ftd.text import escape
+
 STAGES = ("detect", "stop", "rendezvous", "spawn", "first_step")
 MAX_VALUE_CHARS = 120
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 KEY_FIELDS: dict[str, tuple[str, ...]] = {
     "daemon_started": ("node_id", "run_id", "pid"),
@@ -36,18 +37,12 @@ KEY_FIELDS: dict[str, tuple[str, ...]] = {
 }
 
 
-def visible(text: str, limit: int = MAX_VALUE_CHARS) -> str:
-    """`text` with control characters shown as `\\xNN` and cut to `limit` characters."""
-    shown = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
-    return shown if len(shown) <= limit else shown[: limit - 1] + "…"
-
-
 def value_text(value: object) -> str:
     if isinstance(value, float):
         return f"{value:.3g}" if abs(value) < 1000 else f"{value:.0f}"
     if isinstance(value, dict | list):
-        return visible(json.dumps(value, default=str, separators=(",", ":")))
-    return visible(str(value))
+        return escape(json.dumps(value, default=str, separators=(",", ":")), MAX_VALUE_CHARS)
+    return escape(str(value), MAX_VALUE_CHARS)
 
 
 def seconds_text(value: object) -> str:
@@ -88,10 +83,10 @@ def describe_event(event: dict[str, Any], with_id: bool = True) -> str:
     words = [f"{key}={value_text(data[key])}" for key in keys if data.get(key) is not None]
     failure = data.get("failure")
     if kind == "attempt_failed" and isinstance(failure, dict) and "reason" in failure:
-        words.append(visible(str(failure["reason"])))
+        words.append(escape(str(failure["reason"]), MAX_VALUE_CHARS))
     if kind == "attempt_started" and isinstance(data.get("pids"), dict | list):
         words.append(f"ranks={len(data['pids'])}")
     if kind == "recovery":
         words.append(stages_text(data))
-    line = f"{clock(event.get('time'))} {visible(kind, 40):<18} {' '.join(words)}".rstrip()
+    line = f"{clock(event.get('time'))} {escape(kind, 40):<18} {' '.join(words)}".rstrip()
     return f"{value_text(event.get('id', '?')):>5} {line}" if with_id else line

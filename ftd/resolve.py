@@ -34,6 +34,8 @@ def apply_scheduler(
         detected = detect(env)
     except SchedulerError as error:
         raise UsageError(str(error)) from None
+    except (ValueError, RecursionError, MemoryError) as error:  # a decoder's bug: still one line
+        raise UsageError(f"the scheduler's environment cannot be used: {error!r:.200}") from None
     sources = {dest: FLAG for dest in explicit}
     for dest, setting in detected.settings.items():
         if dest not in explicit:

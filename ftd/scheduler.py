@@ -23,6 +23,9 @@ MAX_RESTARTS = 1_000_000
 MAX_HOSTS = 1 << 20
 """A node list expanding to more hosts than this is refused (`n[0-999999999]`)."""
 MAX_VALUE_CHARS = 4096
+MAX_GROUPS = 16
+"""Bracket groups in one host name (`rack[1-4]-node[01-32]` has 2); Slurm's own names have a
+few, and a name with more is refused before anything is expanded."""
 
 _JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}")
 _HOST = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_.-]{0,252})")
@@ -51,6 +54,11 @@ class Detected:
     rdzv_backend, rdzv_conf, max_restarts, standalone."""
 
 
+def _shown(text: str, limit: int = 80) -> str:
+    """A value quoted in an error: repr (no control character reaches the terminal), cut."""
+    return repr(text) if len(text) <= limit else repr(text[:limit]) + f"... ({len(text)} chars)"
+
+
 # -- Slurm host lists -------------------------------------------------------------------------
 
 
@@ -76,9 +84,12 @@ def _iter_hostlist(text: str, limit: int) -> Iterator[str]:
     for item in _split_top_level(text):
         outside = _BRACKETS.sub("", item)
         if "[" in outside or "]" in outside:
-            raise ValueError(f"nested brackets in {item!r}")
+            raise ValueError(f"nested brackets in {_shown(item)}")
         total = 1
-        groups = [_parse_ranges(group, item) for group in _BRACKETS.findall(item)]
+        found = _BRACKETS.findall(item)
+        if len(found) > MAX_GROUPS:
+            raise ValueError(f"more than {MAX_GROUPS} bracket groups in one host name")
+        groups = [_parse_ranges(group, item) for group in found]
         for ranges in groups:
             total *= sum(high - low + 1 for low, high, _ in ranges)
         if count + total > limit:
@@ -86,7 +97,7 @@ def _iter_hostlist(text: str, limit: int) -> Iterator[str]:
         count += total
         for host in _expand(_BRACKETS.split(item), groups):
             if not _HOST.fullmatch(host):
-                raise ValueError(f"{host!r} is not a host name")
+                raise ValueError(f"{_shown(host)} is not a host name")
             yield host
 
 
@@ -100,18 +111,18 @@ def _split_top_level(text: str) -> list[str]:
         elif char == "]":
             depth -= 1
             if depth < 0:
-                raise ValueError(f"unbalanced brackets in {text!r}")
+                raise ValueError(f"unbalanced brackets in {_shown(text)}")
         if char == "," and depth == 0:
             items.append("".join(current))
             current = []
         else:
             current.append(char)
     if depth:
-        raise ValueError(f"unbalanced brackets in {text!r}")
+        raise ValueError(f"unbalanced brackets in {_shown(text)}")
     items.append("".join(current))
     stripped = [item.strip() for item in items]
     if any(not item for item in stripped) and any(stripped):
-        raise ValueError(f"an empty host name in {text!r}")
+        raise ValueError(f"an empty host name in {_shown(text)}")
     return [item for item in stripped if item]
 
 
@@ -121,28 +132,57 @@ def _parse_ranges(group: str, item: str) -> list[tuple[int, int, int]]:
     for part in group.split(","):
         low_text, sep, high_text = part.strip().partition("-")
         if not low_text.isdigit() or (sep and not high_text.isdigit()) or len(low_text) > 18:
-            raise ValueError(f"bad range {part!r} in {item!r}")
+            raise ValueError(f"bad range {_shown(part)} in {_shown(item)}")
         if len(high_text) > 18:
-            raise ValueError(f"bad range {part!r} in {item!r}")
+            raise ValueError(f"bad range {_shown(part)} in {_shown(item)}")
         low = int(low_text)
         high = int(high_text) if sep else low
         if high < low:
-            raise ValueError(f"range {part!r} in {item!r} goes backwards")
+            raise ValueError(f"range {_shown(part)} in {_shown(item)} goes backwards")
         ranges.append((low, high, len(low_text)))
     return ranges
 
 
 def _expand(pieces: list[str], groups: list[list[tuple[int, int, int]]]) -> Iterator[str]:
     """pieces alternate text and bracket contents (re.split with a group); groups are the
-    parsed bracket contents in order."""
-    if not groups:
-        yield pieces[0]
+    parsed bracket contents in order. An odometer over the groups, the last one fastest: no
+    recursion, whatever the number of groups."""
+    texts = pieces[0::2]
+    numbers = [
+        [f"{n:0{width}d}" for low, high, width in ranges for n in range(low, high + 1)]
+        if sum(high - low + 1 for low, high, _ in ranges) <= 4096
+        else None
+        for ranges in groups
+    ]
+    counts = [sum(high - low + 1 for low, high, _ in ranges) for ranges in groups]
+    if any(count == 0 for count in counts):
         return
-    head, rest = pieces[0], pieces[2:]
-    for low, high, width in groups[0]:
-        for number in range(low, high + 1):
-            for tail in _expand(rest, groups[1:]):
-                yield f"{head}{number:0{width}d}{tail}"
+    digits = [0] * len(groups)
+    while True:
+        parts = [texts[0]]
+        for index, ranges in enumerate(groups):
+            shown = numbers[index]
+            parts.append(shown[digits[index]] if shown is not None else _nth(ranges, digits[index]))
+            parts.append(texts[index + 1])
+        yield "".join(parts)
+        position = len(groups) - 1
+        while position >= 0:
+            digits[position] += 1
+            if digits[position] < counts[position]:
+                break
+            digits[position] = 0
+            position -= 1
+        if position < 0:
+            return
+
+
+def _nth(ranges: list[tuple[int, int, int]], index: int) -> str:
+    """The index-th number of a bracket group (for groups too long to list up front)."""
+    for low, high, width in ranges:
+        if index <= high - low:
+            return f"{low + index:0{width}d}"
+        index -= high - low + 1
+    raise IndexError(index)
 
 
 # -- parsing one variable ---------------------------------------------------------------------
@@ -162,7 +202,7 @@ def _text(env: Mapping[str, str], name: str) -> str | None:
 
 def _int(name: str, value: str, low: int, high: int) -> int:
     if not value.isdigit() or len(value) > 12:
-        raise SchedulerError(f"{name}: expected an integer, got {value!r}")
+        raise SchedulerError(f"{name}: expected an integer, got {_shown(value)}")
     number = int(value)
     if not low <= number <= high:
         raise SchedulerError(f"{name}: must be between {low} and {high}, got {number}")
@@ -186,14 +226,16 @@ def _nproc(name: str, value: str) -> str:
 
 def _job_id(name: str, value: str) -> str:
     if not _JOB_ID.fullmatch(value):
-        raise SchedulerError(f"{name}: not a job id (letters, digits, _.+-; 1-128), got {value!r}")
+        raise SchedulerError(
+            f"{name}: not a job id (letters, digits, _.+-; 1-128), got {_shown(value)}"
+        )
     return value
 
 
 def _host(name: str, value: str) -> str:
     host = value.removeprefix("[").removesuffix("]")
     if not (_HOST.fullmatch(host) or re.fullmatch(r"[0-9A-Fa-f:.]{2,45}", host)):
-        raise SchedulerError(f"{name}: not a host name or address, got {value!r}")
+        raise SchedulerError(f"{name}: not a host name or address, got {_shown(value)}")
     return f"[{host}]" if ":" in host else host
 
 
@@ -209,20 +251,20 @@ def _flag_bool(name: str, value: str) -> bool:
         return True
     if value.lower() in ("0", "false", "no"):
         return False
-    raise SchedulerError(f"{name}: expected 1/true or 0/false, got {value!r}")
+    raise SchedulerError(f"{name}: expected 1/true or 0/false, got {_shown(value)}")
 
 
 def _rdzv_conf(name: str, value: str) -> str:
     for item in filter(None, value.split(",")):
         key, sep, _ = item.partition("=")
         if not sep or not key.strip():
-            raise SchedulerError(f"{name}: expected key=value,..., got {item!r}")
+            raise SchedulerError(f"{name}: expected key=value,..., got {_shown(item)}")
     return value
 
 
 def _backend(name: str, value: str) -> str:
     if not re.fullmatch(r"[a-z0-9_-]{1,32}", value):
-        raise SchedulerError(f"{name}: not a rendezvous backend name, got {value!r}")
+        raise SchedulerError(f"{name}: not a rendezvous backend name, got {_shown(value)}")
     return value
 
 

@@ -22,7 +22,8 @@ from typing import IO, Any
 
 from ftd_client.admin import AdminClient, AdminError
 
-from ftd.event_lines import describe_event, seconds_text, stages_text, visible
+from ftd.event_lines import MAX_VALUE_CHARS, describe_event, seconds_text, stages_text
+from ftd.text import escape
 
 EVENTS_KEPT = 200
 STATE_COLOURS = {
@@ -155,13 +156,13 @@ def _node_rows(cluster: dict[str, Any], limit: int) -> tuple[list[str], list[lis
             running = sum(1 for r in ranks if isinstance(r, dict) and r.get("state") == "running")
             up = f"{running}/{len(ranks)}"
         else:
-            up = visible(str(node.get("nproc_per_node", "?")))
+            up = escape(str(node.get("nproc_per_node", "?")), MAX_VALUE_CHARS)
         rows.append(
             [
-                visible(str(node.get("node_id", "?")), 40),
-                visible(str(node.get("state", "?")), 20),
-                visible(str(node.get("round", node.get("attempt", "-")))),
-                visible(str(node.get("group_rank", node.get("node_rank", "-")))),
+                escape(str(node.get("node_id", "?")), 40),
+                escape(str(node.get("state", "?")), 20),
+                escape(str(node.get("round", node.get("attempt", "-"))), MAX_VALUE_CHARS),
+                escape(str(node.get("group_rank", node.get("node_rank", "-"))), MAX_VALUE_CHARS),
                 up,
                 "excluded" if str(node.get("node_id")) in excluded else "",
             ]
@@ -174,10 +175,10 @@ def render(snapshot: Snapshot, width: int, height: int, colour: bool, events: in
     s, cluster = snapshot.status, snapshot.cluster
     policy = s.get("policy") if isinstance(s.get("policy"), dict) else {}
     assert isinstance(policy, dict)
-    state = visible(str(s.get("state", "?")), 20)
+    state = escape(str(s.get("state", "?")), 20)
     lines = [
-        f"ftd top  node {visible(str(s.get('node_id', '?')), 60)}  run "
-        f"{visible(str(s.get('run_id', '?')), 60)}  {_paint(state.upper(), state, colour)}  "
+        f"ftd top  node {escape(str(s.get('node_id', '?')), 60)}  run "
+        f"{escape(str(s.get('run_id', '?')), 60)}  {_paint(state.upper(), state, colour)}  "
         f"attempt {s.get('attempt', '-')}  round {s.get('round', '-')}  restarts "
         f"{s.get('restart_count', '-')}/{policy.get('max_restarts', s.get('max_restarts', '-'))}"
         f"  uptime {seconds_text(s.get('uptime_s'))}  {time.strftime('%H:%M:%S')}",
@@ -192,23 +193,23 @@ def render(snapshot: Snapshot, width: int, height: int, colour: bool, events: in
         )
     failure = s.get("last_failure")
     if isinstance(failure, dict):
-        lines.append(f"last failure: {visible(str(failure.get('reason', '?')), 200)}")
+        lines.append(f"last failure: {escape(str(failure.get('reason', '?')), 200)}")
     counts = collections.Counter(
         str(n.get("state")) for n in cluster.get("nodes") or [] if isinstance(n, dict)
     )
     round_ = cluster.get("round") if isinstance(cluster.get("round"), dict) else {}
     assert isinstance(round_, dict)
-    summary = ", ".join(f"{n} {visible(k, 20)}" for k, n in sorted(counts.items()))
+    summary = ", ".join(f"{n} {escape(k, 20)}" for k, n in sorted(counts.items()))
     lines += ["", f"NODES {sum(counts.values())} ({summary})  round {round_.get('round', '-')}"]
     rank_rows = [
         [
             str(r.get("local_rank", "?")),
             str(r.get("global_rank", "?")),
             str(r.get("pid") or "-"),
-            visible(str(r.get("state", "?")), 20),
+            escape(str(r.get("state", "?")), 20),
             "" if r.get("exit_code") is None else str(r.get("exit_code")),
             _age(r.get("last_heartbeat_age_s")),
-            visible(str(r.get("section") or "-"), 30),
+            escape(str(r.get("section") or "-"), 30),
             _age(r.get("section_age_s")) if r.get("section") else "-",
         ]
         for r in s.get("ranks") or []
@@ -222,22 +223,24 @@ def render(snapshot: Snapshot, width: int, height: int, colour: bool, events: in
     lines += _table(header, node_rows)
     if hidden > 0:
         lines.append(f"… {hidden} more nodes (ftd status --json, or the dashboard)")
-    lines += ["", f"RANKS of {visible(str(s.get('node_id', '?')), 60)}"]
+    lines += ["", f"RANKS of {escape(str(s.get('node_id', '?')), 60)}"]
     rank_header = ["LOCAL", "RANK", "PID", "STATE", "EXIT", "HEARTBEAT", "SECTION", "FOR"]
     lines += _table(rank_header, rank_rows) if rank_rows else ["(no ranks)"]
     timeouts = s.get("timeouts")
     if isinstance(timeouts, dict):
         lines.append(
             "timeouts: "
-            + "  ".join(f"{visible(str(k))}={value_of(v)}" for k, v in timeouts.items())
+            + "  ".join(
+                f"{escape(str(k), MAX_VALUE_CHARS)}={value_of(v)}" for k, v in timeouts.items()
+            )
         )
     if recovery:
         data = recovery.get("data") if isinstance(recovery.get("data"), dict) else {}
         assert isinstance(data, dict)
         lines += [
             "",
-            f"LAST RECOVERY attempt {visible(str(data.get('attempt', '?')))}: "
-            f"{visible(str(data.get('cause', '?')), 80)}",
+            f"LAST RECOVERY attempt {escape(str(data.get('attempt', '?')), MAX_VALUE_CHARS)}: "
+            f"{escape(str(data.get('cause', '?')), 80)}",
             "  " + stages_text(data),
         ]
     if events:
@@ -249,8 +252,11 @@ def render(snapshot: Snapshot, width: int, height: int, colour: bool, events: in
 
 def value_of(value: object) -> str:
     if isinstance(value, dict):
-        return ",".join(f"{visible(str(k))}:{value_of(v)}" for k, v in value.items()) or "-"
-    return "off" if value is None else visible(str(value))
+        return (
+            ",".join(f"{escape(str(k), MAX_VALUE_CHARS)}:{value_of(v)}" for k, v in value.items())
+            or "-"
+        )
+    return "off" if value is None else escape(str(value), MAX_VALUE_CHARS)
 
 
 def _fit(line: str, width: int) -> str:

@@ -18,7 +18,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from ftd.event_lines import describe_event, visible
+from ftd.event_lines import describe_event
+from ftd.text import escape
 from ftd.top import Snapshot, render
 from tests.conftest import BIN, ROOT, Serve, ServeFactory, await_api_event
 
@@ -113,7 +114,7 @@ def test_hostile_data_cannot_drive_the_terminal() -> None:
     assert "node\\x1b]0;pwned\\x07\\x1b[2J" in lines[0]
     line = describe_event(_event(3, "node_lost\x1b[31m", node_id=evil, reason="x" * 500))
     assert "\x1b" not in line and len(line) < 400
-    assert visible("a\nb") == "a\\x0ab"
+    assert escape("a\nb") == "a\\x0ab"
 
 
 def test_event_lines_show_the_data_that_matters() -> None:

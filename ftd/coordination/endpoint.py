@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import random
 import socket
+import struct
 
 from ftd.coordination.base import CoordinationError
+from ftd.tasks import within
+from ftd.text import escape
 
 
 def parse_endpoint(endpoint: str, default_port: int = 29400) -> tuple[str, int]:
@@ -41,3 +46,65 @@ def route_address(host: str, port: int) -> str:
             return address
     except OSError:
         return socket.gethostname()
+
+
+# c10d's TCPStore handshake (TCPStore.cpp, TCPStoreBackend.hpp): the client sends VALIDATE with
+# the magic number, then PING with a nonce; a store answers the nonce. Host byte order, as
+# c10d writes its integers.
+_VALIDATE, _PING, _MAGIC = 0, 13, 0x3C85F7CE
+_RETRY_S = (0.05, 1.0)
+
+
+async def probe_store(host: str, port: int, deadline: float) -> None:
+    """Return once a c10d store answers at host:port; CoordinationError (one line naming the
+    endpoint) at `deadline` (the loop's clock) or as soon as something else answers there.
+
+    c10d's own client waits forever on a listener that accepts and says nothing, logging C++
+    stacks as it retries; this probe is the event loop's, so it is bounded and cancellable
+    (a signal), and the C++ client only ever meets a store that answered."""
+    loop = asyncio.get_running_loop()
+    shown = f"{host}:{port}" if ":" not in host else f"[{host}]:{port}"
+    delay, why = _RETRY_S[0], "nothing listens there"
+    nonce = random.randrange(1, 1 << 32)
+    while (remaining := deadline - loop.time()) > 0:
+        try:
+            reader, writer = await within(asyncio.open_connection(host, port), remaining)
+        except TimeoutError:
+            why = "the connection did not complete"
+            break
+        except OSError as error:  # refused, unreachable, unknown name: the host may come up
+            why = (error.strerror or str(error)).lower()
+            await asyncio.sleep(min(delay, max(0.0, deadline - loop.time())))
+            delay = min(delay * 2, _RETRY_S[1])
+            continue
+        try:
+            writer.write(struct.pack("=BI", _VALIDATE, _MAGIC) + struct.pack("=BI", _PING, nonce))
+            await writer.drain()
+            reply = await within(reader.readexactly(4), max(0.0, deadline - loop.time()))
+        except TimeoutError:
+            raise CoordinationError(
+                f"--rdzv-endpoint {shown}: something listens there but gave no answer of a "
+                "c10d store within --rdzv-join-timeout (another program's port?)"
+            ) from None
+        except (asyncio.IncompleteReadError, OSError) as error:
+            got = error.partial if isinstance(error, asyncio.IncompleteReadError) else b""
+            said = f"answered {_preview(got)} and closed" if got else "closed the connection"
+            raise CoordinationError(
+                f"--rdzv-endpoint {shown} is not a c10d store: it {said}"
+            ) from None
+        finally:
+            writer.close()
+        if reply != struct.pack("=I", nonce):
+            raise CoordinationError(
+                f"--rdzv-endpoint {shown} is not a c10d store: it answered {_preview(reply)}"
+            )
+        return
+    raise CoordinationError(
+        f"no rendezvous store at --rdzv-endpoint {shown} within --rdzv-join-timeout: {why}",
+        "store_lost",
+    )
+
+
+def _preview(data: bytes) -> str:
+    """A few bytes something else sent, safe to print."""
+    return escape(repr(data[:16]), 80)

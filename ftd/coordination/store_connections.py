@@ -71,8 +71,9 @@ class StoreConnections:
             self._waiters.append(await self._new_waiter())
         except Exception as error:
             host, port = self.endpoint
-            raise CoordinationError(
-                f"cannot reach the rendezvous store at {host}:{port}: {error}", "store_lost"
+            first_line = (str(error).splitlines() or [type(error).__name__])[0][:200]
+            raise CoordinationError(  # c10d's text goes on with a C++ stack: its first line
+                f"cannot reach the rendezvous store at {host}:{port}: {first_line}", "store_lost"
             ) from None
 
     async def _new_waiter(self) -> Connection:

@@ -37,7 +37,7 @@ from ftd.coordination.base import (
     Round,
     new_request,
 )
-from ftd.coordination.endpoint import is_local, parse_endpoint, route_address
+from ftd.coordination.endpoint import is_local, parse_endpoint, probe_store, route_address
 from ftd.coordination.liveness import Keepalive
 from ftd.coordination.progress import report_progress
 from ftd.coordination.records import (
@@ -98,11 +98,25 @@ class StoreCoordinator:
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def start(self, on_node_lost: NodeLost) -> None:
+        """Host or reach the store, every wait bounded by --rdzv-join-timeout (a signal
+        cancels it: the daemon races it against its stop)."""
         host, port = self.endpoint
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.rdzv_join_timeout_s
         is_host = self.config.rdzv_conf.get("is_host", "").lower()
-        want_host = is_host in ("1", "true", "yes") or (
-            is_host == "" and is_local(host, self.config.local_addr or "")
-        )
+        want_host = is_host in ("1", "true", "yes")
+        if is_host == "" and not want_host:  # a name lookup: off the loop, within the deadline
+            try:
+                want_host = await within(
+                    asyncio.to_thread(is_local, host, self.config.local_addr or ""),
+                    max(0.0, deadline - loop.time()),
+                )
+            except TimeoutError:
+                raise CoordinationError(
+                    f"--rdzv-endpoint {host}:{port}: the name did not resolve within "
+                    "--rdzv-join-timeout",
+                    "store_lost",
+                ) from None
         if want_host:
             bind = self.config.rdzv_conf.get("host", host)
             try:
@@ -115,7 +129,24 @@ class StoreCoordinator:
                         f"cannot host the store on {bind}:{port}: {error}"
                     ) from None
                 log.debug("not hosting the store (%s); connecting", error)
-        await self._connections.open()
+        # The wait for the store has the whole join timeout; the local work before it (torch's
+        # import for the hosting attempt) does not eat into it.
+        deadline = loop.time() + self.config.rdzv_join_timeout_s
+        if not self.hosting:
+            log.info(
+                "connecting to the rendezvous store at %s (up to --rdzv-join-timeout, %.0f s)",
+                self.describe.removeprefix("store "),
+                self.config.rdzv_join_timeout_s,
+            )
+            await probe_store(host, port, deadline)
+        try:
+            await within(self._connections.open(), max(5.0, deadline - loop.time()))
+        except TimeoutError:
+            raise CoordinationError(
+                f"the rendezvous store at {host}:{port} answered a probe but not c10d's client "
+                "within --rdzv-join-timeout",
+                "store_lost",
+            ) from None
         if not self.codec.signed:
             log.warning(
                 "the rendezvous store at %s:%d is open: anyone who reaches it can end or "
