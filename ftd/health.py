@@ -107,6 +107,7 @@ class HealthService:
 
     def start(self) -> None:
         self.server.start()
+        log.info("the ranks' socket is %s", self.server.path)
         loop = asyncio.get_running_loop()
         try:
             self.nvrx.start(loop.add_reader, loop.remove_reader)

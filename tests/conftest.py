@@ -95,6 +95,12 @@ class Serve:
         line = await self.stderr.expect(rf"attempt {attempt}: started local ranks \{{([^}}]*)\}}")
         return [int(pid) for pid in re.findall(r"\d+: (\d+)", line[1])]
 
+    async def rank_socket(self) -> Path:
+        """The ranks' socket: in the run directory, or in a private directory where the run
+        directory's path is too long for it (as under pytest-xdist's deeper tmp paths)."""
+        line = await self.stderr.expect(r"the ranks' socket is (\S+)")
+        return Path(line[1])
+
     def status(self) -> dict[str, object]:
         data: dict[str, object] = json.loads((self.run_dir / "status.json").read_text())
         return data

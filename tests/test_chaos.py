@@ -587,7 +587,7 @@ async def test_r08_a_stranger_holding_4094_connections_takes_no_rank_slot(
     for rank in (0, 1):
         await run.stdout.expect(rf"rank {rank} attempt 0 up", timeout=90)
     stranger = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", STRANGER, str(run.run_dir / "ftd.sock"), "4094",
+        sys.executable, "-c", STRANGER, str(await run.rank_socket()), "4094",
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
     )  # fmt: skip
     try:

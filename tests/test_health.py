@@ -244,7 +244,7 @@ async def test_fuzzed_socket_leaves_supervision_intact(serve: ServeFactory) -> N
     relay_path = run.run_dir / "relay.sock"
     sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     stranger = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    stranger.connect(str(run.run_dir / "ftd.sock"))
+    stranger.connect(str(await run.rank_socket()))
     stranger.setblocking(False)
     sent: list[bytes] = []
 
@@ -283,7 +283,7 @@ async def test_fuzzed_socket_leaves_supervision_intact(serve: ServeFactory) -> N
 async def test_socket_is_private(serve: ServeFactory, path_kind: str) -> None:
     run = await run_mode(serve, "relay")
     await run.stdout.expect("relay ready")
-    mode = (run.run_dir / "ftd.sock").stat().st_mode & 0o777
+    mode = (await run.rank_socket()).stat().st_mode & 0o777
     assert mode == 0o600
     run.signal(signal.SIGTERM)
     assert await run.wait() == 128 + signal.SIGTERM
