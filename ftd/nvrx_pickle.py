@@ -16,9 +16,10 @@ loop and holds the input to NVRx 0.4.x's own shapes:
 - Globals resolve through two explicit tables given by the caller: record builders (NEWOBJ with
   no arguments, then at most one BUILD, on the object just made) and enums (REDUCE of an int,
   looked up in a dict of members). No class is ever looked up, called or changed.
-- Budgets: the input's length (the caller's), nesting depth, number of containers, number of
-  items, dict keys and set items short strings; every declared length is checked against the
-  bytes that are left before anything is sliced. Time is linear in the input.
+- Budgets: the input's length (the caller's), the number of opcodes, nesting depth, number of
+  containers, number of items, dict keys and set items short strings; every declared length
+  is checked against the bytes that are left before anything is sliced. Time is linear in the
+  input and bounded by the opcode count.
 
 Everything else is `Refused(cause, detail)`.
 """
@@ -37,6 +38,9 @@ MAX_ITEMS = 4096
 MAX_KEY = 256
 """Length of a dict key or set item (field names and section names)."""
 MAX_GLOBAL_LINE = 256
+MAX_OPCODES = 4096
+"""Opcodes in a message: NVRx's largest (timeouts of 256 sections) has about 1100. This, not
+the 64 KiB, bounds a message's time: a few milliseconds."""
 
 Builder = Callable[[dict[str, Any]], object]
 
@@ -76,7 +80,6 @@ class _Shared:
 
 _SHARED = _Shared()
 _ATOMS = (type(None), bool, int, float, str, bytes, ClassRef)
-_U8 = struct.Struct("<B")
 _U16 = struct.Struct("<H")
 _I32 = struct.Struct("<i")
 _U32 = struct.Struct("<I")
@@ -201,7 +204,8 @@ class _Decoder:
         if not isinstance(module, str) or not isinstance(name, str):
             raise Refused("malformed", "a global's names must be strings")
         if (module, name) not in self.records and (module, name) not in self.enums:
-            raise Refused("refused_class", f"{module:.80}.{name:.80} is not an NVRx message class")
+            # repr: a name is the sender's text, printed escaped.
+            raise Refused("refused_class", f"{module!r:.80}.{name!r:.80} is not an NVRx class")
         self.push(ClassRef(module, name))
 
     def get(self, index: int) -> None:
@@ -211,9 +215,17 @@ class _Decoder:
             raise Refused("shared", "a memo reference to a container or an object")
         self.push(value)
 
+    def byte(self) -> int:
+        if self.pos >= len(self.data):
+            raise Refused("malformed", "the message ends inside an opcode")
+        self.pos += 1
+        return self.data[self.pos - 1]
+
     def run(self) -> object:
         data = self.data
-        while self.pos < len(data):
+        for _ in range(MAX_OPCODES):
+            if self.pos >= len(data):
+                raise Refused("malformed", "no STOP: the message is truncated")
             code = data[self.pos]
             self.pos += 1
             if code == 0x2E:  # STOP
@@ -223,12 +235,19 @@ class _Decoder:
                     raise Refused("malformed", "bytes after STOP")
                 return self.settle(self.stack[0])
             self.step(code)
-        raise Refused("malformed", "no STOP: the message is truncated")
+        raise Refused("too_many", f"more than {MAX_OPCODES} opcodes")
 
     def step(self, code: int) -> None:
         match code:
+            case 0x94:  # MEMOIZE: atoms only can be fetched again
+                value = self.top(object)
+                self.memo.append(value if isinstance(value, _ATOMS) else _SHARED)
+            case 0x8C:  # SHORT_BINUNICODE
+                self.push(self.text(self.byte()))
+            case 0x68:  # BINGET
+                self.get(self.byte())
             case 0x80:  # PROTO
-                if not 2 <= self.unpack(_U8) <= 5:
+                if not 2 <= self.byte() <= 5:
                     raise Refused("malformed", "a pickle protocol NVRx does not use")
             case 0x95:  # FRAME: advisory, only checked
                 if self.unpack(_U64) > len(self.data) - self.pos:
@@ -242,30 +261,23 @@ class _Decoder:
             case 0x88 | 0x89:  # NEWTRUE, NEWFALSE
                 self.push(code == 0x88)
             case 0x4B:  # BININT1
-                self.push(self.unpack(_U8))
+                self.push(self.byte())
             case 0x4D:  # BININT2
                 self.push(self.unpack(_U16))
             case 0x4A:  # BININT
                 self.push(self.unpack(_I32))
             case 0x8A:  # LONG1
-                if (size := self.unpack(_U8)) > 8:
+                if (size := self.byte()) > 8:
                     raise Refused("malformed", "an integer longer than 8 bytes")
                 self.push(int.from_bytes(self.take(size), "little", signed=True))
             case 0x47:  # BINFLOAT
                 self.push(self.unpack(_F64))
-            case 0x8C:  # SHORT_BINUNICODE
-                self.push(self.text(self.unpack(_U8)))
             case 0x58:  # BINUNICODE
                 self.push(self.text(self.unpack(_U32)))
             case 0x43:  # SHORT_BINBYTES
-                self.push(self.take(self.unpack(_U8)))
+                self.push(self.take(self.byte()))
             case 0x42:  # BINBYTES
                 self.push(self.take(self.unpack(_U32)))
-            case 0x94:  # MEMOIZE: atoms only can be fetched again
-                value = self.top(object)
-                self.memo.append(value if isinstance(value, _ATOMS) else _SHARED)
-            case 0x68:  # BINGET
-                self.get(self.unpack(_U8))
             case 0x6A:  # LONG_BINGET
                 self.get(self.unpack(_U32))
             case 0x7D:  # EMPTY_DICT

@@ -18,8 +18,9 @@ import pytest
 from tests.conftest import BIN, Serve, ServeFactory
 
 ATTACK = BIN / "nvrx_attack.py"
-SLACK_S = 3.0
-"""Beyond a timeout, for a verdict: the stack dump wait (1 s), py-spy, a busy machine."""
+SLACK_S = 5.0
+"""Beyond a timeout, for a verdict: the stack dump wait (1 s), py-spy, a busy machine (the
+unfixed daemon froze for 80 s or more)."""
 STOP_S = 3.0
 
 
@@ -38,11 +39,11 @@ async def hang_event(run: Serve, timeout: float) -> dict[str, Any]:
 
 
 async def api_get(run: Serve, path: str) -> tuple[Any, float]:
-    """The API's answer (within 2 s) and how long it took."""
+    """The API's answer (within 5 s) and how long it took."""
     await run.stderr.expect(r"API listening on (\S+)", timeout=60)
     url = json.loads((run.run_dir / "api.json").read_text())["url"]
     start = time.monotonic()
-    limit = aiohttp.ClientTimeout(total=2)
+    limit = aiohttp.ClientTimeout(total=5)
     async with aiohttp.ClientSession() as session, session.get(url + path, timeout=limit) as reply:
         assert reply.status == 200
         body = await reply.json() if reply.content_type == "application/json" else None
@@ -68,7 +69,7 @@ async def test_row4_a_shared_tuple_bomb_freezes_nothing(serve: ServeFactory) -> 
     silent = await run.stdout.expect(r"silent from (\d+\.\d+)")
     await run.stdout.expect(r"bomb sent a0")
     # The daemon answers its API at once and goes on serving rank 0's heartbeats.
-    assert (await api_get(run, "/healthz"))[1] < 1.0
+    assert (await api_get(run, "/healthz"))[1] < 2.0
     seen = len(run.stdout.lines)
     await run.stdout.expect(r"heartbeat a0 r0 True", start=seen, timeout=10)
     # Rank 1, silent, is judged within its 3 s heartbeat timeout.
@@ -79,7 +80,7 @@ async def test_row4_a_shared_tuple_bomb_freezes_nothing(serve: ServeFactory) -> 
     await run.stdout.expect(r"bomb sent a1", timeout=60)
     seen = len(run.stdout.lines)
     await run.stdout.expect(r"heartbeat a1 r1 True", start=seen, timeout=10)
-    assert (await api_get(run, "/healthz"))[1] < 1.0
+    assert (await api_get(run, "/healthz"))[1] < 2.0
     assert await dropped(run) == {"nvrx_shared": 2}
     start = time.monotonic()
     run.signal(signal.SIGTERM)
@@ -129,13 +130,15 @@ async def test_a_stopped_daemon_holds_an_nvrx_call_only_while_it_is_stopped(
         script=ATTACK, script_args=("--mode", "stopped", "--go", str(go)),
     )  # fmt: skip
     await run.stdout.expect(r"ready \((NVRx|frames)\)")
+    await run.stdout.expect(r"300 calls made")
     run.signal(signal.SIGSTOP)
     await asyncio.sleep(STOP_S)  # the stop itself is what is measured
     run.signal(signal.SIGCONT)
     slow = await run.stdout.expect(r"slow call (\d+\.\d+) s", timeout=10)
     print(f"an NVRx call during a {STOP_S} s stop took {slow[1]} s")
-    assert STOP_S - 0.5 < float(slow[1]) < STOP_S + 1.0
+    assert STOP_S - 0.5 < float(slow[1]) < STOP_S + 2.0
     go.touch()
     assert await run.wait(timeout=30) == 0, run.stderr.text[-3000:]
+    print(re.findall(r"calls \d+: .*", run.stdout.text))
     assert len(re.findall(r"slow call", run.stdout.text)) == 1
     assert not hangs(run)

@@ -6,7 +6,9 @@ time budget). Fixtures are NVRx 0.4.1's own bytes, committed, so this runs witho
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib.util
+import os
 import pickle
 import pickletools
 import struct
@@ -23,7 +25,8 @@ from ftd import nvrx_wire as wire
 HAVE_NVRX = importlib.util.find_spec("nvidia_resiliency_ext") is not None
 needs_nvrx = pytest.mark.skipif(not HAVE_NVRX, reason="nvidia-resiliency-ext is not installed")
 BUDGET_S = 0.2
-"""Per input: far above what a 64 KiB message costs (about a millisecond), far below a freeze."""
+"""Per input, in CPU time of this thread (a shared machine's preemption is not the decoder's
+cost): far above what a 64 KiB message costs (a few milliseconds), far below a freeze."""
 
 # What nvidia-resiliency-ext 0.4.1's client sends (multiprocessing's ForkingPickler, protocol
 # 4), made by _nvrx_objects() below.
@@ -134,12 +137,15 @@ USED = {
 
 
 def decode(data: bytes) -> object:
-    """wire.decode within the time budget."""
-    start = time.perf_counter()
+    """wire.decode within the time budget (the collector held off: a collection of
+    hypothesis's heap is not the decoder's cost)."""
+    gc.disable()
+    start = time.thread_time()
     try:
         return wire.decode(data)
     finally:
-        elapsed = time.perf_counter() - start
+        elapsed = time.thread_time() - start
+        gc.enable()
         assert elapsed < BUDGET_S, f"{elapsed:.3f} s for {len(data)} bytes"
 
 
@@ -223,9 +229,9 @@ def _bomb(depth: int = 60) -> tuple[Any, ...]:
 def test_the_memo_shared_tuple_bomb_is_refused_at_once(protocol: int) -> None:
     payload = pickle.dumps(_bomb(), protocol=protocol)
     assert len(payload) < 400
-    start = time.perf_counter()
+    start = time.thread_time()
     cause = refused(payload)
-    assert time.perf_counter() - start < 0.05
+    assert time.thread_time() - start < 0.05
     # Protocols 2 and 3 memoize with BINPUT, which NVRx never sends.
     assert cause == ("shared" if protocol >= 4 else "malformed")
 
@@ -388,7 +394,9 @@ def _check(payload: bytes) -> None:
         decode(payload)
 
 
-FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+EXAMPLES = int(os.environ.get("FTD_FUZZ_EXAMPLES", "300"))
+"""A short pass with the tests; the long one: docs/security.md."""
+FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @FUZZ
@@ -436,11 +444,13 @@ def test_fuzz_sequences_of_the_opcodes_nvrx_uses(pieces: list[bytes]) -> None:
 
 
 def test_a_full_size_message_costs_milliseconds() -> None:
-    """The worst the budgets allow at 64 KiB: memo references and atoms, all refused or
-    decoded well within the budget."""
+    """The worst the budgets allow at 64 KiB: at most MAX_OPCODES opcodes are read."""
+    cheap = b"\x8c\x01x\x94" + b"h\x00" * 32000
     for payload in (
-        b"\x80\x04" + b"\x8c\x01x\x94" + b"h\x00" * 32000 + b".",
-        b"\x80\x04}(" + b"\x8c\x01k\x94N" + b"h\x00N" * 2000 + b"u.",
+        b"\x80\x04" + cheap + b".",
+        b"\x80\x04}(" + b"\x8c\x01k\x94N" + b"h\x00N" * 4000 + b"u.",
         b"\x80\x04" + b"N" * (wire.MAX_MESSAGE_BYTES - 3) + b".",
     ):
-        _check(payload)
+        assert refused(payload) == "too_many"
+    many = b"\x80\x04" + b"N" * (nvrx_pickle.MAX_OPCODES - 2) + b"."  # with PROTO and STOP
+    assert refused(many) == "malformed"  # read to its STOP: more than one value

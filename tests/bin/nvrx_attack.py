@@ -146,17 +146,20 @@ if args.mode == "stopped":
         sock = connect()
         calls = [lambda: heartbeat(sock)]
     print(f"ready ({'NVRx' if RankMonitorClient else 'frames'})", flush=True)
-    count = 0
+    took: list[float] = []
     while not args.go.exists():
         for each in calls:
             start = time.monotonic()
             each()
-            took = time.monotonic() - start
-            count += 1
-            if took > 0.5:
-                print(f"slow call {took:.3f} s", flush=True)
+            took.append(time.monotonic() - start)
+            if took[-1] > 0.5:
+                print(f"slow call {took[-1]:.3f} s", flush=True)
+            if len(took) == 300:
+                print("300 calls made", flush=True)
         time.sleep(0.01)
-    print(f"calls {count}", flush=True)
+    took.sort()
+    p50, p99 = (took[int(len(took) * q)] * 1e3 for q in (0.5, 0.99))
+    print(f"calls {len(took)}: p50 {p50:.3f} ms, p99 {p99:.3f} ms, max {took[-1]:.3f} s")
     raise SystemExit(0)
 
 if args.mode == "build":
