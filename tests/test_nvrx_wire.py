@@ -13,6 +13,7 @@ import pickle
 import pickletools
 import struct
 import time
+import tracemalloc
 from typing import Any
 
 import pytest
@@ -443,14 +444,26 @@ def test_fuzz_sequences_of_the_opcodes_nvrx_uses(pieces: list[bytes]) -> None:
     _check(b"\x80\x04" + b"".join(pieces) + b".")
 
 
-def test_a_full_size_message_costs_milliseconds() -> None:
-    """The worst the budgets allow at 64 KiB: at most MAX_OPCODES opcodes are read."""
+def test_a_full_size_message_costs_milliseconds_and_a_few_times_its_size() -> None:
+    """The worst the budgets allow at 64 KiB: at most MAX_OPCODES opcodes are read, and the
+    memory held at the peak is a small multiple of the message."""
+    size = wire.MAX_MESSAGE_BYTES
     cheap = b"\x8c\x01x\x94" + b"h\x00" * 32000
     for payload in (
         b"\x80\x04" + cheap + b".",
         b"\x80\x04}(" + b"\x8c\x01k\x94N" + b"h\x00N" * 4000 + b"u.",
-        b"\x80\x04" + b"N" * (wire.MAX_MESSAGE_BYTES - 3) + b".",
+        b"\x80\x04" + b"N" * (size - 3) + b".",
     ):
         assert refused(payload) == "too_many"
     many = b"\x80\x04" + b"N" * (nvrx_pickle.MAX_OPCODES - 2) + b"."  # with PROTO and STOP
     assert refused(many) == "malformed"  # read to its STOP: more than one value
+    text = b"\x80\x04X" + struct.pack("<I", size - 12) + b"a" * (size - 12) + b"."
+    section = b"\x80\x04" + _global("SectionMsg") + b")\x81}" + _text("section")
+    named = section + b"X" + struct.pack("<I", size - 80) + b"s" * (size - 80) + b"sb."
+    for payload in (cheap[: size - 3], many, text, named):
+        tracemalloc.start()
+        with contextlib.suppress(wire.Refused):
+            decode(payload)
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert peak < 4 * size, f"{peak} bytes held for {len(payload)}"
