@@ -3,11 +3,12 @@
 nvidia-resiliency-ext's RankMonitorClient sends pickled objects of its own classes, each framed
 by a 4-byte big-endian length, over a unix stream socket, and unpickles the replies. Here:
 
-- `decode` reads one message with a restricted unpickler: `find_class` resolves exactly NVRx's
-  message classes, each mapped onto a plain type of ours whose `__setstate__` checks every
-  field (type, bounds), and refuses every other global (os.system, builtins.eval, an unknown
-  class), so no callable of the sender's choosing ever runs in the daemon. A message is bounded
-  (MAX_MESSAGE_BYTES) before it is unpickled.
+- `decode` reads one message with ftd/nvrx_pickle.py, a decoder of the few opcodes NVRx's
+  messages use (never `pickle.Unpickler`): NVRx's message classes become frozen records of
+  ours, built from a state whose every field is checked (type, bounds), and its two enums
+  members of ours, looked up in explicit tables. No callable of the sender's choosing runs,
+  no class is looked up or changed, and a message costs time linear in its bytes
+  (MAX_MESSAGE_BYTES at most).
 - `ok`, `error` and `ack` write the replies by reference, naming NVRx's own classes
   (`nvidia_resiliency_ext.fault_tolerance.data.OkMsg`, `...config.FaultToleranceConfig`), so
   the client's ordinary unpickle builds its own objects; the daemon never imports NVRx.
@@ -18,9 +19,7 @@ Message layouts are those of nvidia-resiliency-ext 0.4.x (`fault_tolerance/data.
 from __future__ import annotations
 
 import enum
-import io
 import math
-import pickle
 import struct
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -29,19 +28,13 @@ from ftd_client.protocol import MAX_MESSAGE_BYTES as MAX_MESSAGE_BYTES
 from ftd_client.protocol import MAX_SECTION_NAME, MAX_SECTIONS
 
 from ftd.ft_config import MAX_TIMEOUT_S
+from ftd.nvrx_pickle import Refused as Refused
+from ftd.nvrx_pickle import load
 
 DATA_MODULE = "nvidia_resiliency_ext.fault_tolerance.data"
 CONFIG_MODULE = "nvidia_resiliency_ext.fault_tolerance.config"
 MAX_NAME = MAX_SECTION_NAME
 LENGTH = struct.Struct(">I")
-
-
-class Refused(ValueError):
-    """A message that is not one NVRx's client sends; `cause` labels it for counting."""
-
-    def __init__(self, cause: str, detail: str) -> None:
-        super().__init__(f"{cause}: {detail}")
-        self.cause = cause
 
 
 # -- field checks ----------------------------------------------------------------------------
@@ -66,7 +59,7 @@ def _name(value: object) -> str:
 
 def _rank(value: object) -> int:
     """NVRx sends RANK as read from the environment: an int or a decimal string."""
-    if isinstance(value, str) and value.isdigit() and len(value) <= 9:
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 9:
         return int(value)
     if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 10**9:
         return value
@@ -134,21 +127,23 @@ def _names(value: object) -> frozenset[str]:
 
 
 class Record:
-    """An NVRx object's stand-in: built empty by NEWOBJ, filled by BUILD through `FIELDS`
+    """An NVRx object's stand-in, frozen: built once from its pickled state through `FIELDS`
     (absent fields take their default, unknown ones are refused)."""
 
     FIELDS: ClassVar[dict[str, tuple[Callable[[object], Any], Any]]] = {}
 
-    def __setstate__(self, state: object) -> None:
-        if isinstance(state, tuple) and len(state) == 2 and state[1] is None:
-            state = state[0]  # (dict, slots) as some protocols write it
-        if not isinstance(state, dict):
-            raise Refused("bad_state", f"{type(self).__name__}: state is not a mapping")
-        unknown = set(state) - set(self.FIELDS)
+    @classmethod
+    def build(cls, state: dict[str, Any]) -> Record:
+        unknown = set(state) - set(cls.FIELDS)
         if unknown:
-            raise Refused("bad_state", f"{type(self).__name__}: unknown fields {sorted(unknown)}")
-        for name, (check, default) in self.FIELDS.items():
-            object.__setattr__(self, name, check(state[name]) if name in state else default)
+            raise Refused("bad_state", f"{cls.__name__}: unknown fields {sorted(unknown)[:8]}")
+        record = cls.__new__(cls)
+        for name, (check, default) in cls.FIELDS.items():
+            object.__setattr__(record, name, check(state[name]) if name in state else default)
+        return record
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"{type(self).__name__} is frozen")
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{name}={getattr(self, name, None)!r}" for name in self.FIELDS)
@@ -170,6 +165,8 @@ class WorkloadAction(enum.IntEnum):
 class RankInfo(Record):
     global_rank: int
     local_rank: int
+    host: str
+    pid: int
     FIELDS = {
         "global_rank": (_rank, 0),
         "local_rank": (_int, -1),
@@ -243,48 +240,42 @@ class WorkloadControlRequest(Record):
     }
 
 
-ALLOWED: dict[tuple[str, str], type] = {
-    (DATA_MODULE, cls.__name__): cls
+RECORDS: dict[tuple[str, str], Callable[[dict[str, Any]], object]] = {
+    (DATA_MODULE, cls.__name__): cls.build
     for cls in (
         AuthkeyMsg,
         InitMsg,
         HeartbeatMsg,
         SectionMsg,
-        SectionAction,
         UpdateConfigMsg,
         RankInfo,
         HeartbeatTimeouts,
         SectionTimeouts,
         WorkloadControlRequest,
-        WorkloadAction,
     )
+}
+# Members by value, written out: nothing a message does can change what an int means.
+ENUMS: dict[tuple[str, str], dict[int, object]] = {
+    (DATA_MODULE, "SectionAction"): {
+        1: SectionAction.OPEN,
+        2: SectionAction.CLOSE,
+        3: SectionAction.CLOSE_ALL,
+    },
+    (DATA_MODULE, "WorkloadAction"): {
+        0: WorkloadAction.Continue,
+        1: WorkloadAction.ExcludeThisNode,
+        2: WorkloadAction.ShutdownWorkload,
+    },
 }
 RANK_MESSAGES = (AuthkeyMsg, InitMsg, HeartbeatMsg, SectionMsg, UpdateConfigMsg)
 
 
-class _Unpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        cls = ALLOWED.get((module, name))
-        if cls is None:
-            raise Refused("refused_class", f"{module}.{name} is not an NVRx message class")
-        return cls
-
-    def persistent_load(self, pid: Any) -> Any:
-        raise Refused("refused_class", "persistent ids are not accepted")
-
-
 def decode(data: bytes) -> object:
-    """One unpickled message, of ALLOWED's types and plain values only; Refused otherwise."""
+    """One decoded message, of RECORDS' and ENUMS' types and plain values only; Refused
+    otherwise."""
     if len(data) > MAX_MESSAGE_BYTES:
         raise Refused("oversized", f"{len(data)} bytes > {MAX_MESSAGE_BYTES}")
-    try:
-        return _Unpickler(io.BytesIO(data)).load()
-    except Refused:
-        raise
-    except RecursionError:
-        raise Refused("malformed", "nested too deeply") from None
-    except Exception as error:  # the unpickler's own errors: truncated, bad opcode, ...
-        raise Refused("malformed", f"{type(error).__name__}: {error}") from None
+    return load(data, RECORDS, ENUMS)
 
 
 def decode_rank_message(data: bytes) -> Record:
