@@ -229,7 +229,11 @@ async def test_a_writer_that_fails_every_write_never_holds_the_rank(tmp_path: Pa
     await asyncio.to_thread(writer.join, 60)
     await drain.close()
     assert not writer.is_alive()
-    assert len(events) == 1 and events[0]["reason"] == "No space left on device", events
+    # One episode, whichever cause it met first: every write failing, or (on a busy machine,
+    # the writer thread descheduled) the rank filling what waits for the writer.
+    behind = "its writer is behind (the disk is slower than the rank)"
+    assert len(events) == 1, events
+    assert events[0]["reason"] in ("No space left on device", behind), events
     assert max(waits) < 2.0, max(waits)  # a busy machine may stall a thread; never the disk
     assert drain.dropped() == (64 << 20, 64 << 10)
 
