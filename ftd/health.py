@@ -259,6 +259,8 @@ class HealthService:
         self.losses.received(rank, now)
         if message["t"] == protocol.HELLO:  # before its state: the rank is connected
             self.monitor.on_hello(rank, message.get("stack_signal"), now)
+        if link.backlog_at is not None and (rank.backlog_at or 0.0) < link.backlog_at:
+            self.monitor.on_backlog(rank, link.backlog_at)
         delivery = deliver(self.monitor, rank, link, message, now, self.server.reading_since)
         if delivery.lost:
             self.losses.lost(rank, delivery.lost, now)

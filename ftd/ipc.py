@@ -43,7 +43,7 @@ READ_BATCH = 512
 """Messages read from one connection per wake-up: a rank that sends without pause cannot keep
 the loop from the others (the loop wakes it again while it is readable)."""
 BACKLOG_MESSAGES = 64
-"""A queue this long when drained may have been full: a rank's send buffer holds 278 small
+"""A queue this long when read may have been full: a rank's send buffer holds 278 small
 messages at Linux's default size, thousands at ftd's (FTD_SOCKET_SNDBUF)."""
 DRAIN_BATCHES = 64
 """A drain before a verdict reads this many batches per connection at most (32k messages:
@@ -129,29 +129,20 @@ class RankSocketServer:
         for fd, connection in self._connections.items():
             self._loop.add_reader(fd, self._on_readable, connection)
 
-    def drain(self) -> set[int]:
+    def drain(self) -> None:
         """Read every message already queued, now: a timer about to judge a rank must not run
-        ahead of the rank's queued heartbeats (the event loop runs due timers before I/O).
-        The pids whose queue held BACKLOG_MESSAGES or more: it may have been full, and the
-        rank may have dropped a message since."""
+        ahead of the rank's queued heartbeats (the event loop runs due timers before I/O)."""
         for follower in self.followers:
             follower.drain()
-        backlogged: set[int] = set()
         if self._loop is None or self._paused or self._listener is None:
-            return backlogged
+            return
         self._on_connect()
         for connection in list(self._connections.values()):
-            read = 0
             for _ in range(DRAIN_BATCHES):
                 if connection.sock.fileno() not in self._connections:
                     break
-                batch = self._on_readable(connection)
-                read += batch
-                if batch < READ_BATCH:
+                if self._on_readable(connection) < READ_BATCH:
                     break
-            if read >= BACKLOG_MESSAGES:
-                backlogged.add(connection.link.pid)
-        return backlogged
 
     def close(self) -> None:
         loop = self._loop
@@ -216,6 +207,8 @@ class RankSocketServer:
                 self._hang_up(conn.fileno())
                 return count
             now = time.monotonic()
+            if count == BACKLOG_MESSAGES:  # its queue may have been full: see Link.backlog_at
+                link.backlog_at = now
             if now - self._last_read > READING_PAUSE_S:
                 self.reading_since = now
             self._last_read = now

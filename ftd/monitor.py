@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 
 from ftd_client.protocol import ProtocolError
 
@@ -26,6 +26,7 @@ from ftd import containment
 from ftd.ft_config import RankTimeouts
 from ftd.learning import HEARTBEATS, OUT_OF_SECTION, Observations
 from ftd.rank_health import (
+    RESYNC_GRACE_S,
     Deadline,
     Link,
     RankHealth,
@@ -45,9 +46,6 @@ from ftd.verdict import Clock, LoopClock, Overdue, Verdict, order_by_silence
 
 log = logging.getLogger("ftd.monitor")
 
-RESYNC_GRACE_S = 0.25
-"""How long a verdict waits for the state of a rank whose queue was found full: more than
-ftd_client's slowest retry (rank_sender.RETRY_SLOW_S)."""
 STALL_THRESHOLD_S = 1.0
 """A timer this much later than its deadline means the daemon was not running, not the rank."""
 BLAME_WINDOW_MAX_S = 1.0
@@ -68,7 +66,7 @@ class Monitor:
         timeouts: RankTimeouts,
         on_hang: HangHandler,
         clock: Clock | None = None,
-        drain: Callable[[], Collection[int]] | None = None,
+        drain: Callable[[], object] | None = None,
         on_error: Callable[[str], None] | None = None,
     ) -> None:
         self.timeouts = timeouts
@@ -78,8 +76,7 @@ class Monitor:
         self._on_hang = on_hang
         self._clock = clock or LoopClock(asyncio.get_running_loop())
         self.drain = drain
-        """Reads every queued rank message (the socket's), called before a verdict; the pids
-        whose queue was (perhaps) full."""
+        """Reads every queued rank message (the socket's), called before a verdict."""
         self.connect_timeout: float | None = timeouts.initial_rank_heartbeat_timeout
         """A rank that has not contacted the daemon this long after its start is judged hung:
         the configured initial heartbeat timeout (never a learned one)."""
@@ -193,7 +190,7 @@ class Monitor:
         if known and not rank.open_sections and rank.out_of_section_since is not None:
             self.observed.see(OUT_OF_SECTION, max(at - rank.out_of_section_since, 0.0))
         try:
-            open_section(rank, name, link, at, self.section_names)
+            open_section(rank, name, link, at, self.section_names, heard=now)
         finally:
             if rank.first_step_at is None:
                 self._first_step(rank, now)
@@ -214,7 +211,7 @@ class Monitor:
         rank.last_seen = now
         at = now if at is None else at
         known = link not in rank.unknown_links and rank.section_links.get(name) == link
-        started = close_section(rank, name, at)
+        started = close_section(rank, name, at, heard=now)
         self._rearm_if_earlier(rank, now)
         if started is None and not synced:
             raise ProtocolError("section_not_open", f"end of section {name!r} that is not open")
@@ -233,7 +230,7 @@ class Monitor:
         """The sections open on `link` are exactly `state` as of `at` (its send time; else
         `now`); rank_sync.apply_state; `fresh`: their clocks restart. What a budget refused."""
         as_of = now if at is None else at
-        refused = apply_state(rank, link, state, as_of, self.section_names, fresh)
+        refused = apply_state(rank, link, state, as_of, self.section_names, fresh, heard=now)
         self._rearm_if_earlier(rank, now)
         return refused
 
@@ -298,11 +295,12 @@ class Monitor:
         now = self._clock.now()
         deadline = next_deadline(rank, self.timeouts, self.connect_timeout)
         if deadline is not None and deadline.at <= now and self.drain is not None:
-            # A heartbeat queued behind this timer is a sign of life.
-            backlogged = [r for p in self.drain() if (r := self._by_pid.get(p)) is not None]
-            if rank in self._defer(backlogged, now) or rank.timer is not None:
-                return  # waiting for its state, or the drain re-armed it
+            self.drain()  # a heartbeat queued behind this timer is a sign of life
+            if rank.timer is not None:  # the drain re-armed it
+                return
             deadline = next_deadline(rank, self.timeouts, self.connect_timeout)
+            if deadline is not None and self._waits_for_state(rank, deadline, now):
+                return
         if deadline is None:
             return
         if deadline.at > now:
@@ -313,22 +311,24 @@ class Monitor:
             return
         self._judge(now, deadline)
 
-    def _defer(self, backlogged: list[RankHealth], now: float) -> list[RankHealth]:
-        """Ranks whose queue the drain found full may have dropped a message since (their
-        queue had no room): their state, retried by the rank every RETRY_S, comes once the
-        drain made room. A deadline due for such a rank waits RESYNC_GRACE_S, once."""
-        deferred: list[RankHealth] = []
-        for rank in backlogged:
-            deadline = next_deadline(rank, self.timeouts, self.connect_timeout)
-            if deadline is None or deadline.at > now + RESYNC_GRACE_S:
-                continue
-            if rank.deferred_deadline == deadline.at:
-                continue
-            rank.deferred_deadline = deadline.at
-            self._disarm(rank)
-            self._arm_at(rank, now + RESYNC_GRACE_S, now)
-            deferred.append(rank)
-        return deferred
+    def on_backlog(self, rank: RankHealth, now: float) -> None:
+        """The daemon just read a backlog of the rank's messages: its queue may have been full,
+        and a message dropped, until now."""
+        rank.backlog_at = now
+
+    def _waits_for_state(self, rank: RankHealth, deadline: Deadline, now: float) -> bool:
+        """A rank whose queue was read full moments ago may have dropped a message since (there
+        was no room): its state, which it retries every RETRY_S, comes once the read made room.
+        A deadline due for such a rank waits until RESYNC_GRACE_S after that read, once."""
+        if rank.backlog_at is None or rank.deferred_deadline == deadline.at:
+            return False
+        until = rank.backlog_at + RESYNC_GRACE_S
+        if until <= now:
+            return False
+        rank.deferred_deadline = deadline.at
+        self._disarm(rank)
+        self._arm_at(rank, until, now)
+        return True
 
     def _grace_after_stall(self, now: float, late_s: float) -> None:
         """The daemon did not run for `late_s`: nobody can say who was silent then. Every rank
@@ -351,8 +351,9 @@ class Monitor:
             if rank.last_heartbeat is not None:
                 rank.last_heartbeat = now
             rank.open_sections = dict.fromkeys(rank.open_sections, now)
+            rank.section_seen = dict.fromkeys(rank.open_sections, now)
             if rank.out_of_section_since is not None:
-                rank.out_of_section_since = now
+                rank.out_of_section_since = rank.out_of_section_seen = now
             self._disarm(rank)
             self._arm(rank, now)
 
@@ -366,7 +367,9 @@ class Monitor:
                 continue
             waiting = rank.armed_at is not None and rank.armed_at > now
             if waiting and rank.deferred_deadline == deadline.at:
-                continue  # its state may be on its way (_defer)
+                continue  # its state may be on its way (_waits_for_state)
+            if self._waits_for_state(rank, deadline, now):
+                continue
             overdue.append(Overdue(rank, deadline))
         if not overdue:
             return

@@ -39,6 +39,8 @@ class RankHealth:
     """Its first heartbeat, section start or resumed(): the rank is training."""
     open_sections: dict[str, float] = field(default_factory=dict)
     """Open section -> when it opened (monotonic)."""
+    section_seen: dict[str, float] = field(default_factory=dict)
+    """Open section -> when the daemon learned it was open (a backlog: later than it opened)."""
     section_links: dict[str, int] = field(default_factory=dict)
     """Open section -> the connection (Link.id) whose state it belongs to."""
     unknown_links: set[int] = field(default_factory=set)
@@ -49,11 +51,15 @@ class RankHealth:
     dropped_by_link: dict[int, int] = field(default_factory=dict)
     """What each connection said it dropped (its `dropped`): the rank's own count."""
     out_of_section_since: float | None = None
+    out_of_section_seen: float | None = None
+    """When the daemon learned the rank had left its last section."""
     hung: bool = False
     simulated_hang: bool = False
     """The rank announced an injected hang (ft_config simulated_fault, POST /v1/faults)."""
     timer: Cancellable | None = None
     armed_at: float | None = None
+    backlog_at: float | None = None
+    """When the daemon last read a backlog of this rank's messages (Monitor.on_backlog)."""
     deferred_deadline: float | None = None
     """The deadline whose verdict already waited once for the rank's state (Monitor._defer)."""
 
@@ -119,6 +125,21 @@ def valid_stack_signal(value: object) -> int | None:
     return int(sig)
 
 
+RESYNC_GRACE_S = 0.25
+"""How long a verdict waits for a rank's retried state (ftd_client's slowest retry is 0.1 s):
+after the daemon learned of a section that a backlog held back, and after a drain that found
+the rank's queue full (Monitor._defer): the rank may have dropped a message since."""
+
+
+def _not_before_heard(due: float, heard: float | None, limit: float) -> float:
+    """A section's clock runs from when the rank opened it; but a section the daemon heard of
+    late (behind a backlog) is judged no sooner than RESYNC_GRACE_S (or its whole timeout, if
+    shorter) after it was heard: its end may have been dropped meanwhile, and is retried."""
+    if heard is None:
+        return due
+    return max(due, heard + min(limit, RESYNC_GRACE_S))
+
+
 def next_deadline(
     rank: RankHealth, timeouts: RankTimeouts, connect_timeout: float | None = None
 ) -> Deadline | None:
@@ -141,11 +162,13 @@ def next_deadline(
         if (limit := timeouts.rank_section_timeouts.get(name)) is not None and (
             not rank.unknown_links or rank.section_timed(name)
         ):
-            candidates.append(Deadline(started + limit, "section", limit, name))
+            at = _not_before_heard(started + limit, rank.section_seen.get(name), limit)
+            candidates.append(Deadline(at, "section", limit, name))
     limit = timeouts.rank_out_of_section_timeout
     since = rank.out_of_section_since
     if since is not None and not rank.open_sections and not rank.unknown_links and limit:
-        candidates.append(Deadline(since + limit, "out_of_section", limit))
+        at = _not_before_heard(since + limit, rank.out_of_section_seen, limit)
+        candidates.append(Deadline(at, "out_of_section", limit))
     return min(candidates, key=lambda deadline: deadline.at, default=None)
 
 
@@ -157,6 +180,8 @@ class Link:
     id: int
     pid: int
     last_seq: int = 0
+    backlog_at: float | None = None
+    """When the daemon last read BACKLOG_MESSAGES or more from this connection in one go."""
 
     def advance(self, seq: int | None) -> int:
         """Take the message numbered `seq`; how many messages before it were lost. A number

@@ -59,24 +59,38 @@ class SectionNames:
         return True
 
 
-def open_section(rank: RankHealth, name: str, link: int, now: float, names: SectionNames) -> None:
-    """Open (or reopen: its clock restarts) `name` on `link`; BudgetExceeded if it may not."""
+def open_section(
+    rank: RankHealth,
+    name: str,
+    link: int,
+    now: float,
+    names: SectionNames,
+    heard: float | None = None,
+) -> None:
+    """Open (or reopen: its clock restarts) `name` on `link` at `now`, the daemon hearing of
+    it at `heard` (default: then); BudgetExceeded if it may not."""
     if name not in rank.open_sections:
         if not names.admit(name):
             raise BudgetExceeded(SECTION_NAMES, f"more than {MAX_SECTIONS} section names")
         if len(rank.open_sections) >= MAX_OPEN_SECTIONS:
             raise BudgetExceeded(OPEN_SECTIONS, f"more than {MAX_OPEN_SECTIONS} open sections")
     rank.open_sections[name] = now
+    rank.section_seen[name] = now if heard is None else heard
     rank.section_links[name] = link
-    rank.out_of_section_since = None
+    rank.out_of_section_since = rank.out_of_section_seen = None
 
 
-def close_section(rank: RankHealth, name: str, now: float) -> float | None:
-    """Close `name`; when it had opened, or None when it was not open."""
+def close_section(
+    rank: RankHealth, name: str, now: float, heard: float | None = None
+) -> float | None:
+    """Close `name` at `now` (heard of at `heard`); when it had opened, or None when it was
+    not open."""
     started = rank.open_sections.pop(name, None)
+    rank.section_seen.pop(name, None)
     rank.section_links.pop(name, None)
     if not rank.open_sections and rank.out_of_section_since is None:
         rank.out_of_section_since = now
+        rank.out_of_section_seen = now if heard is None else heard
     return started
 
 
@@ -87,6 +101,7 @@ def apply_state(
     now: float,
     names: SectionNames,
     fresh: bool = False,
+    heard: float | None = None,
 ) -> list[BudgetExceeded]:
     """Make the sections open on `link` exactly `state` (see the module's docstring); the
     link's state is known again. `fresh` (or a link whose state was unknown): the sections
@@ -96,21 +111,23 @@ def apply_state(
     wanted = dict.fromkeys(state)
     for name in [n for n, owner in rank.section_links.items() if owner == link]:
         if name not in wanted:
-            close_section(rank, name, now)
+            close_section(rank, name, now, heard)
     refused: list[BudgetExceeded] = []
     for name in wanted:
         if name in rank.open_sections:
             rank.section_links[name] = link
             if fresh:
                 rank.open_sections[name] = now
+                rank.section_seen[name] = now if heard is None else heard
             continue
         try:
-            open_section(rank, name, link, now, names)
+            open_section(rank, name, link, now, names, heard)
         except BudgetExceeded as error:
             refused.append(error)
     rank.unknown_links.discard(link)
     if not rank.open_sections and rank.out_of_section_since is None:
         rank.out_of_section_since = now
+        rank.out_of_section_seen = now if heard is None else heard
     return refused
 
 

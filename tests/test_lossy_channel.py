@@ -101,15 +101,16 @@ class World:
             deliver(self.monitor, self.rank, self.links[link_id], message, now)
 
     def read_all(self, order: list[int] | None = None) -> None:
+        """The daemon reads the queues; one it finds full is a backlog (ipc: BACKLOG_MESSAGES)."""
+        if self.channel.overflowed:
+            self.monitor.on_backlog(self.rank, self.clock.now())
+            self.channel.overflowed = False
         for link_id in order or list(self.channel.queues):
             self.read(link_id)
-        self.channel.overflowed = False
 
-    def drain(self) -> set[int]:
-        """The daemon's drain before a verdict: the rank's pid if its queue was full."""
-        full = self.channel.overflowed
+    def drain(self) -> None:
+        """The daemon's drain before a verdict."""
         self.read_all()
-        return {PID} if full else set()
 
     def want_retry(self) -> None:
         """The rank's resync thread: it tries every RETRY_S until its state gets through."""

@@ -29,6 +29,7 @@ RETRY_FAST_FOR_S = 1.0
 """The retry runs every RETRY_S for this long, then every RETRY_SLOW_S (a daemon paused for
 long is not polled at 200 Hz)."""
 STATE = protocol.STATE
+HEARTBEAT_TEMPLATE = protocol.HEARTBEAT_TEMPLATE
 
 _senders: weakref.WeakSet[Sender] = weakref.WeakSet()
 
@@ -72,14 +73,18 @@ class Sender:
     # -- sending: each returns False when the daemon went away (the owner reconnects) ---------
 
     def heartbeat(self) -> bool:
-        with self._lock:
+        with self._lock:  # the hot path: _send inlined
             sock = self.sock
             if sock is None:
                 return True
             self._seq = seq = self._seq + 1
             if self._resync:
                 return self._send(sock, self._state({"t": protocol.HEARTBEAT}))
-            return self._send(sock, protocol.HEARTBEAT_TEMPLATE % seq)
+            try:
+                sock.send(HEARTBEAT_TEMPLATE % seq, _NO_SIGNAL)
+            except OSError as error:
+                return self._dropped(error)
+            return True
 
     def section(self, kind: str, name: str) -> bool:
         """A section event with the sections open after it (`open_sections`, already changed
@@ -127,14 +132,17 @@ class Sender:
         try:
             sock.send(data, _NO_SIGNAL)
         except OSError as error:
-            self.dropped += 1
-            self._resync = True
-            if error.errno in (errno.EAGAIN, errno.ENOBUFS):
-                self._want_retry()
-                return True
-            return False
+            return self._dropped(error)
         self._resync = False  # while a resync is due every message carries the state
         return True
+
+    def _dropped(self, error: OSError) -> bool:
+        self.dropped += 1
+        self._resync = True
+        if error.errno in (errno.EAGAIN, errno.ENOBUFS):
+            self._want_retry()
+            return True
+        return False
 
     def _want_retry(self) -> None:
         self._retry_wanted.set()
