@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -67,9 +68,7 @@ def one_run(
         code = proc.wait(timeout=300)
     events = benchlib.events(work / run_id)
     text = out_path.read_text()
-    dropped = [
-        int(line.split("dropped ")[1]) for line in text.splitlines() if " done, drop" in line
-    ]
+    dropped = [int(n) for n in re.findall(r"(?<!burst) done, dropped (\d+)", text)]
     hung = [e for e in events if e["kind"] == "rank_hung"]
     lost = [e["data"].get("lost", 0) for e in events if e["kind"] == "messages_lost"]
     result: dict[str, Any] = {

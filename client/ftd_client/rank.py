@@ -68,6 +68,7 @@ class RankClient:
         self._path = socket_path if socket_path is not None else os.environ.get("FTD_SOCKET")
         self._sock: socket.socket | None = None
         self._sender = Sender()
+        self._heartbeat = self._sender.heartbeat
         self._open_sections = self._sender.open_sections
         self._ids = itertools.count(1)
         self.refused_sections = 0
@@ -96,7 +97,7 @@ class RankClient:
 
     def heartbeat(self) -> None:
         """Tell the daemon this rank is alive."""
-        if not self._sender.heartbeat():
+        if not self._heartbeat():
             self._reconnect()
 
     def resumed(self) -> None:

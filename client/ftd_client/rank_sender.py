@@ -54,6 +54,7 @@ class Sender:
 
     def _reset_threads(self) -> None:
         self._lock = threading.Lock()
+        self._acquire, self._release = self._lock.acquire, self._lock.release
         self._retry_wanted = threading.Event()
         self._retrier: threading.Thread | None = None
 
@@ -73,7 +74,9 @@ class Sender:
     # -- sending: each returns False when the daemon went away (the owner reconnects) ---------
 
     def heartbeat(self) -> bool:
-        with self._lock:  # the hot path: _send inlined
+        # The hot path: the lock's bound methods (a third of `with`'s cost), _send inlined.
+        self._acquire()
+        try:
             sock = self.sock
             if sock is None:
                 return True
@@ -85,6 +88,8 @@ class Sender:
             except OSError as error:
                 return self._dropped(error)
             return True
+        finally:
+            self._release()
 
     def section(self, kind: str, name: str) -> bool:
         """A section event with the sections open after it (`open_sections`, already changed
@@ -97,7 +102,8 @@ class Sender:
                 self._templates.clear()
             event: dict[str, Any] = {"t": kind, "n": name, "o": list(key[2])}
             template = self._templates[key] = protocol.sequenced_template(event, timed=True)
-        with self._lock:
+        self._acquire()
+        try:
             sock = self.sock
             if sock is None:
                 return True
@@ -105,6 +111,8 @@ class Sender:
             if self._resync:
                 return self._send(sock, self._state({"t": kind, "n": name}))
             return self._send(sock, template % (seq, self._clock_ns()))
+        finally:
+            self._release()
 
     def message(self, message: dict[str, Any]) -> bool:
         """Any other message, numbered (and with the state after a drop)."""
