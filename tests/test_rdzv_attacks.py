@@ -129,7 +129,9 @@ async def test_forged_replayed_and_malformed_records_change_nothing(
 
 
 async def test_nodes_with_different_secrets_refuse_to_form_a_round(serve: ServeFactory) -> None:
-    cluster = Cluster(serve, "2", "--rdzv-join-timeout", "8")
+    # b must join within a's join timeout: on a busy machine its start alone (a re-exec that
+    # takes the secret out of its environment, torch's import) took over 8 s.
+    cluster = Cluster(serve, "2", "--rdzv-join-timeout", "20")
     a = await cluster.node("a", "--hang")
     await a.stderr.expect("hosting the rendezvous store")
     cluster.env = {"FTD_RDZV_SECRET": JOB_SECRET.upper()}
