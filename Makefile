@@ -10,7 +10,7 @@ PIP := $(PY) -m pip install -q --disable-pip-version-check -c constraints.txt
 DEMO_STAMP := $(VENV)/.demo
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit clean
+.PHONY: demo test lint typecheck unit fuzz-long clean
 
 # What the demo needs: ftd and torch (CPU). The test extra comes on top for `make test`.
 $(DEMO_STAMP): pyproject.toml constraints.txt
@@ -61,6 +61,17 @@ unit: $(STAMP)
 	$(VENV)/bin/pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 test: lint typecheck unit
+
+# The fuzz targets' long run (docs/security.md): every decoder's targets for FUZZ_SECONDS
+# (ten minutes) in all, rounds of 1000 fresh inputs, two decoders at a time; a line per target
+# in runs/fuzz-long.jsonl. `make test` runs their short pass.
+FUZZ_SECONDS ?= 600
+FUZZ_REPORT := runs/fuzz-long.jsonl
+fuzz-long: $(STAMP)
+	mkdir -p runs && rm -f $(FUZZ_REPORT)
+	FTD_FUZZ_SECONDS=$(FUZZ_SECONDS) FTD_FUZZ_EXAMPLES=1000 FTD_FUZZ_REPORT=$(FUZZ_REPORT) \
+		$(VENV)/bin/pytest -q -p no:cacheprovider -n 2 --timeout 0 -m fuzz
+	cat $(FUZZ_REPORT)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache

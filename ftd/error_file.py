@@ -18,6 +18,8 @@ import re
 import stat
 from dataclasses import dataclass
 
+from ftd.refusals import Refusals
+
 MAX_FILE_BYTES = 256 * 1024
 MAX_DEPTH = 32
 MAX_MESSAGE_CHARS = 4096
@@ -26,7 +28,7 @@ MAX_TRACEBACK_LINES = 200
 MAX_TIMESTAMP = 1 << 33
 """Later than the year 2242: no clock of a rank's; refused so no date conversion can fail."""
 
-refusals: collections.Counter[str] = collections.Counter()
+refusals: collections.Counter[str] = Refusals("error_file")
 """Error files refused, by the first word of the reason (this process's count)."""
 
 _STRING = re.compile(r'"[^"\\]*+(?:\\.[^"\\]*+)*+"', re.S)

@@ -40,6 +40,7 @@ from ftd_client.inprocess.keys import (
 )
 from ftd_client.store import tcp_store_client, wait_keys
 
+from ftd.refusals import Refusals
 from ftd.store import STORE_OP_TIMEOUT_S
 
 if TYPE_CHECKING:
@@ -108,7 +109,7 @@ class InprocessStore:
         """The newest round this node has seen opened (the leader's is the truth)."""
         self.seal = seal or Seal()
         """Seals this attempt's records when the job has a secret (keys.py)."""
-        self.refused: collections.Counter[str] = collections.Counter()
+        self.refused: collections.Counter[str] = Refusals("inprocess_store")
         """Values that failed to unseal, by key kind: stepped over, never acted on."""
         self._logged: set[str] = set()
         self._store: TCPStore | None = None

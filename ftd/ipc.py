@@ -31,6 +31,7 @@ from ftd_client.protocol import ProtocolError
 
 from ftd import containment
 from ftd.rank_health import Link
+from ftd.refusals import Refusals
 
 log = logging.getLogger("ftd.ipc")
 
@@ -83,7 +84,7 @@ class RankSocketServer:
         self._authorize = authorize
         self._closed = closed
         """Told when a rank's connection ends (after its last message was dispatched)."""
-        self.dropped: collections.Counter[str] = collections.Counter()
+        self.dropped: collections.Counter[str] = Refusals("rank_socket", {"nvrx_": "nvrx_socket"})
         self.received = 0
         self.previous_pids: set[int] = set()
         """Ranks of earlier attempts: connections from them are refused without a word."""

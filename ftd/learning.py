@@ -34,6 +34,7 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from ftd.ft_config import MAX_SECTIONS, MAX_TIMEOUT_S, RankTimeouts
+from ftd.refusals import refused
 
 log = logging.getLogger("ftd.health")
 MAX_STATE_FILE_BYTES = 1 << 20
@@ -244,6 +245,7 @@ def load_learned(path: Path, configured: RankTimeouts) -> tuple[RankTimeouts, fr
         return configured, frozenset()
     except OSError as error:
         log.warning("ignoring the unreadable state file %s: %s", path, error)
+        refused("state_file", "unreadable")
         return configured, frozenset()
     try:
         if len(data) > MAX_STATE_FILE_BYTES:
@@ -256,6 +258,7 @@ def load_learned(path: Path, configured: RankTimeouts) -> tuple[RankTimeouts, fr
         return merged, learned
     except (ValueError, KeyError, TypeError, RecursionError, ValidationError) as error:
         log.warning("ignoring the unreadable state file %s: %s", path, str(error)[:300])
+        refused("state_file", "invalid")
         return configured, frozenset()
 
 

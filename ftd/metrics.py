@@ -31,6 +31,7 @@ from prometheus_client.registry import Collector
 from ftd import containment
 from ftd.control import DaemonControl
 from ftd.event_kind import EventKind
+from ftd.refusals import INPUT_REFUSED
 from ftd.state import DaemonState, RankState
 
 # The daemon's own process: `_created` series would only double the output.
@@ -220,6 +221,7 @@ class ApiMetrics:
         self.registry.register(RECOVERY_STAGE_SECONDS)
         self.registry.register(OUTPUT_DROPPED_BYTES)
         self.registry.register(OUTPUT_DROPPED_LINES)
+        self.registry.register(INPUT_REFUSED)
         self.requests = Counter(
             "ftd_api_requests",
             "API requests answered",

@@ -27,6 +27,7 @@ from ftd_client.protocol import ProtocolError
 
 from ftd import nvrx_wire as wire
 from ftd.ipc import MAX_CONNECTIONS, accept_ranks, listen_unix
+from ftd.refusals import Refusals
 
 log = logging.getLogger("ftd.nvrx")
 
@@ -238,7 +239,7 @@ class NvrxServer:
     ) -> None:
         self.rank_monitor_path, self.launcher_path = socket_paths(ftd_socket)
         self.dropped: collections.Counter[str] = (
-            collections.Counter() if dropped is None else dropped
+            Refusals("nvrx_socket") if dropped is None else dropped
         )
         """Drops by cause, prefixed `nvrx_` (shared with the rank socket's: /v1/status)."""
         self._host = host

@@ -11,12 +11,15 @@ import re
 import signal
 import socket
 import sys
+import time
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
+from tests import fuzzing
 from tests.etcd_cluster import (
     ClusterFactory,
     EtcdCluster,
@@ -302,3 +305,52 @@ async def backend(
     if request.param == "etcd":
         return Backend("etcd", await etcd(1))
     return C10D
+
+
+# -- the fuzz targets' long run (tests/fuzzing.py) ------------------------------------------------
+
+_TARGETS_OF: Counter[str] = Counter()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "fuzz(decoder, examples): a fuzz target of one decoder (tests/fuzzing.py)"
+    )
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Count each decoder's selected targets: they share its time in the long run."""
+    for item in items:
+        marker = item.get_closest_marker("fuzz")
+        if marker is not None:
+            _TARGETS_OF[marker.kwargs["decoder"]] += 1
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+    """In the long run (FTD_FUZZ_SECONDS), run a fuzz target round after round, fresh inputs
+    each, for its share of its decoder's time; a line per target to FTD_FUZZ_REPORT."""
+    marker = pyfuncitem.get_closest_marker("fuzz")
+    if marker is None or not fuzzing.LONG_RUN_S:
+        return None
+    decoder = str(marker.kwargs["decoder"])
+    share_s = fuzzing.LONG_RUN_S / max(1, _TARGETS_OF[decoder])
+    args = {name: pyfuncitem.funcargs[name] for name in pyfuncitem._fixtureinfo.argnames}
+    started = time.monotonic()
+    rounds = 0
+    while rounds == 0 or time.monotonic() - started < share_s:
+        pyfuncitem.obj(**args)
+        rounds += 1
+    report = os.environ.get("FTD_FUZZ_REPORT")
+    if report:
+        line = {
+            "decoder": decoder,
+            "target": pyfuncitem.name,
+            "rounds": rounds,
+            "inputs": rounds * int(marker.kwargs["examples"]),
+            "seconds": round(time.monotonic() - started, 1),
+        }
+        with open(report, "a") as out:
+            out.write(json.dumps(line) + "\n")
+    return True

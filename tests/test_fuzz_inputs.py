@@ -3,42 +3,21 @@
 PET_*), and the terminal escaping of job text (ftd.text). Each input must give a value or the
 decoder's refusal, never another exception, within a per-input CPU budget.
 
-A short pass runs with the tests; a long one: FTD_FUZZ_EXAMPLES=100000 pytest
-tests/test_fuzz_inputs.py (docs/security.md).
+A short pass runs with the tests; the long one: `make fuzz-long` (docs/security.md).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from ftd.error_file import MAX_FILE_BYTES, RankError, Unreadable, decode_error_json
 from ftd.scheduler import MAX_HOSTS, SchedulerError, detect, expand_hostlist, first_host
 from ftd.text import escape
-
-EXAMPLES = int(os.environ.get("FTD_FUZZ_EXAMPLES", "150"))
-BUDGET_S = 0.5
-"""CPU seconds one input may cost (thread time: a busy machine does not count)."""
-FUZZ = settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
-
-
-@contextmanager
-def budget(seconds: float = BUDGET_S) -> Iterator[None]:
-    start = time.thread_time()
-    yield
-    used = time.thread_time() - start
-    assert used < seconds, f"{used:.3f} s of CPU for one input"
-
+from tests.fuzzing import budget, fuzz_target
 
 # -- error.json --------------------------------------------------------------------------------
 
@@ -95,7 +74,7 @@ _error_bytes = st.one_of(
 )
 
 
-@FUZZ
+@fuzz_target("error_file", 150)
 @given(_error_bytes)
 def test_fuzz_error_json(data: bytes) -> None:
     with budget():
@@ -123,7 +102,7 @@ _hostlist = st.one_of(
 )
 
 
-@FUZZ
+@fuzz_target("scheduler", 150)
 @given(_hostlist)
 def test_fuzz_slurm_hostlists(text: str) -> None:
     with budget():
@@ -152,7 +131,7 @@ _values = st.one_of(
 )
 
 
-@FUZZ
+@fuzz_target("scheduler", 150)
 @given(st.dictionaries(st.sampled_from(_VARIABLES), _values, max_size=10))
 def test_fuzz_scheduler_environment(env: dict[str, str]) -> None:
     with budget():
@@ -177,7 +156,7 @@ def _unsafe(char: str) -> bool:
     return unicodedata.category(char) in ("Cc", "Cs", "Zl", "Zp") or char in "\u202e\u2066"
 
 
-@FUZZ
+@fuzz_target("text", 150)
 @given(st.text(), st.booleans(), st.one_of(st.none(), st.integers(1, 200)))
 def test_fuzz_escape(text: str, lines: bool, limit: int | None) -> None:
     check: Callable[[str], bool] = (lambda c: c not in "\n\t" and _unsafe(c)) if lines else _unsafe

@@ -17,6 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import BIN, ROOT, Serve, ServeFactory
+from tests.test_chaos import api_session
+from tests.test_rank_output import metric
 
 HEALTH = BIN / "health_worker.py"
 
@@ -267,6 +269,11 @@ async def test_fuzzed_socket_leaves_supervision_intact(serve: ServeFactory) -> N
     with sender, stranger:
         await asyncio.to_thread(throw)
     assert len(sent) > 100
+    # Each refusal is counted where operators look: one metric for every decoder's refusals.
+    async with api_session(run) as (session, url, _), session.get(f"{url}/metrics") as response:
+        text = await response.text()
+    refused = metric(text, "ftd_input_refused_total", cause="malformed", source="rank_socket")
+    assert refused > 0, text
     # Supervision is intact: a rank that now goes silent is still caught, within its timeout.
     ranks = run.status()["ranks"]
     rank0 = next(r for r in ranks if r["local_rank"] == 0)  # type: ignore[union-attr,index]

@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import importlib.util
-import os
 import pickle
 import pickletools
 import struct
@@ -17,11 +16,12 @@ import tracemalloc
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from ftd import nvrx_pickle
 from ftd import nvrx_wire as wire
+from tests.fuzzing import fuzz_target
 
 HAVE_NVRX = importlib.util.find_spec("nvidia_resiliency_ext") is not None
 needs_nvrx = pytest.mark.skipif(not HAVE_NVRX, reason="nvidia-resiliency-ext is not installed")
@@ -395,9 +395,8 @@ def _check(payload: bytes) -> None:
         decode(payload)
 
 
-EXAMPLES = int(os.environ.get("FTD_FUZZ_EXAMPLES", "300"))
-"""A short pass with the tests; the long one: docs/security.md."""
-FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = fuzz_target("nvrx_pickle", 300)
+"""A short pass with the tests; the long one: `make fuzz-long` (docs/security.md)."""
 
 
 @FUZZ

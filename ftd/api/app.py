@@ -124,6 +124,13 @@ async def _body(request: web.Request) -> dict[str, Any]:
             raw = await request.read()
     except TimeoutError:
         raise RequestTimeout(f"body: not received within {timeout_s:g} s") from None
+    return decode_body(raw)
+
+
+def decode_body(raw: bytes) -> dict[str, Any]:
+    """A request body's JSON object ({} for an empty one), or InvalidRequest naming why not:
+    not JSON, not UTF-8, NaN or Infinity, nested deeper than MAX_JSON_DEPTH, not an object.
+    The size was bounded by aiohttp (client_max_size) before it got here."""
     if not raw.strip():
         return {}
     too_deep = f"body: JSON nested deeper than {MAX_JSON_DEPTH} levels"

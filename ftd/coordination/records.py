@@ -20,6 +20,8 @@ from typing import Annotated, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
+from ftd.refusals import Refusals
+
 log = logging.getLogger("ftd.coordination.records")
 
 MAGIC = "ftd1"
@@ -125,7 +127,7 @@ class RecordCodec:
     def __init__(self, rdzv_id: str, secret: bytes | None) -> None:
         self._rdzv_id = rdzv_id.encode()
         self._secret = secret
-        self.refused: Counter[str] = Counter()
+        self.refused: Counter[str] = Refusals("rendezvous_store")
         self._logged: set[tuple[str, str]] = set()
 
     @property

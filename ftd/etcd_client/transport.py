@@ -37,6 +37,7 @@ from ftd.etcd_client.wire import (
     StreamError,
     StreamRefusal,
 )
+from ftd.refusals import refused
 
 log = logging.getLogger("ftd.etcd")
 T = TypeVar("T")
@@ -392,4 +393,5 @@ def parse(answer: type[Answer], raw: bytes | str) -> Answer:
         first = error.errors()[0]
         where = ".".join(str(part) for part in first["loc"]) or "the answer"
         reason = f"not etcd's {answer.__name__}: {where}: {clip(first['msg'], 120)}"
+        refused("etcd", f"not_{answer.__name__}")
         raise AttemptFailed(reason, sent=True, bad_answer=True) from None
