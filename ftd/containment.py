@@ -23,6 +23,8 @@ import traceback
 from collections.abc import Callable
 from typing import ParamSpec, TypeVar
 
+from ftd.text import is_decimal
+
 log = logging.getLogger("ftd.containment")
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -49,7 +51,7 @@ def _injected() -> dict[str, int]:
     for item in os.environ.get(FAULT_ENV, "").split(",")[:32]:
         name, _, count = item.strip().partition(":")
         if name in COMPONENTS:
-            faults[name] = int(count) if count.isdigit() and len(count) < 6 else 1
+            faults[name] = int(count) if is_decimal(count) and len(count) < 6 else 1
     return faults
 
 

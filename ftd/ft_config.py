@@ -17,6 +17,8 @@ from ftd_client.protocol import MAX_SECTION_NAME
 from ftd_client.protocol import MAX_SECTIONS as MAX_PROTOCOL_SECTIONS
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from ftd.text import is_decimal
+
 MIN_TIMEOUT_S = 0.1
 """No hang timeout below this: a rank cannot be expected to answer faster, and a tiny value
 (5e-324 through the API) would judge every rank hung at once."""
@@ -162,7 +164,7 @@ def parse_simulated_fault(value: str) -> tuple[str, int | None, float, float]:
     kind, target, delay = (part.strip() for part in parts)
     if kind not in ("kill", "hang"):
         raise ValueError(f"fault kind must be kill or hang, got {kind!r}")
-    if target != "random" and not target.isdigit():
+    if target != "random" and not is_decimal(target):
         raise ValueError(f"fault target must be a rank or 'random', got {target!r}")
     low, _, high = delay.partition("-")
     try:

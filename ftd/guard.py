@@ -19,6 +19,8 @@ import subprocess
 import sys
 from collections.abc import Callable
 
+from ftd.text import is_decimal
+
 
 class OrphanGuard:
     """The daemon's side: owns the write end of the pipe."""
@@ -137,7 +139,7 @@ def tagged_pids(daemon_id: str) -> list[int]:
     marker = f"FTD_DAEMON_ID={daemon_id}".encode()
     found = []
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
+        if not is_decimal(entry):
             continue
         try:
             with open(f"/proc/{entry}/environ", "rb") as environ:

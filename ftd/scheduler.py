@@ -15,6 +15,8 @@ import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
+from ftd.text import is_decimal
+
 DEFAULT_RDZV_PORT = 29400
 """torchrun's port when `--rdzv-endpoint` names no port."""
 MAX_NODES = 100_000
@@ -131,7 +133,7 @@ def _parse_ranges(group: str, item: str) -> list[tuple[int, int, int]]:
     ranges = []
     for part in group.split(","):
         low_text, sep, high_text = part.strip().partition("-")
-        if not low_text.isdigit() or (sep and not high_text.isdigit()) or len(low_text) > 18:
+        if not is_decimal(low_text) or (sep and not is_decimal(high_text)) or len(low_text) > 18:
             raise ValueError(f"bad range {_shown(part)} in {_shown(item)}")
         if len(high_text) > 18:
             raise ValueError(f"bad range {_shown(part)} in {_shown(item)}")
@@ -201,7 +203,7 @@ def _text(env: Mapping[str, str], name: str) -> str | None:
 
 
 def _int(name: str, value: str, low: int, high: int) -> int:
-    if not value.isdigit() or len(value) > 12:
+    if not is_decimal(value) or len(value) > 12:
         raise SchedulerError(f"{name}: expected an integer, got {_shown(value)}")
     number = int(value)
     if not low <= number <= high:

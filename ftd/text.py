@@ -43,3 +43,9 @@ class EscapingFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         return escape(super().format(record), lines=True)
+
+
+def is_decimal(text: str) -> bool:
+    """Whether `text` is ASCII digits only, as every number ftd reads must be: `str.isdigit`
+    also takes "¹" (which int() refuses) and "٣" (which int() reads as 3)."""
+    return text.isascii() and text.isdigit()

@@ -23,7 +23,7 @@ from typing import IO, Any
 from ftd_client.admin import AdminClient, AdminError
 
 from ftd.event_lines import MAX_VALUE_CHARS, describe_event, seconds_text, stages_text
-from ftd.text import escape
+from ftd.text import escape, is_decimal
 
 EVENTS_KEPT = 200
 STATE_COLOURS = {
@@ -67,7 +67,7 @@ def _interval(text: str) -> float:
 
 
 def _count(text: str) -> int:
-    if not text.isdigit() or int(text) > EVENTS_KEPT:
+    if not is_decimal(text) or int(text) > EVENTS_KEPT:
         raise argparse.ArgumentTypeError(f"expected 0-{EVENTS_KEPT}, got {text!r}")
     return int(text)
 

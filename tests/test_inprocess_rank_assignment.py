@@ -410,7 +410,7 @@ def test_every_rank_computes_the_same_placement(
     trees_by_slot = named(make, members)
     known = {slot: layout[slot] for slot in (range(world) if lost_published else members)}
     if lost_published:
-        store = tcp_store_client("127.0.0.1", store_port, 5)
+        store = tcp_store_client("127.0.0.1", store_port, 30)
         for slot in lost:
             store.set(trees_by_slot[members[0]].store_key(slot), json.dumps(layout[slot]))
     results = run_ranks(trees_by_slot, world, members, store_port)

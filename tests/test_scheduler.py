@@ -66,11 +66,24 @@ def test_hostlists_expand_as_scontrol_does(text: str, hosts: list[str]) -> None:
         "bad host",
         "n[-1]",
         "n[1-99999999999999999999]",
+        "n[\u00b9-2]",
+        "n[\u0663]",
     ],
 )
 def test_malformed_hostlists_are_refused(text: str) -> None:
     with pytest.raises(ValueError):
         expand_hostlist(text)
+
+
+@pytest.mark.parametrize(
+    "digits", ["\u00b9", "\u0663", "1\u00b2"]
+)  # ¹ (int() fails), ٣ (int() reads 3)
+@pytest.mark.parametrize("name", ["SLURM_NNODES", "PET_NODE_RANK", "PET_MAX_RESTARTS"])
+def test_digits_that_are_not_ascii_are_refused_in_one_line(name: str, digits: str) -> None:
+    """Found by the fuzz target: str.isdigit() took "¹", and int() then raised ValueError."""
+    env = {name: digits, "SLURM_JOB_ID": "1"} if name.startswith("SLURM") else {name: digits}
+    with pytest.raises(SchedulerError, match=name):
+        detect(env)
 
 
 def test_a_huge_hostlist_is_refused_without_expanding_it() -> None:

@@ -15,6 +15,7 @@ from ftd_client.discovery import NO_ACCESS_BY_OTHERS, UnsafeFile, read_checked
 
 from ftd import env_secrets
 from ftd.errors import ApiStartupError
+from ftd.text import is_decimal
 
 log = logging.getLogger("ftd.api")
 
@@ -101,12 +102,12 @@ def host_of(header: str) -> str | None:
         return None
     if value.startswith("["):
         host, bracket, rest = value[1:].partition("]")
-        if not bracket or (rest and not (rest[:1] == ":" and rest[1:].isdigit())):
+        if not bracket or (rest and not (rest[:1] == ":" and is_decimal(rest[1:]))):
             return None
         return host
     name, colon, port = value.rpartition(":")
     if colon:
-        if not port.isdigit():
+        if not is_decimal(port):
             return None
         value = name
     if ":" in value or not value:

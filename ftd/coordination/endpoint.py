@@ -9,7 +9,7 @@ import struct
 
 from ftd.coordination.base import CoordinationError
 from ftd.tasks import within
-from ftd.text import escape
+from ftd.text import escape, is_decimal
 
 
 def parse_endpoint(endpoint: str, default_port: int = 29400) -> tuple[str, int]:
@@ -22,7 +22,7 @@ def parse_endpoint(endpoint: str, default_port: int = 29400) -> tuple[str, int]:
         host, _, port = text.partition(":")
     else:  # a bare host name or IPv6 address
         host, port = text, str(default_port)
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if not host or not is_decimal(port) or not 0 < int(port) < 65536:
         raise CoordinationError(f"--rdzv-endpoint {endpoint!r}: expected host:port")
     return host, int(port)
 

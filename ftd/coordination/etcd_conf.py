@@ -21,6 +21,7 @@ from ftd.config import ServeConfig
 from ftd.coordination.base import CoordinationError
 from ftd.coordination.endpoint import parse_endpoint
 from ftd.coordination.secret import SECRET_FILE_CONF, SecretError, read_private_file
+from ftd.text import is_decimal
 
 ETCD_PORT = 2379
 MAX_ENDPOINTS = 64
@@ -168,7 +169,7 @@ def _credentials(conf: dict[str, str]) -> tuple[str | None, str | None]:
 def _lease_ttl(raw: str | None, keepalive_timeout_s: float) -> int:
     if raw is None:
         return max(1, min(MAX_LEASE_TTL_S, math.ceil(keepalive_timeout_s)))
-    if not raw.isdigit() or not 1 <= int(raw) <= MAX_LEASE_TTL_S:
+    if not is_decimal(raw) or not 1 <= int(raw) <= MAX_LEASE_TTL_S:
         raise CoordinationError(
             f"--rdzv-conf lease_ttl={raw}: a whole number of seconds in [1, {MAX_LEASE_TTL_S}]"
         )

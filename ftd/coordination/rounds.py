@@ -24,6 +24,7 @@ from ftd.coordination.records import (
     RoundRecord,
 )
 from ftd.coordination.store_client import RecordStore
+from ftd.text import is_decimal
 
 log = logging.getLogger("ftd.rendezvous")
 
@@ -133,7 +134,7 @@ class StoreRounds:
             s.compare_set("round", "", "0")
             return 0
         text = raw.decode(errors="replace").strip()
-        if not text.isdigit() or len(text) > 9:
+        if not is_decimal(text) or len(text) > 9:
             s.codec.refused["bad_round_hint"] += 1
             log.warning("ignored the round hint %r (not a round number)", raw[:40])
             s.compare_set("round", raw.decode(errors="replace"), str(self.round_hint))

@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
+from ftd.text import is_decimal
+
 if TYPE_CHECKING:
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
 
@@ -23,7 +25,7 @@ def parse_std(value: str) -> int | dict[int, int]:
     mapping: dict[int, int] = {}
     for item in value.split(","):
         rank, sep, std = item.partition(":")
-        if not sep or not rank.strip().isdigit() or std.strip() not in STD_VALUES:
+        if not sep or not is_decimal(rank.strip()) or std.strip() not in STD_VALUES:
             raise ValueError(f"expected 0-3 or local_rank:0-3[,...], got {value!r}")
         mapping[int(rank)] = STD_VALUES[std.strip()]
     return mapping

@@ -31,6 +31,8 @@ import types
 import zipfile
 from typing import Any, NoReturn
 
+from ftd.text import is_decimal
+
 PR_SET_PDEATHSIG = 1
 REPARENT_TIMEOUT_S = 10.0
 
@@ -227,7 +229,7 @@ def _set_openblas_threads(env: dict[str, str]) -> None:
     wanted = cpus
     for name in ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS"):
         value = env.get(name, "")
-        if value.isdigit() and int(value) > 0:
+        if is_decimal(value) and int(value) > 0:
             wanted = min(int(value), cpus)
             break
     if wanted <= 1:

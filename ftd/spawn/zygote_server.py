@@ -37,6 +37,8 @@ import time
 import traceback
 from typing import Any
 
+from ftd.text import is_decimal
+
 MAX_MESSAGE = 1 << 22
 MAX_RANKS_PER_REQUEST = 64
 MAX_FDS = 3 * MAX_RANKS_PER_REQUEST  # three stdio fds per rank, under the kernel's SCM_MAX_FD
@@ -181,7 +183,7 @@ def _restore_descriptor_limit() -> None:
     import resource
 
     soft = os.environ.pop(NOFILE_ENV, "")
-    if soft.isdigit():
+    if is_decimal(soft):
         _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         with contextlib.suppress(ValueError, OSError):
             resource.setrlimit(resource.RLIMIT_NOFILE, (min(int(soft), hard), hard))
