@@ -12,6 +12,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from ftd.ft_config import FaultToleranceConfig
 
+NO_PRELOAD = "none"
+"""`--preload none`: the zygote imports nothing, not even torch (for ranks that do not use it)."""
+
 DEFAULT_API_PORT = 29610
 
 StartMethod = Literal["spawn", "fork", "forkserver", "subprocess", "zygote"]
@@ -51,7 +54,9 @@ class ServeConfig(BaseModel):
     role: str = "default"
     start_method: StartMethod = "zygote"
     preload: tuple[str, ...] = Field(
-        (), description="modules the zygote imports besides torch (start_method zygote)"
+        (),
+        description="modules the zygote imports besides torch (start_method zygote); "
+        "('none',): not even torch",
     )
     node_id: str = Field(default_factory=socket.gethostname, min_length=1)
 
@@ -111,6 +116,8 @@ class ServeConfig(BaseModel):
         for name in value:
             if not all(part.isidentifier() for part in name.split(".")):
                 raise ValueError(f"{name!r} is not a module name")
+        if NO_PRELOAD in value and len(value) > 1:
+            raise ValueError(f"{NO_PRELOAD!r} preloads nothing: it names no other module")
         return value
 
     @field_validator("redirects", "tee")

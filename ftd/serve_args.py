@@ -116,7 +116,8 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
         *_flag("--preload"),
         default="",
         metavar="MOD,...",
-        help="with --start-method zygote: modules the zygote imports besides torch",
+        help="with --start-method zygote: modules the zygote imports besides torch; `none`: "
+        "not even torch (ranks that do not use torch start without its import)",
     )
     add(*_flag("--role"), default="default", metavar="NAME", help="role name of the workers")
     add("-m", *_flag("--module"), action="store_true", help="run the script as `python -m`")

@@ -124,6 +124,29 @@ class Serve:
 ServeFactory = Callable[..., Awaitable[Serve]]
 
 
+TORCH_FREE = frozenset(
+    BIN / f"{name}.py"
+    for name in ("argv_dump", "bad_error_file", "burst_rank", "chatty_rank", "dash_rank",
+                 "escape_section", "probe_rank", "relay")
+)  # fmt: skip
+"""Test ranks that never import torch (nor does ftd_client): their zygote need not preload it."""
+WORKER_TORCH_FLAGS = frozenset({"--allreduce", "--record"})
+
+
+def _without_torch(script: Path, flags: tuple[str, ...], script_args: tuple[str, ...]) -> bool:
+    """Whether the daemon may start its zygote with `--preload none`: the ranks never import
+    torch, and the test chose neither the start method nor the preload. It saves each daemon
+    the zygote's import of torch (2-3 s of CPU on these machines) and keeps the zygote's fork
+    path under test; the zygote's own tests (test_zygote.py) keep the default preload."""
+    if any(
+        flag.split("=")[0] in ("--start-method", "--start_method", "--preload") for flag in flags
+    ):
+        return False
+    if script == WORKER:
+        return not WORKER_TORCH_FLAGS & set(script_args)
+    return script in TORCH_FREE
+
+
 @pytest.fixture
 async def serve(tmp_path: Path) -> AsyncIterator[ServeFactory]:
     """Start `ftd serve` as a subprocess; the daemon (and through it its ranks) is killed at
@@ -142,6 +165,8 @@ async def serve(tmp_path: Path) -> AsyncIterator[ServeFactory]:
         log_dir = tmp_path / "logs"
         out = tmp_path / "out"
         worker_args = ("--out", str(out)) if Path(script) == WORKER else ()
+        if _without_torch(Path(script), flags, script_args):
+            flags = ("--preload", "none", *flags)
         cmd = [
             *wrap,  # a command that ends by exec'ing the rest (prlimit, sh -c '...; exec "$@"')
             sys.executable,

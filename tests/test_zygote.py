@@ -8,6 +8,7 @@ import json
 import os
 import re
 import signal
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -250,6 +251,29 @@ async def test_no_python_falls_back_with_the_reason(serve: ServeFactory) -> None
     assert await run.wait() == 0
     assert "'true' is not a Python script (--no-python)" in run.stderr.text
     assert FALLBACK in run.stderr.text
+
+
+async def test_preload_none_forks_ranks_that_import_torch_themselves(serve: ServeFactory) -> None:
+    """`--preload none`: the zygote imports nothing; a rank that needs torch imports it."""
+    run = await serve(
+        *ZYGOTE, "--preload", "none", "--nproc-per-node", "2", script=WORKER,
+        script_args=("--allreduce",),
+    )  # fmt: skip
+    assert await run.wait() == 0
+    text = run.stderr.text
+    assert "preloading nothing" in text and re.search(READY + r": preloaded nothing", text)
+    assert FALLBACK not in text
+    assert (run.out / "allreduce_a0_r0").exists() and (run.out / "allreduce_a0_r1").exists()
+
+
+def test_preload_none_names_no_other_module(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "ftd", "serve", "--standalone", "--preload", "none,json",
+         "--log-dir", str(tmp_path), str(WORKER)],
+        capture_output=True, text=True, cwd=ROOT, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert "'none' preloads nothing" in result.stderr and "Traceback" not in result.stderr
 
 
 async def test_failing_preload_is_shown_and_falls_back(serve: ServeFactory) -> None:

@@ -27,6 +27,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from ftd.config import NO_PRELOAD
 from ftd.spawn.base import LaunchSpec, RankHandle, StartedGroup
 from ftd.spawn.forked import (
     ZygoteGroup,
@@ -131,7 +132,7 @@ class Zygote:
         log.info(
             "zygote (pid %d) ready: preloaded %s in %.2fs",
             self.pid,
-            ", ".join(self.preload),
+            ", ".join(self.preload) or "nothing",
             reply.get("seconds", 0.0),
         )
 
@@ -195,7 +196,11 @@ class ZygoteSpawner:
     name = "zygote"
 
     def __init__(self, preload: Sequence[str] = ()) -> None:
-        self._preload = tuple(dict.fromkeys((*DEFAULT_PRELOAD, *preload)))
+        self._preload = (
+            ()
+            if tuple(preload) == (NO_PRELOAD,)
+            else tuple(dict.fromkeys((*DEFAULT_PRELOAD, *preload)))
+        )
         self._fallback = PContextSpawner()
         self._lock = threading.Lock()
         self._disabled: str | None = None
@@ -206,7 +211,8 @@ class ZygoteSpawner:
 
     def _launch(self) -> Zygote:
         zygote = Zygote(self._preload)
-        log.info("zygote (pid %d) started: preloading %s", zygote.pid, ", ".join(self._preload))
+        preloading = ", ".join(self._preload) or "nothing"
+        log.info("zygote (pid %d) started: preloading %s", zygote.pid, preloading)
         threading.Thread(
             target=self._watch, args=(zygote,), name=f"ftd-zygote-{zygote.pid}", daemon=True
         ).start()
