@@ -245,9 +245,9 @@ async def ops_per_round(n: int) -> dict[str, Any]:
     """Store operations for N coordinators (one process, threads) to form one round."""
     from ftd_client.store import tcp_store_server
 
-    from ftd.config import ServeConfig
+    from ftd.config.serve import ServeConfig
+    from ftd.coordination.c10d.coordinator import StoreCoordinator
     from ftd.coordination.records import Member
-    from ftd.coordination.tcpstore import StoreCoordinator
 
     port = free_port()
     server = tcp_store_server("127.0.0.1", port)

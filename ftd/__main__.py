@@ -1,3 +1,3 @@
-from ftd.cli import main
+from ftd.cli.main import main
 
 raise SystemExit(main())

@@ -29,27 +29,27 @@ from pathlib import Path
 from types import TracebackType
 
 from ftd.api import ApiServer, start_api_server
-from ftd.attempt import AttemptTools
-from ftd.board import StatusBoard
-from ftd.config import ServeConfig
+from ftd.config.rundir import prepare_run_dir
+from ftd.config.serve import ServeConfig
 from ftd.coordination import CoordinationError, Coordinator, create_coordinator
 from ftd.errors import StartupError
-from ftd.event_kind import EventKind
-from ftd.events import EventLog
-from ftd.guard import GuardKeeper
-from ftd.health import HealthService
-from ftd.ipc import socket_path
-from ftd.launch import build_command
-from ftd.node_control import NodeControl
-from ftd.persist import Persistence
-from ftd.rundir import prepare_run_dir
-from ftd.spawn import Spawner, get_spawner
-from ftd.spawn.rank_main import DAEMON_HANDLED_SIGNALS
-from ftd.spawn.zygote_server import NOFILE_ENV
-from ftd.state import NodeStatus
-from ftd.store import AttemptStores
-from ftd.supervisor import Running, Supervisor, first_of
-from ftd.tasks import Background, within
+from ftd.health.service import HealthService
+from ftd.health.socket import socket_path
+from ftd.ranks.guard import GuardKeeper
+from ftd.ranks.launch import build_command
+from ftd.ranks.spawn import Spawner, get_spawner
+from ftd.ranks.spawn.rank_main import DAEMON_HANDLED_SIGNALS
+from ftd.ranks.spawn.zygote_server import NOFILE_ENV
+from ftd.ranks.workers_store import AttemptStores
+from ftd.status.board import StatusBoard
+from ftd.status.event_kind import EventKind
+from ftd.status.events import EventLog
+from ftd.status.model import NodeStatus
+from ftd.status.persist import Persistence
+from ftd.supervision.attempt import AttemptTools, Running
+from ftd.supervision.node_control import NodeControl
+from ftd.supervision.supervisor import Supervisor
+from ftd.tasks import Background, first_of, within
 
 log = logging.getLogger("ftd.daemon")
 

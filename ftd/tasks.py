@@ -54,3 +54,14 @@ class Background:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def first_of(*awaitables: Awaitable[Any]) -> asyncio.Future[Any]:
+    """The first of `awaitables` to finish; coroutines left unfinished are cancelled, futures
+    passed in are left to their owners."""
+    futures = [asyncio.ensure_future(a) for a in awaitables]
+    done, _ = await asyncio.wait(futures, return_when=asyncio.FIRST_COMPLETED)
+    for given, future in zip(awaitables, futures, strict=True):
+        if future not in done and not isinstance(given, asyncio.Future):
+            future.cancel()
+    return next(f for f in futures if f in done)

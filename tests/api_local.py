@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 
 from ftd.api import ApiLimits, ApiServer, start_api_server
-from ftd.config import ServeConfig
+from ftd.config.serve import ServeConfig
 from ftd.errors import FeatureUnavailable, NotFound
-from ftd.events import Event, EventLog
-from ftd.state import DaemonState, NodeStatus
+from ftd.status.events import Event, EventLog
+from ftd.status.model import DaemonState, NodeStatus
 
 
 @pytest.fixture(autouse=True)

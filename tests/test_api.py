@@ -229,7 +229,7 @@ def test_request_models_match_the_spec(name: str) -> None:
 
 
 def test_timeouts_match_the_daemons_model() -> None:
-    from ftd.ft_config import RankTimeouts
+    from ftd.config.ft import RankTimeouts
 
     schemas = CONTRACT.spec["components"]["schemas"]
     fields = set(RankTimeouts.model_fields)
@@ -496,7 +496,7 @@ async def test_admin_cli_and_client(serve: ServeFactory) -> None:
 
         # `ftd status` needs neither torch nor pydantic nor aiohttp
         probe = (
-            "import sys; from ftd.cli import main; "
+            "import sys; from ftd.cli.main import main; "
             "code = main(['status', '--run-dir', sys.argv[1]]); "
             "heavy = {'torch', 'pydantic', 'aiohttp'} & set(sys.modules); "
             "assert not heavy, heavy; sys.exit(code)"
@@ -786,9 +786,9 @@ async def test_unexpected_errors_are_500_problems_without_traceback(
 
     from ftd.api.app import build_app
     from ftd.api.security import HostPolicy
-    from ftd.config import ServeConfig
-    from ftd.events import EventLog
-    from ftd.state import NodeStatus
+    from ftd.config.serve import ServeConfig
+    from ftd.status.events import EventLog
+    from ftd.status.model import NodeStatus
 
     class Broken:
         config = ServeConfig(entrypoint=__file__)

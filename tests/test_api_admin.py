@@ -22,7 +22,7 @@ from ftd_client import discovery
 from ftd_client.admin import AdminClient, AdminError
 
 from ftd.api.security import load_token
-from ftd.config import DEFAULT_API_PORT
+from ftd.config.serve import DEFAULT_API_PORT
 from ftd.errors import ApiStartupError
 from tests.api_local import private_registry  # noqa: F401 (an autouse fixture)
 from tests.conftest import ServeFactory

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ftd.api.security import HostPolicy, bearer_token, host_of
-from ftd.events import EventLog, Lagged
+from ftd.status.events import EventLog, Lagged
 
 # -- the ring ---------------------------------------------------------------------------------
 

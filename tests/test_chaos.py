@@ -771,7 +771,7 @@ def guard_of(daemon_id: str) -> list[int]:
         if entry.isdigit():
             with contextlib.suppress(OSError):
                 argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-                if b"ftd.guard" in argv and daemon_id.encode() in argv:
+                if b"ftd.ranks.guard" in argv and daemon_id.encode() in argv:
                     found.append(int(entry))
     return found
 

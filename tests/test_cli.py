@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from ftd.ft_config import IGNORED_PARAMETERS, FaultToleranceConfig
-from ftd.serve_args import build_serve_parser, parse_serve_argv, split_script
+from ftd.cli.serve_args import build_serve_parser, parse_serve_argv, split_script
+from ftd.config.ft import IGNORED_PARAMETERS, FaultToleranceConfig
 from tests.conftest import BIN, ServeFactory
 
 

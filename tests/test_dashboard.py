@@ -20,7 +20,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from ftd.dashboard import add_dashboard_routes
+from ftd.api.dashboard import add_dashboard_routes
 from tests.conftest import BIN, ROOT, ServeFactory, await_api_event
 
 CHROMIUM = os.environ.get("FTD_TEST_CHROMIUM", "/usr/bin/chromium")
@@ -501,5 +501,5 @@ async def test_the_page_and_its_files_are_served_with_a_strict_policy() -> None:
         ]:
             async with session.get(url + path) as r:
                 assert r.status == 404, path
-    html = (Path(__file__).parent.parent / "ftd/dashboard/static/index.html").read_text()
+    html = (Path(__file__).parent.parent / "ftd/api/dashboard/static/index.html").read_text()
     assert "http" not in html  # nothing fetched from elsewhere

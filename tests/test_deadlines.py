@@ -1,7 +1,7 @@
 """Hang deadlines against their definition: random message sequences on a fake clock.
 
 The reference here computes each rank's deadline from the definitions in the README (initial
-heartbeat, heartbeat, section, out-of-section), independently of ftd.monitor; the monitor's
+heartbeat, heartbeat, section, out-of-section), independently of ftd.health.monitor; the monitor's
 first verdict must fall exactly at the earliest of them, and name the rank silent longest.
 """
 
@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
-from ftd.ft_config import RankTimeouts
-from ftd.monitor import BLAME_WINDOW_MAX_S, Monitor
-from ftd.rank_health import RankHealth
-from ftd.verdict import Verdict
+from ftd.config.ft import RankTimeouts
+from ftd.health.links import RankHealth
+from ftd.health.monitor import BLAME_WINDOW_MAX_S, Monitor
+from ftd.health.verdict import Verdict
 
 
 @dataclass(order=True)

@@ -1,4 +1,5 @@
-"""ftd.etcd_client against real etcd members (tests/etcd_cluster.py), and against a hostile
+"""ftd.coordination.etcd.client against real etcd members (tests/etcd_cluster.py), and against a
+hostile
 endpoint that answers garbage, too much, or nothing."""
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from aiohttp import web
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ftd.etcd_client import (
+from ftd.coordination.etcd.client import (
     Compare,
     Delete,
     DeleteResult,

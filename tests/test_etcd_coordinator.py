@@ -19,11 +19,12 @@ from typing import Any
 
 import pytest
 
-from ftd.config import ServeConfig
+from ftd.config.serve import ServeConfig
 from ftd.coordination.base import CoordinationError, new_request
-from ftd.coordination.etcd import EtcdCoordinator
-from ftd.coordination.etcd_conf import parse_etcd_conf
-from ftd.coordination.etcd_rounds import RoundHint
+from ftd.coordination.etcd.client import EtcdClient
+from ftd.coordination.etcd.conf import parse_etcd_conf
+from ftd.coordination.etcd.coordinator import EtcdCoordinator
+from ftd.coordination.etcd.rounds import RoundHint
 from ftd.coordination.records import (
     ExcludedRecord,
     Member,
@@ -31,7 +32,6 @@ from ftd.coordination.records import (
     RequestRecord,
     RoundRecord,
 )
-from ftd.etcd_client import EtcdClient
 from tests.conftest import ROOT, WORKER, Backend, Serve, ServeFactory, wait_pids_gone
 from tests.etcd_cluster import ClusterFactory
 from tests.test_multinode import Cluster, events, ranks_of, run_dir, two_nodes_in_a_round
@@ -517,7 +517,7 @@ def test_a_bad_etcd_conf_is_a_one_line_usage_error(tmp_path: Path) -> None:
 def test_serve_help_lists_the_backends_and_their_options(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from ftd.cli import build_parser
+    from ftd.cli.main import build_parser
 
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--help"])

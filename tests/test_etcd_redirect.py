@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp import web
 
-from ftd.etcd_client import EtcdAuthError, EtcdBadAnswer, EtcdClient, EtcdUnavailable
+from ftd.coordination.etcd.client import EtcdAuthError, EtcdBadAnswer, EtcdClient, EtcdUnavailable
 from tests.etcd_cluster import ClusterFactory
 
 

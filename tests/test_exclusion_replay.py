@@ -12,13 +12,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
+from ftd.coordination.etcd.client import EtcdClient
 from ftd.coordination.records import (
     ExcludedRecord,
     ExclusionLedger,
     RecordCodec,
     RoundRecord,
 )
-from ftd.etcd_client import EtcdClient
 from tests.conftest import Backend, ServeFactory
 from tests.test_multinode import Cluster, api, ready_together
 from tests.test_rdzv_attacks import Attacker

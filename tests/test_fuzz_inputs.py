@@ -1,5 +1,6 @@
 """Fuzz targets for the decoders of outside input this file covers: a rank's error file
-(ftd.error_file), the scheduler's variables (ftd.scheduler: Slurm host lists, Kubernetes and
+(ftd.ranks.error_file), the scheduler's variables (ftd.config.scheduler: Slurm host lists,
+Kubernetes and
 PET_*), and the terminal escaping of job text (ftd.text). Each input must give a value or the
 decoder's refusal, never another exception, within a per-input CPU budget.
 
@@ -14,8 +15,8 @@ from collections.abc import Callable
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ftd.error_file import MAX_FILE_BYTES, RankError, Unreadable, decode_error_json
-from ftd.scheduler import MAX_HOSTS, SchedulerError, detect, expand_hostlist, first_host
+from ftd.config.scheduler import MAX_HOSTS, SchedulerError, detect, expand_hostlist, first_host
+from ftd.ranks.error_file import MAX_FILE_BYTES, RankError, Unreadable, decode_error_json
 from ftd.text import escape
 from tests.fuzzing import budget, fuzz_target
 

@@ -14,10 +14,10 @@ from ftd_client.protocol import ProtocolError
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ftd.ft_config import RankTimeouts
-from ftd.monitor import Monitor
-from ftd.rank_health import Link
-from ftd.rank_messages import deliver
+from ftd.config.ft import RankTimeouts
+from ftd.health.links import Link
+from ftd.health.messages import deliver
+from ftd.health.monitor import Monitor
 from tests.fuzzing import budget, fuzz_target
 from tests.test_deadlines import FakeClock
 
@@ -104,7 +104,7 @@ def test_a_learned_timeouts_file_is_read_or_ignored(data: bytes) -> None:
     import tempfile
     from pathlib import Path
 
-    from ftd.learning import load_learned
+    from ftd.health.learning import load_learned
 
     configured = RankTimeouts(rank_section_timeouts={f"c{i}": 1.0 for i in range(200)})
     with tempfile.TemporaryDirectory() as directory:
@@ -118,7 +118,7 @@ def test_a_learned_timeouts_file_is_read_or_ignored(data: bytes) -> None:
 
 
 def test_learned_sections_beyond_the_table_are_not_loaded(tmp_path: Path) -> None:
-    from ftd.learning import load_learned
+    from ftd.health.learning import load_learned
 
     saved = {f"x{i}": 2.0 for i in range(256)}
     path = tmp_path / "state.json"

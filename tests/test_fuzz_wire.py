@@ -1,5 +1,6 @@
 """Fuzz targets for what reaches the daemon over the network: rendezvous records (a TCPStore's
-or etcd's values, ftd.coordination.records), etcd's answers (ftd.etcd_client.wire, parsed by
+or etcd's values, ftd.coordination.records), etcd's answers (ftd.coordination.etcd.client.wire,
+parsed by
 transport.parse and turned into records by Namespace), and the REST API's request bodies and
 headers (ftd.api.app.decode_body and its models, ftd.api.security). Each input gives a value or
 the decoder's own refusal, never another exception, within a per-input CPU budget.
@@ -28,6 +29,11 @@ from ftd.api.app import (
     decode_body,
 )
 from ftd.api.security import HostPolicy, bearer_token, host_of
+from ftd.config.ft import RankTimeouts
+from ftd.coordination.etcd.client import wire
+from ftd.coordination.etcd.client.errors import EtcdBadAnswer
+from ftd.coordination.etcd.client.records import Delete, Get, Put
+from ftd.coordination.etcd.client.transport import AttemptFailed, parse
 from ftd.coordination.records import (
     MAX_RECORD_BYTES,
     AliveRecord,
@@ -40,11 +46,6 @@ from ftd.coordination.records import (
     RoundRecord,
 )
 from ftd.errors import InvalidRequest
-from ftd.etcd_client import wire
-from ftd.etcd_client.errors import EtcdBadAnswer
-from ftd.etcd_client.records import Delete, Get, Put
-from ftd.etcd_client.transport import AttemptFailed, parse
-from ftd.ft_config import RankTimeouts
 from ftd.refusals import INPUT_REFUSED
 from tests.fuzzing import budget, fuzz_target
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from ftd.admin_cli import format_status
+from ftd.cli.admin import format_status
 from tests.conftest import BIN, ROOT, WORKER, ServeFactory
 
 BAD_ERROR_FILE = BIN / "bad_error_file.py"
@@ -248,7 +248,7 @@ def test_r02_the_summary_keeps_torchruns_format(
         ProcessFailure,
     )
 
-    from ftd.summary import format_failures, rank_failure
+    from ftd.supervision.summary import format_failures, rank_failure
 
     good, missing = tmp_path / "1" / "error.json", tmp_path / "0" / "error.json"
     good.parent.mkdir()

@@ -256,7 +256,7 @@ async def test_a_managed_group_follows_the_rounds(
 
 
 def test_serve_help_documents_the_restart_mode(capsys: pytest.CaptureFixture[str]) -> None:
-    from ftd.cli import build_parser
+    from ftd.cli.main import build_parser
 
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--help"])
@@ -266,8 +266,8 @@ def test_serve_help_documents_the_restart_mode(capsys: pytest.CaptureFixture[str
 
 
 def test_restart_mode_is_validated(tmp_path: Path) -> None:
-    from ftd.cli import build_parser, serve_config_from_args
-    from ftd.config import ServeConfig
+    from ftd.cli.main import build_parser, serve_config_from_args
+    from ftd.config.serve import ServeConfig
 
     script = tmp_path / "train.py"
     script.write_text("")

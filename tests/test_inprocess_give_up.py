@@ -6,9 +6,9 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from ftd.events import EventLog
-from ftd.inprocess import InprocessRounds
-from ftd.state import Failure
+from ftd.ranks.inprocess import InprocessRounds
+from ftd.status.events import EventLog
+from ftd.status.model import Failure
 
 
 class _Group:

@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from ftd import env_secrets
 from ftd.api import TOKEN_FILE
 from ftd.api.security import TOKEN_ENV
+from ftd.config import secrets as env_secrets
 from ftd.coordination.secret import SECRET_ENV
-from ftd.ipc import socket_path
-from ftd.nvrx_server import socket_paths
+from ftd.health.socket import socket_path
+from ftd.ranks.launch import socket_paths
 from tests.conftest import BIN, ServeFactory
 
 PROBE = BIN / "probe_rank.py"
@@ -122,7 +122,7 @@ async def test_no_ancestor_of_a_rank_holds_a_secret_in_its_initial_environment(
         processes = json.loads((out / f"{rank}.json").read_text())["processes"]
         roles = [found["role"] for found in processes.values()]
         assert roles.count("daemon") == 1, roles
-        assert any("ftd.guard" in role for role in roles), roles
+        assert any("ftd.ranks.guard" in role for role in roles), roles
         if method == "zygote":
             assert any("zygote_server" in role for role in roles), roles
         for pid, found in processes.items():

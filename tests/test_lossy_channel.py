@@ -19,11 +19,11 @@ from ftd_client.rank_sender import Sender
 from hypothesis import HealthCheck, example, given, note, settings
 from hypothesis import strategies as st
 
-from ftd.ft_config import RankTimeouts
-from ftd.monitor import Monitor
-from ftd.rank_health import Link
-from ftd.rank_messages import deliver
-from ftd.verdict import Verdict
+from ftd.config.ft import RankTimeouts
+from ftd.health.links import Link
+from ftd.health.messages import deliver
+from ftd.health.monitor import Monitor
+from ftd.health.verdict import Verdict
 from tests.test_deadlines import FakeClock
 
 TIMEOUTS = {"a": 1.0, "b": 2.0, "step": 3.0}

@@ -292,10 +292,10 @@ async def test_last_joiner_waits_for_a_counted_join_record_not_written_yet() -> 
     short of MIN (which left both waiting for the join timeout, seen once in CI)."""
     from ftd_client.store import tcp_store_server
 
-    from ftd.config import ServeConfig
+    from ftd.config.serve import ServeConfig
+    from ftd.coordination.c10d.coordinator import StoreCoordinator
+    from ftd.coordination.c10d.record_store import RecordStore
     from ftd.coordination.records import Member, RecordCodec
-    from ftd.coordination.store_client import RecordStore
-    from ftd.coordination.tcpstore import StoreCoordinator
 
     port = free_port()
     server = tcp_store_server("127.0.0.1", port)
@@ -343,9 +343,9 @@ async def test_a_store_wait_that_never_wakes_costs_seconds_not_the_job(
     the node goes on, and says so."""
     from ftd_client.store import tcp_store_server
 
-    from ftd.config import ServeConfig
+    from ftd.config.serve import ServeConfig
+    from ftd.coordination.c10d.coordinator import StoreCoordinator
     from ftd.coordination.records import Member
-    from ftd.coordination.tcpstore import StoreCoordinator
 
     port = free_port()
     server = tcp_store_server("127.0.0.1", port)
@@ -383,9 +383,9 @@ async def test_store_operations_per_round_grow_linearly(nodes: int) -> None:
     constant number per node, whatever N."""
     from ftd_client.store import tcp_store_server
 
-    from ftd.config import ServeConfig
+    from ftd.config.serve import ServeConfig
+    from ftd.coordination.c10d.coordinator import StoreCoordinator
     from ftd.coordination.records import Member
-    from ftd.coordination.tcpstore import StoreCoordinator
 
     port = free_port()
     server = tcp_store_server("127.0.0.1", port)

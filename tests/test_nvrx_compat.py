@@ -17,10 +17,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ftd import nvrx_wire as wire
-from ftd.ft_config import RankTimeouts
-from ftd.learning import Base, Generations, NotReady, Observations, apply_values, learn_nvrx
-from ftd.nvrx_server import socket_paths
+from ftd.config.ft import RankTimeouts
+from ftd.health.learning import Base, Generations, NotReady, Observations, apply_values, learn_nvrx
+from ftd.health.nvrx import wire as wire
+from ftd.ranks.launch import socket_paths
 from tests.conftest import BIN, Serve, ServeFactory
 
 HAVE_NVRX = importlib.util.find_spec("nvidia_resiliency_ext") is not None
@@ -213,7 +213,7 @@ async def test_unmodified_nvrx_script_runs_under_ftd_serve(
     assert state["section"]["calculated_sections"] == ["step"]
 
 
-# -- NVRx's rule for learned timeouts (ftd/learning.py), on fake observations ---------------
+# -- NVRx's rule for learned timeouts (ftd/health/learning.py), on fake observations ---------------
 
 
 def _seen(**sections: float) -> Observations:

@@ -1,4 +1,5 @@
-"""ftd/nvrx_pickle.py, NVRx's pickles read by opcodes: real messages, the attacks of issue 23
+"""ftd/health/nvrx/pickle_decoder.py, NVRx's pickles read by opcodes: real messages, the attacks of
+issue 23
 (rows 4 and 5: a memo-shared tuple bomb, BUILD on an allowed class), every opcode NVRx does not
 use, and hypothesis fuzzing over random bytes and mutated real frames (each input within a
 time budget). Fixtures are NVRx 0.4.1's own bytes, committed, so this runs without NVRx."""
@@ -19,8 +20,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ftd import nvrx_pickle
-from ftd import nvrx_wire as wire
+from ftd.health.nvrx import pickle_decoder as nvrx_pickle
+from ftd.health.nvrx import wire as wire
 from tests.fuzzing import fuzz_target
 
 HAVE_NVRX = importlib.util.find_spec("nvidia_resiliency_ext") is not None

@@ -1,4 +1,4 @@
-"""Rank output with -r/-t goes through the daemon (ftd/rank_output.py): a full log disk drops
+"""Rank output with -r/-t goes through the daemon (ftd/ranks/output.py): a full log disk drops
 output, counted and said once, and never fails a rank's write; --tee keeps torchrun's prefixes
 and whole lines."""
 
@@ -19,9 +19,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ftd.output_writer import PENDING_LIMIT
-from ftd.rank_output import LineSplitter, OutputDrain, prefixed
-from ftd.spawn.output import RankStream, grow_pipe
+from ftd.ranks.output import LineSplitter, OutputDrain, prefixed
+from ftd.ranks.output_writer import PENDING_LIMIT
+from ftd.ranks.spawn.output import RankStream, grow_pipe
 from tests.conftest import BIN, ServeFactory, await_api_event
 from tests.fuzzing import fuzz_target
 from tests.test_chaos import AS_ROOT, api_session, assert_no_orphans, assert_sound

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 import yaml
 
-from ftd.config import ServeConfig
-from ftd.resolve import UsageError, apply_scheduler, format_config, serve_config_from_args
-from ftd.scheduler import MAX_HOSTS, SchedulerError, detect, expand_hostlist, first_host
-from ftd.serve_args import parse_serve_argv
+from ftd.cli.serve_args import parse_serve_argv
+from ftd.config.resolve import UsageError, apply_scheduler, format_config, serve_config_from_args
+from ftd.config.scheduler import MAX_HOSTS, SchedulerError, detect, expand_hostlist, first_host
+from ftd.config.serve import ServeConfig
 from tests.conftest import ROOT, WORKER
 
 # -- host lists, as `scontrol show hostnames` expands them -------------------------------------

@@ -104,7 +104,7 @@ async def test_restarts_exhausted_summary_from_error_json(serve: ServeFactory) -
     assert str(error_file) in summary
     assert json.loads(error_file.read_text())["message"]["message"].startswith("RuntimeError")
     # The job's failure, not a traceback of ftd itself.
-    assert "ftd/daemon.py" not in text and "ftd/workers.py" not in text
+    assert "ftd/daemon.py" not in text and "ftd/ranks/workers.py" not in text
 
 
 async def test_signal_death_reported_by_name(serve: ServeFactory) -> None:

@@ -18,9 +18,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from ftd.event_lines import describe_event
+from ftd.cli.event_lines import describe_event
+from ftd.cli.top import Snapshot, render
 from ftd.text import escape
-from ftd.top import Snapshot, render
 from tests.conftest import BIN, ROOT, Serve, ServeFactory, await_api_event
 
 NOW = time.time()

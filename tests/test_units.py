@@ -9,8 +9,7 @@ import pytest
 from ftd_client import protocol
 from ftd_client.protocol import ProtocolError
 
-from ftd.config import parse_nnodes, parse_rdzv_conf
-from ftd.ft_config import (
+from ftd.config.ft import (
     FaultToleranceConfig,
     RankTimeouts,
     UnknownParameter,
@@ -18,11 +17,11 @@ from ftd.ft_config import (
     merge_parameters,
     parse_section_timeouts,
 )
-from ftd.learning import Observations, learn_timeouts
-from ftd.policy import Action, after_attempt
-from ftd.rank_health import RankHealth, next_deadline
-from ftd.spawn.logs import parse_std
-from ftd.state import Failure, describe_exit
+from ftd.config.serve import parse_nnodes, parse_rdzv_conf, parse_std
+from ftd.health.learning import Observations, learn_timeouts
+from ftd.health.links import RankHealth, next_deadline
+from ftd.status.model import Failure, describe_exit
+from ftd.supervision.policy import Action, after_attempt
 from ftd.tasks import within
 
 

@@ -23,23 +23,42 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import socket
 import urllib.parse
-from collections.abc import Generator, Iterator
+from collections.abc import Generator
 from pathlib import Path
 from typing import Any
 
+from ftd_client.admin_http import (
+    AdminError,
+    AmbiguousDaemon,
+    ApiError,
+    ApiUnreachable,
+    DaemonNotFound,
+    UnixConnection,
+    api_error,
+    quote_node,
+    sse_messages,
+)
 from ftd_client.discovery import (
     NO_ACCESS_BY_OTHERS,
     NO_WRITE_BY_OTHERS,
-    DaemonEntry,
     UnsafeFile,
-    peer_credentials,
     process_start_time,
     read_checked,
     registry_dir,
     running_daemons,
 )
+
+__all__ = [
+    "AdminClient",
+    "AdminError",
+    "AmbiguousDaemon",
+    "ApiError",
+    "ApiUnreachable",
+    "DaemonNotFound",
+    "read_api_file",
+    "read_token_file",
+]
 
 TOKEN_ENV = "FTD_API_TOKEN"
 URL_ENV = "FTD_API_URL"
@@ -47,38 +66,6 @@ API_FILE = "api.json"
 STREAM_IDLE_TIMEOUT_S = 60.0
 """An event stream silent for this long (the daemon sends a keep-alive every 15 s) is dead."""
 MAX_ERROR_BODY = 64 * 1024
-MAX_SSE_LINE = 16 * 1024 * 1024
-
-
-class AdminError(Exception):
-    """Base of the client's errors; `str()` is a one-line message for a terminal."""
-
-
-class ApiUnreachable(AdminError):
-    """No daemon answered at the address (not running, wrong address, connection cut)."""
-
-
-class DaemonNotFound(AdminError):
-    """No running daemon where the client looked (a run directory, this user's registry)."""
-
-
-class AmbiguousDaemon(AdminError):
-    """This user runs several daemons: the caller must say which (`entries`)."""
-
-    def __init__(self, message: str, entries: list[DaemonEntry]) -> None:
-        super().__init__(message)
-        self.entries = entries
-
-
-class ApiError(AdminError):
-    """The daemon answered with an error (a problem+json body)."""
-
-    def __init__(self, status: int, title: str, detail: str, body: dict[str, Any]) -> None:
-        super().__init__(f"{status} {title}: {detail}" if detail else f"{status} {title}")
-        self.status = status
-        self.title = title
-        self.detail = detail
-        self.body = body
 
 
 def read_api_file(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
@@ -233,10 +220,10 @@ class AdminClient:
         return self._json("POST", "/v1/restart", {"scope": scope, "reason": reason, "count": count})
 
     def exclude(self, node_id: str, reason: str = "operator request") -> dict[str, Any]:
-        return self._json("POST", f"/v1/nodes/{_quote(node_id)}/exclude", {"reason": reason})
+        return self._json("POST", f"/v1/nodes/{quote_node(node_id)}/exclude", {"reason": reason})
 
     def readmit(self, node_id: str) -> dict[str, Any]:
-        return self._json("DELETE", f"/v1/nodes/{_quote(node_id)}/exclude")
+        return self._json("DELETE", f"/v1/nodes/{quote_node(node_id)}/exclude")
 
     def timeouts(self) -> dict[str, Any]:
         return self._json("GET", "/v1/timeouts")
@@ -264,7 +251,7 @@ class AdminClient:
             )
             dropped = False
             try:
-                for kind, data in _sse_messages(response):
+                for kind, data in sse_messages(response):
                     if kind == "stream_dropped":
                         dropped = True
                         break
@@ -293,7 +280,7 @@ class AdminClient:
 
     def _connection(self, timeout_s: float) -> http.client.HTTPConnection:
         if self.socket_path is not None:
-            return _UnixConnection(self.socket_path, timeout_s)
+            return UnixConnection(self.socket_path, timeout_s)
         parts = urllib.parse.urlsplit(self.url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise AdminError(f"not an http(s) URL: {self.url}")
@@ -330,7 +317,7 @@ class AdminClient:
             response = connection.getresponse()
             if response.status >= 400:
                 raw = response.read(MAX_ERROR_BODY)
-                raise _api_error(response.status, response.reason, raw)
+                raise api_error(response.status, response.reason, raw)
         except (OSError, http.client.HTTPException) as error:
             connection.close()
             reason = getattr(error, "strerror", None) or error
@@ -355,58 +342,3 @@ class AdminClient:
         if not isinstance(result, dict):
             raise AdminError(f"{self.url} answered {method} {path} with no JSON object")
         return result
-
-
-class _UnixConnection(http.client.HTTPConnection):
-    """HTTP over the daemon's admin socket, which must be served by this very user."""
-
-    def __init__(self, path: str, timeout_s: float | None) -> None:
-        super().__init__("localhost", timeout=timeout_s)
-        self._path = path
-
-    def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sock.settimeout(self.timeout)
-            sock.connect(self._path)
-            _pid, uid, _gid = peer_credentials(sock)
-            if uid != os.geteuid():
-                raise AdminError(
-                    f"{self._path} is served by uid {uid}, not by this user "
-                    f"(uid {os.geteuid()}): refusing to talk to it"
-                )
-        except BaseException:
-            sock.close()
-            raise
-        self.sock = sock
-
-
-def _sse_messages(response: http.client.HTTPResponse) -> Iterator[tuple[str, str]]:
-    """(event name, data) of each server-sent message; comments and ids skipped."""
-    kind, data = "message", list[str]()
-    while raw := response.readline(MAX_SSE_LINE):
-        line = raw.decode("utf-8").rstrip("\r\n")
-        if not line:
-            if data:
-                yield kind, "\n".join(data)
-            kind, data = "message", []
-        elif line.startswith("data:"):
-            data.append(line[5:].removeprefix(" "))
-        elif line.startswith("event:"):
-            kind = line[6:].strip()
-
-
-def _quote(node_id: str) -> str:
-    return urllib.parse.quote(node_id, safe="")
-
-
-def _api_error(status: int, reason: str, raw: bytes) -> ApiError:
-    try:
-        body = json.loads(raw)
-    except ValueError:
-        body = None
-    if not isinstance(body, dict):
-        body = {"title": reason, "detail": raw.decode(errors="replace")[:200]}
-    if status == 503 and "ready" in body:  # /readyz: not an error body
-        return ApiError(503, "Not ready", f"state {body.get('state')}", body)
-    return ApiError(status, str(body.get("title", reason)), str(body.get("detail", "")), body)

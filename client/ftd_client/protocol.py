@@ -27,7 +27,7 @@ arrives.
 
 The daemon times a section from `m` rather than from its receipt (a backlog behind a burst
 would delay the clock), but never from before the daemon last began reading without a pause
-(a daemon or machine that was paused gives a grace instead: ftd/rank_messages.py sent_at).
+(a daemon or machine that was paused gives a grace instead: ftd/health/messages.py sent_at).
 
 | t | fields | answered | meaning |
 |---|---|---|---|

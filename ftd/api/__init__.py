@@ -31,11 +31,11 @@ from ftd.api.connections import (
     same_user_peer,
     tcp_peer,
 )
+from ftd.api.control import DaemonControl
 from ftd.api.middlewares import METRICS, STREAMS
 from ftd.api.security import TOKEN_ENV, HostPolicy, load_token
 from ftd.api.stats import ApiCollector
-from ftd.config import DEFAULT_API_PORT
-from ftd.control import DaemonControl
+from ftd.config.serve import DEFAULT_API_PORT
 from ftd.errors import ApiStartupError
 
 __all__ = ["ApiLimits", "ApiServer", "ApiStartupError", "start_api_server"]

@@ -21,6 +21,9 @@ from aiohttp import web
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from ftd.api.connections import ApiLimits, Connections
+from ftd.api.control import DaemonControl
+from ftd.api.dashboard import add_dashboard_routes
+from ftd.api.metrics import build_registry, exposition
 from ftd.api.middlewares import (
     CONNECTIONS,
     CONTROL,
@@ -36,11 +39,8 @@ from ftd.api.middlewares import (
 )
 from ftd.api.security import HostPolicy
 from ftd.api.sse import StreamHub, stream_events
-from ftd.control import DaemonControl
-from ftd.dashboard import add_dashboard_routes
 from ftd.errors import FeatureUnavailable, InvalidRequest, RequestTimeout
-from ftd.metrics import build_registry, exposition
-from ftd.state import DaemonState, RankState
+from ftd.status.model import DaemonState, RankState
 
 MAX_EVENTS_PER_PAGE = 10_000
 MAX_EVENT_ID = 2**63 - 1

@@ -15,11 +15,11 @@ from typing import Any
 from aiohttp import web
 
 from ftd.api.connections import ApiLimits, Connections, Peer, tcp_peer
+from ftd.api.control import DaemonControl
+from ftd.api.metrics import ApiMetrics
 from ftd.api.security import HostPolicy, bearer_token
 from ftd.api.sse import StreamHub
-from ftd.control import DaemonControl
 from ftd.errors import FtdError, Misdirected
-from ftd.metrics import ApiMetrics
 
 log = logging.getLogger("ftd.api")
 

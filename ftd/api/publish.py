@@ -17,7 +17,7 @@ from typing import Any
 
 from ftd_client import discovery
 
-from ftd.persist import atomic_write
+from ftd.status.persist import atomic_write
 
 log = logging.getLogger("ftd.api")
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ftd_client.discovery import NO_ACCESS_BY_OTHERS, UnsafeFile, read_checked
 
-from ftd import env_secrets
+from ftd.config import secrets as env_secrets
 from ftd.errors import ApiStartupError
 from ftd.text import is_decimal
 

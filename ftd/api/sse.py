@@ -17,7 +17,7 @@ from aiohttp import web
 
 from ftd.api.connections import ApiLimits, RefusalLog
 from ftd.errors import TooManyRequests
-from ftd.events import Event, EventLog, Lagged, Subscription
+from ftd.status.events import Event, EventLog, Lagged, Subscription
 
 log = logging.getLogger("ftd.api")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from ftd.config import ServeConfig
+from ftd.config.serve import ServeConfig
 from ftd.coordination.base import CoordinationError, Coordinator, Report, Round
 from ftd.coordination.local import LocalCoordinator
 from ftd.coordination.secret import SecretError, load_secret
@@ -30,11 +30,11 @@ def create_coordinator(config: ServeConfig, report: Report | None = None) -> Coo
     if not config.multi_node:
         return LocalCoordinator(config.node_id, config.master_addr or "127.0.0.1")
     if config.rdzv_backend in STORE_BACKENDS:
-        from ftd.coordination.tcpstore import StoreCoordinator
+        from ftd.coordination.c10d.coordinator import StoreCoordinator
 
         return StoreCoordinator(config, secret)
     if config.rdzv_backend in ETCD_BACKENDS:
-        from ftd.coordination.etcd import create_etcd_coordinator
+        from ftd.coordination.etcd.coordinator import create_etcd_coordinator
 
         return create_etcd_coordinator(config, secret, report)
     raise CoordinationError(

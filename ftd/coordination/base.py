@@ -22,13 +22,24 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from ftd.coordination.records import Member, RequestRecord
-from ftd.launch import Placement
 
 ErrorCode = Literal["failed", "excluded", "store_lost", "stopped", "succeed", "fail"]
 NodeLost = Callable[[str, str], None]
 """(node id, reason): a member stopped answering; the loop decides what to do."""
 Report = Callable[[str, Mapping[str, Any]], object]
 """(event kind, data): what a backend wants in the daemon's event log."""
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where this node's ranks sit in the world for one attempt (from the rendezvous)."""
+
+    group_rank: int
+    group_world_size: int
+    base_global_rank: int
+    world_size: int
+    master_addr: str
+    master_port: int
 
 
 class CoordinationError(Exception):
@@ -159,3 +170,24 @@ class Coordinator(Protocol):
     def inprocess_store(self) -> Awaitable[tuple[str, int]]:
         """Where ranks' in-process rounds meet (a TCPStore this daemon can reach)."""
         ...
+
+
+def cluster_answer(
+    nodes: list[dict[str, Any]],
+    rnd: Round | None,
+    excluded: dict[str, str],
+    store_ops: int,
+    refused: dict[str, int],
+    unavailable: str | None = None,
+) -> dict[str, Any]:
+    """`GET /v1/cluster`'s answer, the same from every backend."""
+    answer: dict[str, Any] = {
+        "nodes": nodes,
+        "round": {"round": rnd.number if rnd else 0, "members": rnd.node_ids if rnd else []},
+        "excluded": [{"node_id": n, "reason": r} for n, r in sorted(excluded.items())],
+        "store_ops": store_ops,
+        "refused_records": refused,
+    }
+    if unavailable is not None:
+        answer["unavailable"] = unavailable
+    return answer

@@ -6,7 +6,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 
-from ftd.config import ServeConfig
+from ftd.config.serve import ServeConfig
 
 log = logging.getLogger("ftd.rendezvous")
 

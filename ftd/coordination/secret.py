@@ -7,7 +7,7 @@ import os
 import stat
 from collections.abc import Mapping, MutableMapping
 
-from ftd import env_secrets
+from ftd.config import secrets as env_secrets
 
 SECRET_ENV = "FTD_RDZV_SECRET"
 SECRET_FILE_CONF = "secret_file"
@@ -21,7 +21,7 @@ class SecretError(ValueError):
 
 def load_secret(rdzv_conf: Mapping[str, str], environ: MutableMapping[str, str]) -> bytes | None:
     """`--rdzv-conf secret_file=PATH` (a regular file of this user's, mode 0600 or stricter),
-    else FTD_RDZV_SECRET (kept by ftd.env_secrets since the daemon's re-exec, or in `environ`),
+    else FTD_RDZV_SECRET (kept by ftd.config.secrets since the daemon's re-exec, or in `environ`),
     else None (the store is open). FTD_RDZV_SECRET is removed from `environ` either way, so that
     no rank inherits it."""
     from_env = (env_secrets.get(SECRET_ENV) or environ.pop(SECRET_ENV, "")).strip()

@@ -24,7 +24,7 @@ import struct
 import time
 from pathlib import Path
 
-from ftd import nvrx_wire as wire
+from ftd.health.nvrx import wire as wire
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--go", type=Path)

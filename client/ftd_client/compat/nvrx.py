@@ -88,7 +88,7 @@ OOS_NAME = "rank_out_of_section_timeout"
 
 class RankMonitorClient:
     """NVIDIA's client interface over ftd's RankClient; timeouts are learned by NVRx's rule
-    (see ftd/learning.py), from what the daemon observed on every rank of the node."""
+    (see ftd/health/learning.py), from what the daemon observed on every rank of the node."""
 
     CURRENT_TIMEOUTS_STATE_KEY = "current_timeouts"
 

@@ -1,6 +1,7 @@
 """The in-process restart contract between `ftd serve --restart-mode inprocess` and the ranks'
 `Wrapper`: environment variables, store keys and their JSON values. Standard library only; the
-daemon (ftd/inprocess.py, ftd/inprocess_store.py) imports this module too, so both sides read
+daemon (ftd/ranks/inprocess.py, ftd/ranks/inprocess_store.py) imports this module too, so both
+sides read
 one definition.
 
 A *slot* is a rank's initial global RANK: the stable name of a rank across in-process rounds

@@ -1,0 +1,1 @@
+"""The command line: `ftd serve`'s arguments, the admin commands, `ftd top`."""

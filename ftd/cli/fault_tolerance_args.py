@@ -1,0 +1,88 @@
+"""`ftd serve`'s fault-tolerance arguments: ft_launcher's parameters, in each of the spellings
+ft_launcher accepts, and the restart policy and state file. Standard library only (the CLI's
+`--help` must not import pydantic or torch; the parameter names are read when the parser is
+built)."""
+
+from __future__ import annotations
+
+import argparse
+
+FT_HELP = {
+    "initial_rank_heartbeat_timeout": "seconds from a rank's start to its first heartbeat",
+    "rank_heartbeat_timeout": "seconds allowed between heartbeats",
+    "rank_section_timeouts": "per-section seconds, e.g. setup:600,step:180,checkpointing:420",
+    "rank_out_of_section_timeout": "seconds allowed outside any section",
+    "safety_factor": "a learned timeout is the longest observed interval times this (default 5)",
+    "min_learned_timeout": "seconds no learned timeout goes below (default 1)",
+    "rank_termination_signal": "signal for a hung rank, after its stacks are dumped "
+    "(default SIGKILL)",
+    "log_level": "log level of the rank-health components (default INFO)",
+    "calc_timeouts": "true: learn timeouts at the end of every attempt (default false)",
+    "workload_check_interval": "accepted for compatibility: ftd checks deadlines when due",
+    "simulated_fault": "inject one fault in the first attempt: <kill|hang>:<rank|random>:"
+    "<seconds or MIN-MAX>, e.g. hang:1:5",
+}
+FT_METAVAR = {
+    "rank_section_timeouts": "NAME:S,...",
+    "rank_termination_signal": "SIGNAL",
+    "log_level": "LEVEL",
+    "calc_timeouts": "BOOL",
+    "simulated_fault": "SPEC",
+    "safety_factor": "X",
+}
+
+
+def add_fault_tolerance(serve: argparse.ArgumentParser) -> None:
+    from ftd.config.ft import DELEGATED_PARAMETERS, IGNORED_PARAMETERS, KNOWN_PARAMETERS
+
+    group = serve.add_argument_group(
+        "fault tolerance (ft_launcher's parameters)",
+        "Each parameter NAME is accepted as --ft-param-NAME=VALUE (ft_launcher's seed form) "
+        "and as --ft-NAME VALUE (current ft_launcher; kebab or snake case), or from the YAML "
+        "file's fault_tolerance section; the command line overrides the file. 'None' disables "
+        "a timeout; every timeout is off by default. Accepted and ignored (they mean nothing "
+        "to ftd): " + ", ".join(sorted(IGNORED_PARAMETERS)) + ".",
+    )
+    add = group.add_argument
+    add(
+        "--ft-cfg-path",
+        "--ft_cfg_path",
+        "--fault-tol-cfg-path",
+        "--fault_tol_cfg_path",
+        dest="ft_cfg_path",
+        default=None,
+        metavar="FILE",
+        help="YAML file with a fault_tolerance section",
+    )
+    add(
+        "--restart-policy",
+        "--restart_policy",
+        "--ft-restart-policy",
+        "--ft_restart_policy",
+        "--ft-param-restart_policy",
+        dest="restart_policy",
+        choices=["any-failed", "min-healthy"],
+        default=None,
+        help="any-failed: restart every node's workers; min-healthy: only below MIN nodes "
+        "(default: any-failed)",
+    )
+    add(
+        "--ft-state-file",
+        "--ft_state_file",
+        "--ft-param-state_file",
+        dest="ft_state_file",
+        default=None,
+        metavar="FILE",
+        help="learned timeouts persist here (default: <run dir>/ft_state.json)",
+    )
+    for name in sorted(KNOWN_PARAMETERS - set(DELEGATED_PARAMETERS)):
+        kebab = name.replace("_", "-")
+        spellings = {f"--ft-param-{name}", f"--ft-param-{kebab}", f"--ft-{kebab}", f"--ft-{name}"}
+        add(
+            f"--ft-param-{name}",
+            *sorted(spellings - {f"--ft-param-{name}"}),
+            dest=f"ft__{name}",
+            default=None,
+            metavar=FT_METAVAR.get(name, "SECONDS"),
+            help=FT_HELP.get(name, argparse.SUPPRESS),
+        )

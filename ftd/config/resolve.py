@@ -1,0 +1,263 @@
+"""From `ftd serve`'s command line and environment to the one ServeConfig, and where each of its
+values came from (`--print-config`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+
+from ftd.config.scheduler import Detected, SchedulerError, detect
+from ftd.config.serve import DEFAULT_API_PORT, ServeConfig, parse_nnodes, parse_rdzv_conf
+from ftd.errors import format_validation_error
+
+
+class UsageError(Exception):
+    """Bad input on the command line or in the environment: one line on stderr and exit
+    code 2, nothing started."""
+
+
+FLAG = "flag"
+DEFAULT = "default"
+
+
+def apply_scheduler(
+    args: argparse.Namespace, explicit: set[str], env: Mapping[str, str]
+) -> tuple[Detected, dict[str, str]]:
+    """Fill the options the command line left unset from the scheduler's environment; the
+    detection and each option's source (`flag`, a variable's name, or `default`)."""
+    try:
+        detected = detect(env)
+    except SchedulerError as error:
+        raise UsageError(str(error)) from None
+    except (ValueError, RecursionError, MemoryError) as error:  # a decoder's bug: still one line
+        raise UsageError(f"the scheduler's environment cannot be used: {error!r:.200}") from None
+    sources = {dest: FLAG for dest in explicit}
+    for dest, setting in detected.settings.items():
+        if dest not in explicit:
+            setattr(args, dest, setting.value)
+            sources[dest] = setting.source
+    return detected, sources
+
+
+def _nproc(value: str) -> int:
+    if value in ("cpu", "auto"):
+        return os.cpu_count() or 1
+    try:
+        return int(value)
+    except ValueError:
+        raise UsageError(
+            f"--nproc-per-node: expected an integer or cpu/auto, got {value!r}"
+        ) from None
+
+
+def serve_config_from_args(args: argparse.Namespace) -> ServeConfig:
+    """The ServeConfig for `ftd serve` arguments; UsageError naming the field when invalid."""
+    from pydantic import ValidationError
+
+    try:
+        nnodes_min, nnodes_max = parse_nnodes(args.nnodes)
+        rdzv_conf = parse_rdzv_conf(args.rdzv_conf)
+        ranks_filter = (
+            frozenset(int(r) for r in args.local_ranks_filter.split(","))
+            if args.local_ranks_filter
+            else None
+        )
+    except ValueError as error:
+        message = str(error).replace("invalid literal for int() with base 10", "bad local rank")
+        raise UsageError(message) from None
+    run_id = args.rdzv_id
+    if args.standalone and run_id == "none":
+        run_id = str(uuid.uuid4())  # as torchrun --standalone does
+    fields: dict[str, object] = {
+        "entrypoint": args.training_script,
+        "script_args": tuple(args.training_script_args),
+        "module": args.module,
+        "no_python": args.no_python,
+        "nnodes_min": nnodes_min,
+        "nnodes_max": nnodes_max,
+        "nproc_per_node": _nproc(args.nproc_per_node),
+        "max_restarts": args.max_restarts,
+        "standalone": args.standalone,
+        "rdzv_backend": args.rdzv_backend,
+        "rdzv_endpoint": args.rdzv_endpoint,
+        "run_id": run_id,
+        "rdzv_conf": rdzv_conf,
+        "master_addr": args.master_addr,
+        "master_port": args.master_port,
+        "local_addr": args.local_addr,
+        "node_keepalive_timeout_s": args.node_keepalive_timeout,
+        "role": args.role,
+        "start_method": args.start_method,
+        "preload": tuple(m.strip() for m in args.preload.split(",") if m.strip()),
+        "log_dir": args.log_dir,
+        "redirects": args.redirects,
+        "tee": args.tee,
+        "local_ranks_filter": ranks_filter,
+        "shutdown_timeout_s": args.shutdown_timeout,
+        "enable_fault_injection": args.enable_fault_injection,
+        "api_host": args.api_host,
+        "api_port": None if args.api_port == "off" else args.api_port or DEFAULT_API_PORT,
+        "api_port_explicit": args.api_port is not None,
+        "api_token_file": args.api_token_file,
+        "termination_signal": args.termination_signal,
+        "restart_mode": args.restart_mode,
+        "inprocess_respawn": args.inprocess_respawn,
+        **_restart_backoff(args.restart_backoff),
+    }
+    if args.node_id:
+        fields["node_id"] = args.node_id
+    last_call = args.rdzv_last_call_timeout or rdzv_conf.get("last_call_timeout")
+    if last_call is not None:
+        fields["rdzv_last_call_timeout_s"] = last_call
+    join = args.rdzv_join_timeout or rdzv_conf.get("join_timeout")
+    if join is not None:
+        fields["rdzv_join_timeout_s"] = join
+    fields.update(_fault_tolerance_fields(args))
+    try:
+        return ServeConfig.model_validate(fields)
+    except ValidationError as error:
+        raise UsageError(format_validation_error(error)) from None
+
+
+def _load_ft_file(args: argparse.Namespace) -> dict[str, object]:
+    from ftd.config.ft import load_yaml
+
+    if not args.ft_cfg_path:
+        return {}
+    try:
+        return load_yaml(Path(args.ft_cfg_path))
+    except (OSError, ValueError) as error:
+        raise UsageError(f"--ft-cfg-path: {error}") from None
+
+
+def _cli_ft_parameters(args: argparse.Namespace) -> dict[str, object]:
+    return {
+        key.removeprefix("ft__"): value
+        for key, value in vars(args).items()
+        if key.startswith("ft__") and value is not None
+    }
+
+
+def _restart_backoff(value: str) -> dict[str, object]:
+    """`--restart-backoff BASE:CAP[:RESET]` (seconds) as ServeConfig fields."""
+    parts = value.split(":")
+    if not 1 <= len(parts) <= 3:
+        raise UsageError(f"--restart-backoff: expected BASE:CAP[:RESET] seconds, got {value!r}")
+    names = ("restart_backoff_base_s", "restart_backoff_cap_s", "restart_backoff_reset_s")
+    try:
+        return {name: float(part) for name, part in zip(names, parts, strict=False) if part}
+    except ValueError:
+        raise UsageError(f"--restart-backoff: not seconds: {value!r}") from None
+
+
+def _fault_tolerance_fields(args: argparse.Namespace) -> dict[str, object]:
+    """ServeConfig fields from --ft-cfg-path and the --ft-* flags (CLI over file)."""
+    from ftd.config.ft import merge_parameters
+
+    try:
+        ft, delegated, ignored = merge_parameters(_load_ft_file(args), _cli_ft_parameters(args))
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    if ignored:
+        logging.getLogger("ftd.config").info(
+            "fault-tolerance parameters with no effect in ftd: %s", ", ".join(sorted(ignored))
+        )
+    fields: dict[str, object] = {"ft": ft}
+    policy = args.restart_policy or delegated.get("restart_policy")
+    if policy:
+        fields["restart_policy"] = policy
+    state_file = args.ft_state_file or delegated.get("ft_state_file")
+    if state_file:
+        fields["ft_state_file"] = state_file
+    return fields
+
+
+# -- --print-config ---------------------------------------------------------------------------
+
+FIELD_DESTS = {
+    "entrypoint": "training_script",
+    "script_args": "training_script_args",
+    "nnodes_min": "nnodes",
+    "nnodes_max": "nnodes",
+    "run_id": "rdzv_id",
+    "node_keepalive_timeout_s": "node_keepalive_timeout",
+    "rdzv_last_call_timeout_s": "rdzv_last_call_timeout",
+    "rdzv_join_timeout_s": "rdzv_join_timeout",
+    "shutdown_timeout_s": "shutdown_timeout",
+}
+"""ServeConfig fields whose serve option has another name (the others share it)."""
+
+
+def config_sources(
+    config: ServeConfig, args: argparse.Namespace, sources: dict[str, str]
+) -> list[tuple[str, object, str]]:
+    """(field, value, source) for every field of the config, ft's fields as `ft.NAME`."""
+    rows: list[tuple[str, object, str]] = []
+    dumped = config.model_dump(mode="json")
+    for name, value in dumped.items():
+        if name == "ft":
+            continue
+        dest = FIELD_DESTS.get(name, name)
+        source = sources.get(dest, DEFAULT)
+        if name in ("entrypoint", "script_args"):
+            source = FLAG
+        elif name in ("rdzv_last_call_timeout_s", "rdzv_join_timeout_s") and source == DEFAULT:
+            key = name.removeprefix("rdzv_").removesuffix("_s")
+            source = "--rdzv-conf" if key in config.rdzv_conf else DEFAULT
+        elif name == "run_id" and args.standalone and args.rdzv_id == "none":
+            source = "default (a new UUID under --standalone, as torchrun)"
+        elif name == "log_dir" and value is None:
+            value, source = "a new /tmp/ftd_* directory", DEFAULT
+        elif name in ("restart_policy", "ft_state_file") and source == DEFAULT:
+            source = "--ft-cfg-path" if args.ft_cfg_path and value is not None else DEFAULT
+        rows.append((name, value, source))
+    from_file = _load_ft_file(args)
+    for name, value in dumped["ft"].items():
+        if f"ft__{name}" in sources:
+            source = FLAG
+        elif name in from_file or name.replace("_", "-") in from_file:
+            source = "--ft-cfg-path"
+        else:
+            source = DEFAULT
+        rows.append((f"ft.{name}", value, source))
+    return rows
+
+
+def run_dir(config: ServeConfig) -> str:
+    """Where the daemon will keep this run's files (README's "Where things go")."""
+    base = str(config.log_dir) if config.log_dir else "/tmp/ftd_*"
+    node = f"/{config.node_id}" if config.multi_node else ""
+    return f"{base}{node}/{config.run_id}"
+
+
+def format_config(
+    config: ServeConfig, args: argparse.Namespace, detected: Detected, sources: dict[str, str]
+) -> str:
+    """`--print-config`: one line per value, `name = value  # source`."""
+    rows = [
+        (name, json.dumps(value, default=str), source)
+        for name, value, source in config_sources(config, args, sources)
+    ]
+    node_rank = args.node_rank
+    if node_rank is not None:
+        rows.append(
+            (
+                "node_rank",
+                str(node_rank),
+                f"{sources.get('node_rank', FLAG)} (informational: the rendezvous ranks nodes)",
+            )
+        )
+    width = max(len(name) for name, _, _ in rows)
+    lines = [
+        "# ftd serve: the configuration (nothing started)",
+        f"# scheduler: {detected.scheduler}",
+        f"# multi-node: {config.multi_node}",
+        f"# run directory: {run_dir(config)}",
+    ]
+    lines += [f"{name.ljust(width)} = {value}  # {source}" for name, value, source in rows]
+    return "\n".join(lines)

@@ -1,0 +1,1 @@
+"""The c10d TCPStore rendezvous backend."""

@@ -1,0 +1,392 @@
+"""The c10d TCPStore coordinator: rounds, requests, the restart budget, exclusion, liveness.
+
+Every key lives under `ftd/<rdzv id>/` (a PrefixStore), so jobs sharing a store never meet.
+Only the store's atomic operations are used; there is no consensus of our own. Keys, `r<N>/...`
+belonging to round N (a decided key is a chain `k`, `k#1`, ...: the first valid record wins):
+
+  round                 a hint: the newest round (moved on with compare_set; never `add`ed)
+  r<N>/joined           join counter: the n-th joiner writes r<N>/node/<n> (a Member record)
+  r<N>/closed           decided RoundRecord: members in node-rank order, restarts used before,
+                        excluded nodes (or `aborted`: the round could not form)
+  r<N>/request          decided RequestRecord ending the round: restart, fail or succeed
+  r<N>/succeeded/<node>, r<N>/unhealthy/<node>, r<N>/acked/<node>   a node's marks
+  r<N>/respawns, r<N>/respawn/<k>   in-process respawns charged to the budget
+  alive/<node>          AliveRecord, keepalive (liveness.py)
+  status/<node>         NodeSummary for GET /v1/cluster
+  excluded, excluded/<node>   the excluded nodes (ExcludedRecord) and one MarkRecord per node
+
+Waits block in the store on connections of their own (store_connections.py); deadlines (last
+call, join timeout) are the event loop's. The restart budget is carried in the signed round
+records: round N+1's = round N's + its respawns + 1 if its request was a counted restart; a
+daemon never accepts a count lower than one it has seen. A round costs O(N) store operations.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import TYPE_CHECKING, Any
+
+from ftd_client.store import tcp_store_server
+
+from ftd.config.serve import ServeConfig
+from ftd.coordination.base import (
+    CoordinationError,
+    NodeLost,
+    Round,
+    cluster_answer,
+    new_request,
+)
+from ftd.coordination.c10d.connections import StoreConnections
+from ftd.coordination.c10d.liveness import Keepalive
+from ftd.coordination.c10d.record_store import RecordStore
+from ftd.coordination.c10d.rounds import StoreRounds
+from ftd.coordination.endpoint import is_local, parse_endpoint, probe_store, route_address
+from ftd.coordination.progress import report_progress
+from ftd.coordination.records import (
+    MarkRecord,
+    Member,
+    NodeSummary,
+    RecordCodec,
+    RequestRecord,
+    RoundRecord,
+)
+from ftd.coordination.shared_rounds import Late, excluded_error, key
+from ftd.tasks import within
+
+if TYPE_CHECKING:
+    from torch.distributed import TCPStore
+
+log = logging.getLogger("ftd.rendezvous")
+
+
+class StoreCoordinator:
+    """One daemon's side of the job's membership over c10d's TCPStore."""
+
+    def __init__(self, config: ServeConfig, secret: bytes | None) -> None:
+        self.config = config
+        self.node_id = config.node_id
+        self.endpoint = parse_endpoint(config.rdzv_endpoint)
+        self.codec = RecordCodec(config.run_id, secret)
+        self.lost = asyncio.Event()
+        self.lost_reason = ""
+        self.round: Round | None = None
+        self.excluded: dict[str, str] = {}
+        self.hosting = False
+        self.describe = f"store {self.endpoint[0]}:{self.endpoint[1]}"
+        self._server: TCPStore | None = None
+        self._connections = StoreConnections(
+            self.endpoint, self.prefix, self.codec, self._store_lost
+        )
+        self._keepalive: Keepalive | None = None
+        self._keepalive_task: asyncio.Task[None] | None = None
+        self._rounds = StoreRounds(config)
+
+    @property
+    def prefix(self) -> str:
+        return f"ftd/{self.config.run_id}/"
+
+    @property
+    def ops(self) -> int:
+        """Store operations sent by this daemon (all connections)."""
+        return self._connections.ops
+
+    @property
+    def address(self) -> str:
+        """The address the other nodes reach this node at."""
+        return self.config.local_addr or self.config.master_addr or route_address(*self.endpoint)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self, on_node_lost: NodeLost) -> None:
+        """Host or reach the store, every wait bounded by --rdzv-join-timeout (a signal
+        cancels it: the daemon races it against its stop)."""
+        host, port = self.endpoint
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.rdzv_join_timeout_s
+        is_host = self.config.rdzv_conf.get("is_host", "").lower()
+        want_host = is_host in ("1", "true", "yes")
+        if is_host == "" and not want_host:  # a name lookup: off the loop, within the deadline
+            try:
+                want_host = await within(
+                    asyncio.to_thread(is_local, host, self.config.local_addr or ""),
+                    max(0.0, deadline - loop.time()),
+                )
+            except TimeoutError:
+                raise CoordinationError(
+                    f"--rdzv-endpoint {host}:{port}: the name did not resolve within "
+                    "--rdzv-join-timeout",
+                    "store_lost",
+                ) from None
+        if want_host:
+            bind = self.config.rdzv_conf.get("host", host)
+            try:
+                self._server = await asyncio.to_thread(tcp_store_server, bind, port)
+                self.hosting = True
+                log.info("hosting the rendezvous store on %s:%d", bind, port)
+            except Exception as error:  # someone listens there already: be a client
+                if is_host in ("1", "true", "yes"):
+                    raise CoordinationError(
+                        f"cannot host the store on {bind}:{port}: {error}"
+                    ) from None
+                log.debug("not hosting the store (%s); connecting", error)
+        # The wait for the store has the whole join timeout; the local work before it (torch's
+        # import for the hosting attempt) does not eat into it.
+        deadline = loop.time() + self.config.rdzv_join_timeout_s
+        if not self.hosting:
+            log.info(
+                "connecting to the rendezvous store at %s (up to --rdzv-join-timeout, %.0f s)",
+                self.describe.removeprefix("store "),
+                self.config.rdzv_join_timeout_s,
+            )
+            await probe_store(host, port, deadline)
+        try:
+            await within(self._connections.open(), max(5.0, deadline - loop.time()))
+        except TimeoutError:
+            raise CoordinationError(
+                f"the rendezvous store at {host}:{port} answered a probe but not c10d's client "
+                "within --rdzv-join-timeout",
+                "store_lost",
+            ) from None
+        if not self.codec.signed:
+            log.warning(
+                "the rendezvous store at %s:%d is open: anyone who reaches it can end or "
+                "redirect this job. Give every node the same secret (FTD_RDZV_SECRET or "
+                "--rdzv-conf secret_file=PATH); see docs/security.md",
+                host,
+                port,
+            )
+        beats = self._connections.beats
+        assert beats.store is not None
+        self._keepalive = Keepalive(
+            self.node_id,
+            beats.store,
+            beats.thread,
+            self.config.node_keepalive_timeout_s,
+            on_node_lost,
+            self._mark_lost,
+        )
+        await self._connections.call(lambda s: self._keepalive_first_beat())
+        self.excluded = await self._connections.call(self._rounds.read_excluded)
+        self._keepalive_task = asyncio.create_task(self._keepalive.run(), name="ftd-keepalive")
+
+    def _keepalive_first_beat(self) -> None:
+        assert self._keepalive is not None
+        self._keepalive.beat_now()
+
+    async def close(self) -> None:
+        self._rounds.closing = True
+        if self._keepalive is not None:
+            self._keepalive.stop()
+        if self._keepalive_task is not None:
+            self._keepalive_task.cancel()
+            await asyncio.gather(self._keepalive_task, return_exceptions=True)
+        if not self.lost.is_set() and self._keepalive is not None and not self._keepalive.done:
+            self._keepalive.done = True
+            try:  # leaving: not dead, so nobody waits a keepalive timeout for this node
+                beats = self._connections.beats
+                await within(beats.thread.submit(self._keepalive.beat_now), 2)
+            except Exception:
+                log.debug("could not mark this node done", exc_info=True)
+        self._connections.close()
+        server, self._server = [self._server], None
+        await asyncio.to_thread(server.clear)
+
+    def finishing(self) -> None:
+        """The job is over for this node: a store that goes away now is no loss."""
+        self._rounds.closing = True
+        if self._keepalive is not None:
+            self._keepalive.done = True
+
+    def _mark_lost(self, why: str) -> None:
+        if not self.lost.is_set() and not self._rounds.closing:
+            host, port = self.endpoint
+            self.lost_reason = f"store lost: the rendezvous store at {host}:{port} is gone ({why})"
+            log.error("%s", self.lost_reason)
+            self.lost.set()
+
+    def _store_lost(self, why: str) -> CoordinationError:
+        """A store call failed (`why`): the store is lost, unless this daemon is closing."""
+        self._mark_lost(why)
+        return CoordinationError(self.lost_reason or "store lost", "store_lost")
+
+    # -- rounds ------------------------------------------------------------------------------
+
+    async def join(self, me: Member) -> Round:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.rdzv_join_timeout_s
+        while True:
+            entry = await self._connections.call(self._rounds.enter, me)
+            if isinstance(entry, Late):
+                await self._as_late(entry)
+                continue
+            number, joiner = entry
+            record = await self._await_close(number, joiner, deadline)
+            if record.aborted:
+                raise CoordinationError(record.aborted)
+            self._rounds.exclusions.learn(record)
+            self.excluded = dict(record.excluded)
+            ids = [m.node_id for m in record.members]
+            if me.node_id not in ids and me.node_id in record.excluded:
+                raise excluded_error(me.node_id, self.config.run_id, record.excluded[me.node_id])
+            if me.node_id not in ids:
+                self._rounds.round_hint = number + 1
+                continue  # the round closed without us: the next one
+            if record.restarts < self._rounds.known_restarts:
+                log.warning(
+                    "round %d carries %d restarts used, fewer than the %d seen before "
+                    "(forged or lost records): keeping %d",
+                    number,
+                    record.restarts,
+                    self._rounds.known_restarts,
+                    self._rounds.known_restarts,
+                )
+            self._rounds.known_restarts = max(self._rounds.known_restarts, record.restarts)
+            self._rounds.round_hint = number + 1
+            rnd = Round(
+                number,
+                record.members,
+                self._rounds.known_restarts,
+                ids.index(me.node_id),
+                dict(record.excluded),
+            )
+            self.round = rnd
+            assert self._keepalive is not None
+            self._keepalive.watch(ids[1:] if rnd.group_rank == 0 else ids[:1])
+            return rnd
+
+    async def _await_close(self, number: int, joiner: int, deadline: float) -> RoundRecord:
+        """Wait for round `number` to close; close it when it is this node's turn: at once as
+        the MAX-th joiner, after the last call once MIN joined, at the join deadline."""
+        cfg = self.config
+        closed: asyncio.Future[RoundRecord] = asyncio.ensure_future(
+            self._connections.wait_decided(
+                self._rounds.await_closed, self._rounds.closed_now, number, "its closing record"
+            )
+        )
+
+        async def close_when_due() -> None:
+            loop = asyncio.get_running_loop()
+            if joiner >= cfg.nnodes_max:
+                await self._connections.call(self._rounds.close, number, False)
+            elif joiner >= cfg.nnodes_min:
+                await asyncio.sleep(cfg.rdzv_last_call_timeout_s)
+                await self._connections.call(self._rounds.close, number, False)
+            await asyncio.sleep(max(0.0, deadline - loop.time()))
+            await self._connections.call(self._rounds.close, number, True)
+
+        previous = self.round.node_ids if self.round is not None else []
+        progress = asyncio.ensure_future(
+            report_progress(
+                cfg,
+                number,
+                previous,
+                lambda: self._connections.call(self._rounds.joined_ids, number),
+                deadline,
+            )
+        )
+        closer = asyncio.ensure_future(close_when_due())
+        try:
+            both: set[asyncio.Future[Any]] = {closed, closer}
+            done, _ = await asyncio.wait(both, return_when=asyncio.FIRST_COMPLETED)
+            if closed not in done:
+                closer.result()  # it ended before the round closed: only by raising
+            return await closed
+        finally:
+            for task in (closer, closed, progress):
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+
+    async def _as_late(self, late: Late) -> None:
+        """Round `late.number` runs without us: ask to scale up if there is room, then await
+        its end."""
+        size = len(late.record.members)
+        if size < self.config.nnodes_max:
+            reason = f"node {self.node_id} joined: scaling up from {size} nodes"
+            request = new_request("restart", reason, self.node_id)
+            await self._connections.call(
+                lambda s: s.decide(key(late.number, "request"), request, RequestRecord)
+            )
+        else:
+            log.info("round %d is full (%d nodes): waiting for its end", late.number, size)
+        await self._connections.wait_decided(
+            self._rounds.await_request, self._rounds.request_now, late.number, "its request"
+        )
+
+    # -- the round's end ---------------------------------------------------------------------
+
+    def ended(self, rnd: Round) -> asyncio.Future[RequestRecord]:
+        future: asyncio.Future[RequestRecord] = asyncio.ensure_future(
+            self._connections.wait_decided(
+                self._rounds.await_request, self._rounds.request_now, rnd.number, "its request"
+            )
+        )
+        # A lost store is also reported through `lost`, which the loop may see first.
+        future.add_done_callback(lambda done: done.cancelled() or done.exception())
+        return future
+
+    async def request(self, rnd: Round, request: RequestRecord) -> RequestRecord:
+        decided = await self._connections.call(self._rounds.decide_request, rnd.number, request)
+        if decided == request:
+            log.info("round %d: requested %s: %s", rnd.number, request.action, request.reason)
+        return decided
+
+    async def restarts_used(self, rnd: Round) -> int:
+        return rnd.restarts + await self._connections.call(self._rounds.respawns, rnd.number)
+
+    async def count_restart(self, rnd: Round, reason: str) -> int:
+        def charge(s: RecordStore) -> int:
+            k = s.count(key(rnd.number, "respawns"), 1, lambda: 0)
+            s.put(
+                key(rnd.number, f"respawn/{k}"),
+                MarkRecord(node_id=self.node_id, reason=reason[:4000]),
+            )
+            return rnd.restarts + self._rounds.respawns(s, rnd.number)
+
+        return await self._connections.call(charge)
+
+    async def succeeded(self, rnd: Round) -> None:
+        await self._connections.call(self._rounds.mark_succeeded, rnd)
+
+    async def unhealthy(self, rnd: Round, node_id: str) -> int:
+        return await self._connections.call(self._rounds.mark_unhealthy, rnd, node_id)
+
+    async def leave(self, rnd: Round) -> None:
+        """Acknowledge the end of the job; the store's host waits (bounded) for every member's
+        acknowledgement before it takes the store away."""
+
+        def ack(s: RecordStore) -> None:
+            s.put(key(rnd.number, f"acked/{self.node_id}"), MarkRecord(node_id=self.node_id))
+            if self.hosting:
+                keys = [key(rnd.number, f"acked/{n}") for n in rnd.node_ids]
+                s.wait(keys, self.config.node_keepalive_timeout_s * 2)
+
+        try:
+            await self._connections.call(ack, timeout_s=self.config.node_keepalive_timeout_s * 3)
+        except CoordinationError:
+            log.debug("could not acknowledge the end of the job", exc_info=True)
+        self.finishing()
+
+    # -- exclusion ---------------------------------------------------------------------------
+
+    async def exclude(self, node_id: str, reason: str) -> None:
+        self.excluded = await self._connections.call(self._rounds.update_excluded, node_id, reason)
+
+    async def readmit(self, node_id: str) -> None:
+        self.excluded = await self._connections.call(self._rounds.update_excluded, node_id, None)
+
+    # -- status ------------------------------------------------------------------------------
+
+    async def publish_status(self, summary: dict[str, Any]) -> None:
+        record = NodeSummary.model_validate(summary)
+        await self._connections.call(lambda s: s.put(f"status/{self.node_id}", record))
+
+    async def cluster(self) -> dict[str, Any]:
+        rnd = self.round
+        nodes, self.excluded = await self._connections.call(self._rounds.cluster_view, rnd)
+        return cluster_answer(nodes, rnd, self.excluded, self.ops, dict(self.codec.refused))
+
+    async def inprocess_store(self) -> tuple[str, int]:
+        return self.endpoint

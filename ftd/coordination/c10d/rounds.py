@@ -1,0 +1,275 @@
+"""The rounds of the TCPStore coordinator, as blocking calls on one RecordStore connection.
+
+See tcpstore.py for the keys. Each call runs on a StoreThread; the coordinator's connections
+(store_connections.py) turn them into awaitables and the event loop owns every deadline.
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import partial
+from typing import Any
+
+from ftd.config.serve import ServeConfig
+from ftd.coordination.base import CoordinationError, Round, new_request, order_members
+from ftd.coordination.c10d.record_store import RecordStore
+from ftd.coordination.records import (
+    MAX_ROUND_RECORD_BYTES,
+    ExcludedRecord,
+    ExclusionLedger,
+    MarkRecord,
+    Member,
+    NodeSummary,
+    RequestRecord,
+    RoundRecord,
+)
+from ftd.coordination.shared_rounds import Late, aborted_round, excluded_error, key
+from ftd.text import is_decimal
+
+log = logging.getLogger("ftd.rendezvous")
+
+MAX_JOINERS_READ = 100_000
+JOIN_RECORD_GRACE_S = 5.0
+"""How long a closer waits for the join record of a node that has taken its place in the
+join counter but not written the record yet (the next store call of a live daemon)."""
+
+
+class StoreRounds:
+    """Joining, closing and reading rounds; what this daemon has seen of the budget."""
+
+    def __init__(self, config: ServeConfig) -> None:
+        self.config = config
+        self.node_id = config.node_id
+        self.known_restarts = 0
+        """The highest restart count this daemon has seen: it never accepts a lower one."""
+        self.round_hint = 0
+        """The next round this daemon may join (never an older one)."""
+        self.exclusions = ExclusionLedger()
+        """The newest exclusion this daemon has seen: a replay never rolls it back."""
+        self.closing = False
+
+    def enter(self, s: RecordStore, me: Member) -> tuple[int, int] | Late:
+        """Blocking: find the open round and join it as its n-th joiner (or find it closed)."""
+        number = max(self.read_round_hint(s), self.round_hint)
+        while True:
+            if self.closing:
+                raise CoordinationError("the daemon is stopping", "stopped")
+            mark = s.read(f"excluded/{me.node_id}", MarkRecord)
+            if mark is not None:
+                raise excluded_error(me.node_id, self.config.run_id, mark.reason)
+            if (  # this daemon saw it excluded: unless it was readmitted since
+                me.node_id in self.exclusions.nodes
+                and (reason := self.read_excluded(s).get(me.node_id)) is not None
+            ):
+                raise excluded_error(me.node_id, self.config.run_id, reason)
+            request = s.decided(key(number, "request"), RequestRecord)
+            if request is not None:
+                if request.action != "restart":
+                    raise CoordinationError(f"the job is over: {request.reason}", request.action)
+                s.compare_set("round", str(number), str(number + 1))
+                number += 1
+                continue
+            closed = s.decided(key(number, "closed"), RoundRecord, MAX_ROUND_RECORD_BYTES)
+            if closed is not None:
+                if closed.aborted:
+                    raise CoordinationError(closed.aborted)
+                self.exclusions.learn(closed)
+                if (reason := self.exclusions.nodes.get(me.node_id)) is not None:
+                    raise excluded_error(me.node_id, self.config.run_id, reason)
+                return Late(number, closed)
+            n = s.count(key(number, "joined"), 1, partial(self.joiners_written, s, number))
+            s.put(key(number, f"node/{n}"), me)
+            log.info("joined round %d as joiner %d", number, n)
+            return number, n
+
+    def read_round_hint(self, s: RecordStore) -> int:
+        raw = s.get_if_present("round")
+        if raw is None:
+            s.compare_set("round", "", "0")
+            return 0
+        text = raw.decode(errors="replace").strip()
+        if not is_decimal(text) or len(text) > 9:
+            s.codec.refused["bad_round_hint"] += 1
+            log.warning("ignored the round hint %r (not a round number)", raw[:40])
+            s.compare_set("round", raw.decode(errors="replace"), str(self.round_hint))
+            return self.round_hint
+        number = int(text)
+        # The hint is unsigned: followed only past a round that really closed (every hint ftd
+        # writes is). Joining an unproven far round would lose the budget the rounds between
+        # carry (the closer counts from the previous round's records); walking up from what
+        # this daemon knows reads each round's own signed records instead.
+        if number > max(self.round_hint, 0) and (
+            s.decided(key(number - 1, "closed"), RoundRecord, MAX_ROUND_RECORD_BYTES) is None
+        ):
+            s.codec.refused["unproven_round_hint"] += 1
+            log.warning(
+                "ignored the round hint %d: round %d never closed (walking up from round %d)",
+                number,
+                number - 1,
+                self.round_hint,
+            )
+            return self.round_hint
+        return number
+
+    def joiners_written(self, s: RecordStore, number: int) -> int:
+        """How many join records round `number` has (to repair a forged join counter)."""
+        n = 0
+        while n < MAX_JOINERS_READ and s.check([key(number, f"node/{n + 1}")]):
+            n += 1
+        return n
+
+    @staticmethod
+    def await_closed(s: RecordStore, number: int) -> RoundRecord:
+        return s.await_decided(key(number, "closed"), RoundRecord, MAX_ROUND_RECORD_BYTES)
+
+    @staticmethod
+    def closed_now(s: RecordStore, number: int) -> RoundRecord | None:
+        return s.decided(key(number, "closed"), RoundRecord, MAX_ROUND_RECORD_BYTES)
+
+    @staticmethod
+    def request_now(s: RecordStore, number: int) -> RequestRecord | None:
+        return s.decided(key(number, "request"), RequestRecord)
+
+    @staticmethod
+    def decide_request(s: RecordStore, number: int, request: RequestRecord) -> RequestRecord:
+        return s.decide(key(number, "request"), request, RequestRecord)
+
+    @staticmethod
+    def await_request(s: RecordStore, number: int) -> RequestRecord:
+        return s.await_decided(key(number, "request"), RequestRecord)
+
+    def close(self, s: RecordStore, number: int, abort: bool) -> None:
+        """Blocking: close round `number` with the valid joiners so far, if there are MIN of
+        them; at the join deadline, abort it otherwise. One closer wins (decided key)."""
+        cfg = self.config
+        if s.decided(key(number, "closed"), RoundRecord, MAX_ROUND_RECORD_BYTES) is not None:
+            return
+        count, found = self.join_records(s, number, JOIN_RECORD_GRACE_S)
+        previous = (
+            s.decided(key(number - 1, "closed"), RoundRecord, MAX_ROUND_RECORD_BYTES)
+            if number > 0
+            else None
+        )
+        if previous is not None:
+            self.exclusions.learn(previous)
+        excluded = self.read_excluded(s)
+        epoch = self.exclusions.newest.epoch
+        joined = [m for m in found.values() if m.node_id not in excluded]
+        if len(joined) < cfg.nnodes_min:
+            if not abort:
+                return
+            record = aborted_round(
+                cfg, number, len(joined), count - len(found), self.known_restarts, excluded
+            ).model_copy(update={"excluded_epoch": epoch})
+        else:
+            before = [m.node_id for m in previous.members] if previous else []
+            members = order_members(joined, before)[: cfg.nnodes_max]
+            record = RoundRecord(
+                number=number,
+                members=tuple(members),
+                restarts=self.restarts_before(s, number, previous),
+                excluded=excluded,
+                excluded_epoch=epoch,
+            )
+        decided = s.decide(key(number, "closed"), record, RoundRecord, MAX_ROUND_RECORD_BYTES)
+        if decided == record and not record.aborted:
+            log.info("closed round %d with %d nodes", number, len(record.members))
+
+    def join_records(
+        self, s: RecordStore, number: int, grace_s: float = 0.0
+    ) -> tuple[int, dict[str, Member]]:
+        """Blocking: how many joined round `number` so far, and the valid join records. With a
+        grace, wait that long for records counted but not written yet: the MAX-th joiner closes
+        the round at once, possibly between an earlier joiner's count and its write."""
+        joined = s.count(key(number, "joined"), 0, partial(self.joiners_written, s, number))
+        count = min(joined, MAX_JOINERS_READ)
+        keys = [key(number, f"node/{i}") for i in range(1, count + 1)]
+        if grace_s > 0 and keys and not s.check(keys):
+            log.info("round %d: waiting for join records counted but not written yet", number)
+            s.wait(keys, grace_s)
+        return count, s.read_many(keys, Member)
+
+    def joined_ids(self, s: RecordStore, number: int) -> list[str]:
+        """Blocking: the nodes with a valid join record in round `number` so far."""
+        return sorted({m.node_id for m in self.join_records(s, number)[1].values()})
+
+    def restarts_before(self, s: RecordStore, number: int, previous: RoundRecord | None) -> int:
+        """The restarts used before round `number`, from the previous round's records."""
+        if number == 0:
+            return self.known_restarts
+        base = previous.restarts if previous is not None else self.known_restarts
+        base += self.respawns(s, number - 1)
+        request = s.decided(key(number - 1, "request"), RequestRecord)
+        if request is not None and request.action == "restart" and request.counted:
+            base += 1
+        return max(base, self.known_restarts)
+
+    def respawns(self, s: RecordStore, number: int) -> int:
+        """In-process respawns charged in round `number`: each is counted, then written; one
+        counted but not written yet is waited for (JOIN_RECORD_GRACE_S at most), so the
+        budget never misses it."""
+        count = min(s.count(key(number, "respawns"), 0, lambda: 0), MAX_JOINERS_READ)
+        keys = [key(number, f"respawn/{k}") for k in range(1, count + 1)]
+        if keys and not s.check(keys):
+            s.wait(keys, JOIN_RECORD_GRACE_S)
+        return len(s.read_many(keys, MarkRecord))
+
+    def marks(self, s: RecordStore, rnd: Round, kind: str) -> set[str]:
+        keys = {key(rnd.number, f"{kind}/{m.node_id}"): m.node_id for m in rnd.members}
+        found = s.read_many(list(keys), MarkRecord)
+        return {keys[k] for k, mark in found.items() if mark.node_id == keys[k]}
+
+    def mark_succeeded(self, s: RecordStore, rnd: Round) -> None:
+        """This node's ranks exited 0; the last node to say so (or to be unhealthy) ends the
+        round as succeeded."""
+        s.put(key(rnd.number, f"succeeded/{self.node_id}"), MarkRecord(node_id=self.node_id))
+        done = self.marks(s, rnd, "succeeded") | self.marks(s, rnd, "unhealthy")
+        if done >= set(rnd.node_ids):
+            request = new_request("succeed", "every node's ranks exited 0", self.node_id)
+            s.decide(key(rnd.number, "request"), request, RequestRecord)
+
+    def mark_unhealthy(self, s: RecordStore, rnd: Round, node_id: str) -> int:
+        """`node_id` is unhealthy; how many members are not."""
+        s.put(key(rnd.number, f"unhealthy/{node_id}"), MarkRecord(node_id=node_id))
+        return len(rnd.members) - len(self.marks(s, rnd, "unhealthy"))
+
+    def cluster_view(
+        self, s: RecordStore, rnd: Round | None
+    ) -> tuple[list[dict[str, Any]], dict[str, str]]:
+        """Every member's (and this node's) published summary, and the excluded nodes."""
+        names = sorted({*(rnd.node_ids if rnd else []), self.node_id})
+        found = s.read_many([f"status/{n}" for n in names], NodeSummary)
+        nodes = [
+            found[f"status/{n}"].model_dump()
+            if f"status/{n}" in found
+            else {"node_id": n, "state": "unknown"}
+            for n in names
+        ]
+        return nodes, self.read_excluded(s)
+
+    def read_excluded(self, s: RecordStore) -> dict[str, str]:
+        record = s.read("excluded", ExcludedRecord, MAX_ROUND_RECORD_BYTES)
+        return self.exclusions.merge(record, s.codec)
+
+    def update_excluded(self, s: RecordStore, node_id: str, reason: str | None) -> dict[str, str]:
+        for _ in range(1000):
+            raw = s.get_if_present("excluded")
+            current = (
+                s.codec.decode("excluded", raw, ExcludedRecord, MAX_ROUND_RECORD_BYTES)
+                if raw is not None
+                else None
+            )
+            update = self.exclusions.updated(current, node_id, reason)
+            nodes = dict(update.nodes)
+            desired = s.codec.encode("excluded", update)
+            expected = raw.decode(errors="replace") if raw is not None else ""
+            if s.compare_set("excluded", expected, desired) == desired.encode():
+                self.exclusions.merge(update, s.codec)
+                break
+        else:
+            raise CoordinationError("could not update the excluded nodes (contention)")
+        if reason is None:
+            s.delete_key(f"excluded/{node_id}")
+        else:
+            s.put(f"excluded/{node_id}", MarkRecord(node_id=node_id, reason=reason[:4000]))
+        return nodes

@@ -1,0 +1,1 @@
+"""The etcd rendezvous backend (and its client, client/)."""

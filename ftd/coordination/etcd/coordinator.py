@@ -1,0 +1,397 @@
+"""The etcd coordinator (`--rdzv-backend etcd`): the c10d coordinator's behaviour on etcd's own
+primitives: rounds close and requests are decided with transactions (rounds.py, kv.py), a node
+is alive while its lease is (liveness.py), every wait is a watch. No daemon hosts the store, so
+any node may die, node rank 0 included; with 3 or 5 members etcd survives a minority's loss.
+While etcd has no quorum the attempt goes on; what needs etcd waits, up to --rdzv-join-timeout
+(`coordination_unavailable` / `coordination_restored`)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from ftd_client.store import tcp_store_server
+
+from ftd.config.serve import ServeConfig
+from ftd.coordination.base import (
+    CoordinationError,
+    NodeLost,
+    Report,
+    Round,
+    cluster_answer,
+    new_request,
+)
+from ftd.coordination.endpoint import parse_endpoint, route_address
+from ftd.coordination.etcd.conf import open_client, parse_etcd_conf, warn_unsigned
+from ftd.coordination.etcd.inprocess_meeting import leaders_store
+from ftd.coordination.etcd.kv import Availability, RecordKv
+from ftd.coordination.etcd.liveness import EtcdLiveness
+from ftd.coordination.etcd.members import MemberWatch
+from ftd.coordination.etcd.rounds import EtcdRounds
+from ftd.coordination.progress import report_progress
+from ftd.coordination.records import (
+    MAX_ROUND_RECORD_BYTES,
+    Member,
+    NodeSummary,
+    RecordCodec,
+    RequestRecord,
+    RoundRecord,
+)
+from ftd.coordination.shared_rounds import Late, excluded_error, key
+from ftd.tasks import within
+
+if TYPE_CHECKING:
+    from torch.distributed import TCPStore
+
+log = logging.getLogger("ftd.rendezvous")
+
+T = TypeVar("T")
+
+
+class EtcdCoordinator:
+    """One daemon's side of the job's membership over etcd."""
+
+    def __init__(self, config: ServeConfig, secret: bytes | None, report: Report) -> None:
+        self.config = config
+        self.node_id = config.node_id
+        self.conf = parse_etcd_conf(config)
+        self.codec = RecordCodec(config.run_id, secret)
+        self.lost = asyncio.Event()
+        self.lost_reason = ""
+        self.round: Round | None = None
+        self.excluded: dict[str, str] = {}
+        members = ", ".join(self.conf.endpoints)
+        self.describe = f"etcd {members} (keys under {self.conf.root})"
+        self._report = report
+        self._etcd = open_client(self.conf, max_response_bytes=2 * MAX_ROUND_RECORD_BYTES)
+        self._availability = Availability(report, members)
+        self._kv = RecordKv(self._etcd, self.codec, self._availability)
+        self._rounds = EtcdRounds(config, self._kv)
+        self._liveness: EtcdLiveness | None = None
+        self._opened = False
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._members = MemberWatch(
+            lambda endpoint: self._etcd.transport.probe(endpoint, self.conf.timeout_s), report
+        )
+        self._inprocess: TCPStore | None = None
+        self._finished = False
+
+    @property
+    def address(self) -> str:
+        host, port = parse_endpoint(self.conf.endpoints[0].split("://", 1)[1])
+        return self.config.local_addr or self.config.master_addr or route_address(host, port)
+
+    @property
+    def ops(self) -> int:
+        """etcd requests sent by this daemon (watches counted once, keepalives not)."""
+        return self._kv.ops
+
+    def _deadline(self) -> float:
+        return asyncio.get_running_loop().time() + self.config.rdzv_join_timeout_s
+
+    async def _call(self, what: str, fn: Callable[[], Awaitable[T]]) -> T:
+        """An etcd step that waits out an absent etcd up to --rdzv-join-timeout."""
+        return await self._kv.call(what, fn, self._deadline())
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self, on_node_lost: NodeLost) -> None:
+        # The workers' store is a TCPStore: import torch now, off the loop and unbounded, as
+        # the c10d backend does when it connects (on a busy machine it takes tens of seconds).
+        await asyncio.to_thread(importlib.import_module, "torch.distributed")
+        await self._etcd.__aenter__()
+        self._opened = True
+        self._etcd.transport.on_endpoint_failed = self._members.failed
+        self._availability.probe = lambda: self._etcd.get("round")
+        if not self.codec.signed:
+            warn_unsigned(self.conf)
+        liveness = EtcdLiveness(
+            self.node_id,
+            self._kv,
+            self.conf.lease_ttl_s,
+            on_node_lost,
+            self._mark_lost,
+            self._report,
+        )
+        await self._kv.call(
+            "grant this node's lease", liveness.start, self._deadline(), trust_endpoints=False
+        )
+        self._liveness = liveness
+        self.excluded = await self._call("read the excluded nodes", self._rounds.read_excluded)
+
+    async def close(self) -> None:
+        self._kv.closing = True
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, self._members.close(), return_exceptions=True)
+        await self._availability.close()
+        if self._liveness is not None:
+            if not self.lost.is_set() and not self._finished:
+                with contextlib.suppress(Exception):  # leaving: nobody waits a TTL for it
+                    await within(self._liveness.finish(), 2)
+            await self._liveness.close(revoke=not self.lost.is_set())
+        if self._opened:
+            await self._etcd.__aexit__(None, None, None)
+        store, self._inprocess = [self._inprocess], None
+        await asyncio.to_thread(store.clear)
+
+    def _mark_lost(self, why: str) -> None:
+        if not self.lost.is_set() and not self._kv.closing:
+            self.lost_reason = why
+            log.error("%s", why)
+            self.lost.set()
+
+    def _spawn(self, coro: Awaitable[T]) -> asyncio.Task[T]:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        # The caller may drop it (a round that ended otherwise): never an unretrieved error.
+        task.add_done_callback(lambda done: done.cancelled() or done.exception())
+        return task
+
+    # -- rounds ------------------------------------------------------------------------------
+
+    async def join(self, me: Member) -> Round:
+        assert self._liveness is not None
+        deadline = self._deadline()
+        rounds = self._rounds
+        liveness = self._liveness
+        while True:
+            entry = await self._kv.call(
+                "join a round", lambda: rounds.enter(me, liveness.lease_id), deadline
+            )
+            if isinstance(entry, Late):
+                await self._as_late(entry, deadline)
+                continue
+            number, joiner = entry
+            record, revision = await self._await_close(number, joiner, deadline)
+            if record.aborted:
+                raise CoordinationError(record.aborted)
+            rounds.exclusions.learn(record)
+            self.excluded = dict(record.excluded)
+            ids = [m.node_id for m in record.members]
+            if me.node_id not in ids and me.node_id in record.excluded:
+                raise excluded_error(me.node_id, self.config.run_id, record.excluded[me.node_id])
+            rounds.round_hint = number + 1
+            if me.node_id not in ids:
+                continue  # its join key went with a lease etcd ended: the next round
+            if record.restarts < rounds.known_restarts:
+                log.warning(
+                    "round %d carries %d restarts used, fewer than the %d seen before "
+                    "(forged or lost records): keeping %d",
+                    number,
+                    record.restarts,
+                    rounds.known_restarts,
+                    rounds.known_restarts,
+                )
+            rounds.known_restarts = max(rounds.known_restarts, record.restarts)
+            rnd = Round(
+                number,
+                record.members,
+                rounds.known_restarts,
+                ids.index(me.node_id),
+                dict(record.excluded),
+            )
+            self.round = rnd
+            liveness.watch(ids[1:] if rnd.group_rank == 0 else ids[:1], revision)
+            return rnd
+
+    async def _await_close(
+        self, number: int, joiner: int, deadline: float
+    ) -> tuple[RoundRecord, int]:
+        """Wait for round `number` to close; close it when it is this node's turn: at once as
+        the MAX-th joiner, after the last call once MIN joined, at the join deadline."""
+        cfg = self.config
+        closed = self._spawn(
+            self._kv.await_decided(key(number, "closed"), RoundRecord, MAX_ROUND_RECORD_BYTES)
+        )
+
+        async def close(abort: bool) -> None:
+            await self._kv.call(
+                f"close round {number}", lambda: self._rounds.close(number, abort), deadline
+            )
+
+        async def close_when_due() -> None:
+            loop = asyncio.get_running_loop()
+            if joiner >= cfg.nnodes_max:
+                await close(False)
+            elif joiner >= cfg.nnodes_min:
+                await asyncio.sleep(cfg.rdzv_last_call_timeout_s)
+                await close(False)
+            await asyncio.sleep(max(0.0, deadline - loop.time()))
+            await close(True)
+
+        closer = self._spawn(close_when_due())
+        previous = self.round.node_ids if self.round is not None else []
+        progress = self._spawn(
+            report_progress(
+                cfg, number, previous, lambda: self._rounds.joined_ids(number), deadline
+            )
+        )
+        try:
+            await asyncio.wait({closed, closer}, return_when=asyncio.FIRST_COMPLETED)
+            if not closed.done():
+                closer.result()  # it ended before the round closed: only by raising
+            return await closed
+        finally:
+            for task in (closer, closed, progress):
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+
+    async def _as_late(self, late: Late, deadline: float) -> None:
+        """Round `late.number` runs without us: ask to scale up if there is room, then await
+        its end."""
+        size = len(late.record.members)
+        request_key = key(late.number, "request")
+        if size < self.config.nnodes_max:
+            reason = f"node {self.node_id} joined: scaling up from {size} nodes"
+            request = new_request("restart", reason, self.node_id)
+            await self._kv.call(
+                f"ask round {late.number} to scale up",
+                lambda: self._kv.decide(request_key, request, RequestRecord),
+                deadline,
+            )
+        else:
+            log.info("round %d is full (%d nodes): waiting for its end", late.number, size)
+        await self._kv.await_decided(request_key, RequestRecord)
+
+    # -- the round's end ---------------------------------------------------------------------
+
+    def ended(self, rnd: Round) -> asyncio.Future[RequestRecord]:
+        async def request() -> RequestRecord:
+            record, _ = await self._kv.await_decided(key(rnd.number, "request"), RequestRecord)
+            return record
+
+        return self._spawn(request())
+
+    async def request(self, rnd: Round, request: RequestRecord) -> RequestRecord:
+        decided = await self._call(
+            f"end round {rnd.number} ({request.action})",
+            lambda: self._kv.decide(key(rnd.number, "request"), request, RequestRecord),
+        )
+        if decided == request:
+            log.info("round %d: requested %s: %s", rnd.number, request.action, request.reason)
+        return decided
+
+    async def restarts_used(self, rnd: Round) -> int:
+        respawns = await self._call("count the restarts", lambda: self._rounds.respawns(rnd.number))
+        return rnd.restarts + respawns
+
+    async def count_restart(self, rnd: Round, reason: str) -> int:
+        respawns = await self._call(
+            "charge a restart", lambda: self._rounds.charge_respawn(rnd.number, reason)
+        )
+        return rnd.restarts + respawns
+
+    async def succeeded(self, rnd: Round) -> None:
+        async def mark() -> None:
+            done, unhealthy = await self._rounds.mark(rnd, "succeeded", self.node_id, "unhealthy")
+            if done | unhealthy >= set(rnd.node_ids):
+                request = new_request("succeed", "every node's ranks exited 0", self.node_id)
+                await self._kv.decide(key(rnd.number, "request"), request, RequestRecord)
+
+        await self._call("mark this node succeeded", mark)
+
+    async def unhealthy(self, rnd: Round, node_id: str) -> int:
+        (marked,) = await self._call(
+            f"mark {node_id} unhealthy", lambda: self._rounds.mark(rnd, "unhealthy", node_id)
+        )
+        return len(rnd.members) - len(marked)
+
+    async def leave(self, rnd: Round) -> None:
+        """The job is over for this node: say so, so that its keys going is no loss."""
+        self.finishing()
+        if self._liveness is not None:
+            try:
+                await self._kv.call("mark this node done", self._liveness.finish, self._soon())
+            except CoordinationError:
+                log.debug("could not mark this node done", exc_info=True)
+
+    def finishing(self) -> None:
+        self._finished = True
+
+    def _soon(self) -> float:
+        return asyncio.get_running_loop().time() + 2 * self.conf.timeout_s
+
+    # -- exclusion ---------------------------------------------------------------------------
+
+    async def exclude(self, node_id: str, reason: str) -> None:
+        self.excluded = await self._call(
+            f"exclude {node_id}", lambda: self._rounds.update_excluded(node_id, reason)
+        )
+
+    async def readmit(self, node_id: str) -> None:
+        self.excluded = await self._call(
+            f"readmit {node_id}", lambda: self._rounds.update_excluded(node_id, None)
+        )
+
+    # -- status ------------------------------------------------------------------------------
+
+    async def publish_status(self, summary: dict[str, Any]) -> None:
+        record = NodeSummary.model_validate(summary)
+        liveness = self._liveness
+        if liveness is None:
+            return
+        loop = asyncio.get_running_loop()
+        await self._kv.call(
+            "publish this node's status",
+            lambda: self._kv.put(f"status/{self.node_id}", record, liveness.lease_id),
+            loop.time(),  # one try: the next change publishes again
+        )
+
+    async def cluster(self) -> dict[str, Any]:
+        """Every member's summary as etcd has it; while etcd does not answer, what this node
+        knows, and why the rest is unknown (never an error for the API's caller)."""
+        rnd = self.round
+        names = sorted({*(rnd.node_ids if rnd else []), self.node_id})
+        summaries: dict[str, dict[str, Any]] = {}
+        unavailable = None
+        try:
+            read = self._rounds.read_cluster
+            summaries, self.excluded = await self._kv.call("read the cluster", read, self._soon())
+        except CoordinationError as error:
+            unavailable = error.reason
+        nodes = [summaries.get(n, {"node_id": n, "state": "unknown"}) for n in names]
+        refused = dict(self.codec.refused)
+        return cluster_answer(nodes, rnd, self.excluded, self.ops, refused, unavailable)
+
+    # -- in-process restart ------------------------------------------------------------------
+
+    async def inprocess_store(self) -> tuple[str, int]:
+        """Where the ranks' in-process rounds meet: a TCPStore of node rank 0's daemon (kept
+        for the daemon's life; each attempt's keys have their own prefix), its address
+        published in etcd for the round. Not the round's workers' store: node rank 0 replaces
+        that one for every in-process round after the first."""
+        rnd = self.round
+        assert rnd is not None
+        slot = key(rnd.number, "inprocess")
+        if rnd.group_rank == 0:
+            host, port = await self._host_inprocess_store()
+            me = Member(node_id=self.node_id, addr=host, nproc=1, store_port=port)
+            await self._call("publish the in-process store", lambda: self._kv.put(slot, me))
+            return host, port
+        leader = rnd.members[0].node_id
+        published = self._spawn(self._kv.await_decided(slot, Member))
+        ended = self.ended(rnd)
+        timeout_s = self.config.rdzv_join_timeout_s
+        found = await leaders_store(published, ended, leader, rnd.number, timeout_s)
+        # None: the round ends anyway (its leader is gone): the attempt is stopped at once.
+        return found or rnd.store_host
+
+    async def _host_inprocess_store(self) -> tuple[str, int]:
+        if self._inprocess is None:
+            self._inprocess = await within(asyncio.to_thread(tcp_store_server, self.address, 0), 60)
+        store: Any = self._inprocess
+        port: int = store.port
+        return self.address, port
+
+
+def create_etcd_coordinator(
+    config: ServeConfig, secret: bytes | None, report: Report | None
+) -> EtcdCoordinator:
+    return EtcdCoordinator(config, secret, report or (lambda kind, data: None))

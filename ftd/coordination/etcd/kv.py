@@ -1,0 +1,275 @@
+"""Signed records in etcd, decided once with transactions, awaited with watches; and what this
+daemon does while etcd does not answer.
+
+- `Availability`: whether etcd answers, as this daemon sees it. The first failed call logs
+  one clear line and reports `coordination_unavailable`; the first answer after that logs and
+  reports `coordination_restored`. While etcd is away a probe asks it again, backing off, so
+  the return is seen even by a daemon with nothing to ask.
+- `RecordKv`: every value read goes through the job's RecordCodec (a record that fails is
+  logged once and ignored). `decide` makes a record the value of a key unless a valid one is
+  there: a transaction compares the key's create_revision (absent) or, when it holds garbage,
+  its mod_revision (that very garbage), so a planted value is stepped over, never obeyed.
+  `await_decided` watches, then reads: no polling, nothing missed.
+- `RecordKv.call`: a call that meets an unavailable etcd is tried again, backing off, until it
+  answers or a deadline passes (then CoordinationError(code="store_lost")).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
+
+from ftd.coordination.base import CoordinationError, Report
+from ftd.coordination.etcd.client import (
+    Compare,
+    EtcdAuthError,
+    EtcdBadAnswer,
+    EtcdClient,
+    EtcdCompacted,
+    EtcdError,
+    EtcdUnavailable,
+    EventType,
+    Get,
+    KeyValue,
+    Put,
+    RangeResult,
+    TxnResult,
+)
+from ftd.coordination.etcd.client.records import TxnOp
+from ftd.coordination.records import MAX_RECORD_BYTES, R, Record, RecordCodec
+from ftd.status.event_kind import EventKind
+
+log = logging.getLogger("ftd.coordination.etcd")
+
+T = TypeVar("T")
+MAX_REPAIRS = 64
+"""Planted values stepped over before a decision gives up (someone is attacking the job)."""
+RETRY_PAUSE_S = (0.1, 2.0)
+PROBE_PAUSE_S = (0.2, 5.0)
+
+
+class Availability:
+    """Whether etcd answers this daemon; changes are logged once and reported."""
+
+    def __init__(self, report: Report, where: str) -> None:
+        self._report = report
+        self._where = where
+        self.down_since: float | None = None
+        self.probe: Callable[[], Awaitable[object]] | None = None
+        self._probing: asyncio.Task[None] | None = None
+
+    @property
+    def down(self) -> bool:
+        return self.down_since is not None
+
+    def failed(self, what: str, error: EtcdError) -> None:
+        if self.down_since is not None:
+            return
+        self.down_since = time.monotonic()
+        reason = f"etcd at {self._where} does not answer ({what}): {error}"[:2000]
+        log.error(
+            "%s. The running attempt goes on; a new round waits for etcd (up to "
+            "--rdzv-join-timeout). Lost quorum? A majority of the members must run.",
+            reason,
+        )
+        self._report(EventKind.COORDINATION_UNAVAILABLE, {"reason": reason})
+        if self.probe is not None and (self._probing is None or self._probing.done()):
+            self._probing = asyncio.create_task(self._probe(self.probe), name="ftd-etcd-probe")
+
+    def answered(self) -> None:
+        if self.down_since is None:
+            return
+        after_s = round(time.monotonic() - self.down_since, 3)
+        self.down_since = None
+        log.warning("etcd at %s answers again after %.1f s", self._where, after_s)
+        self._report(EventKind.COORDINATION_RESTORED, {"after_s": after_s})
+
+    async def _probe(self, probe: Callable[[], Awaitable[object]]) -> None:
+        pause = PROBE_PAUSE_S[0]
+        while self.down:
+            await asyncio.sleep(pause)  # back-off between tries of an absent service
+            pause = min(pause * 2, PROBE_PAUSE_S[1])
+            try:
+                await probe()
+            except EtcdError:
+                continue
+            self.answered()
+
+    async def close(self) -> None:
+        if self._probing is not None:
+            self._probing.cancel()
+            await asyncio.gather(self._probing, return_exceptions=True)
+
+
+class RecordKv:
+    """The job's records in etcd, through one client whose prefix is the job's root."""
+
+    def __init__(self, etcd: EtcdClient, codec: RecordCodec, availability: Availability) -> None:
+        self.etcd = etcd
+        self.codec = codec
+        self.availability = availability
+        self.ops = 0
+        self.closing = False
+
+    # -- calls, tried again while etcd is away -----------------------------------------------
+
+    async def call(
+        self,
+        what: str,
+        fn: Callable[[], Awaitable[T]],
+        deadline: float | None,
+        *,
+        trust_endpoints: bool = True,
+    ) -> T:
+        """`fn()` until etcd answers; CoordinationError once `deadline` (loop time) passed
+        with etcd away, or when etcd refuses (credentials, permissions). `trust_endpoints`
+        false: an endpoint that answers what etcd does not is a mistake, not a passing fault
+        (at start: --rdzv-endpoint names something else)."""
+        loop = asyncio.get_running_loop()
+        pause = RETRY_PAUSE_S[0]
+        while True:
+            if self.closing:
+                raise CoordinationError("the daemon is stopping", "stopped")
+            try:
+                result = await fn()
+            except (EtcdUnavailable, EtcdBadAnswer) as error:
+                if isinstance(error, EtcdBadAnswer) and not trust_endpoints:
+                    raise CoordinationError(
+                        f"--rdzv-endpoint: not etcd's answer ({what}): {error}"[:2000]
+                    ) from None
+                self.availability.failed(what, error)
+                if deadline is not None and loop.time() + pause >= deadline:
+                    raise CoordinationError(
+                        f"store lost: etcd did not answer within --rdzv-join-timeout; could not "
+                        f"{what}: {error}"[:2000],
+                        "store_lost",
+                    ) from None
+                await asyncio.sleep(pause)  # back-off: etcd is away
+                pause = min(pause * 2, RETRY_PAUSE_S[1])
+                continue
+            except EtcdAuthError as error:
+                raise CoordinationError(
+                    f"etcd refused ftd's credentials or permissions ({what}): {error}"[:2000]
+                ) from None
+            except EtcdError as error:
+                raise CoordinationError(f"etcd refused to {what}: {error}"[:2000]) from None
+            self.availability.answered()
+            return result
+
+    # -- records -----------------------------------------------------------------------------
+
+    def decode(self, kv: KeyValue, model: type[R], max_bytes: int = MAX_RECORD_BYTES) -> R | None:
+        return self.codec.decode(kv.key.decode(errors="replace"), kv.value, model, max_bytes)
+
+    def encode(self, key: str, record: Record) -> bytes:
+        return self.codec.encode(key, record).encode()
+
+    def put_op(self, key: str, record: Record, lease: int | None = None) -> Put:
+        return Put(key, self.encode(key, record), lease)
+
+    async def txn(
+        self, compare: Sequence[Compare], success: Sequence[TxnOp], failure: Sequence[TxnOp] = ()
+    ) -> TxnResult:
+        self.ops += 1
+        return await self.etcd.txn(compare, success, failure)
+
+    async def reads(self, *gets: Get) -> tuple[int, list[RangeResult]]:
+        """Several ranges read at one revision: the revision, the results in order."""
+        self.ops += len(gets)
+        revision, ranges = await self.etcd.read(gets)
+        return revision, list(ranges)
+
+    async def put(self, key: str, record: Record, lease: int | None = None) -> int:
+        self.ops += 1
+        return await self.etcd.put(key, self.encode(key, record), lease)
+
+    def first(
+        self, found: RangeResult, model: type[R], max_bytes: int = MAX_RECORD_BYTES
+    ) -> tuple[R | None, KeyValue | None]:
+        """The record of a one-key range, and the key as etcd has it (None: absent)."""
+        if not found.kvs:
+            return None, None
+        kv = found.kvs[0]
+        return self.decode(kv, model, max_bytes), kv
+
+    def valid(self, found: RangeResult, model: type[R]) -> dict[str, R]:
+        """The valid records of a prefix range, by key."""
+        records: dict[str, R] = {}
+        for kv in found.kvs:
+            record = self.decode(kv, model)
+            if record is not None:
+                records[kv.key.decode(errors="replace")] = record
+        return records
+
+    @staticmethod
+    def unchanged(key: str, kv: KeyValue | None) -> Compare:
+        """The key is as read: absent, or holding what was read (mod_revision)."""
+        if kv is None:
+            return Compare.create_revision(key, "==", 0)
+        return Compare.mod_revision(key, "==", kv.mod_revision)
+
+    async def decide(
+        self, key: str, record: R, model: type[R], max_bytes: int = MAX_RECORD_BYTES
+    ) -> R:
+        """Make `record` the value of `key` unless a valid record is there: the one in force.
+        A value that fails to verify is replaced (compared on its mod_revision)."""
+        seen: KeyValue | None = None
+        for _ in range(MAX_REPAIRS):
+            result = await self.txn(
+                [self.unchanged(key, seen)], [self.put_op(key, record)], [Get(key)]
+            )
+            if result.succeeded:
+                return record
+            found = result.responses[0]
+            assert isinstance(found, RangeResult)
+            current, seen = self.first(found, model, max_bytes)
+            if current is not None:
+                return current
+        raise CoordinationError(
+            f"etcd is under attack: {MAX_REPAIRS} forged values in a row at {key!r}; check who "
+            "can write under the job's prefix (docs/architecture.md, the etcd backend)"
+        )
+
+    async def read_decided(
+        self, key: str, model: type[R], max_bytes: int = MAX_RECORD_BYTES
+    ) -> tuple[R | None, int]:
+        """The valid record at `key` now (None: none yet): with its mod_revision, else with
+        the revision read at."""
+        revision, (found,) = await self.reads(Get(key))
+        record, kv = self.first(found, model, max_bytes)
+        if record is not None and kv is not None:
+            return record, kv.mod_revision
+        return None, revision
+
+    async def await_decided(
+        self, key: str, model: type[R], max_bytes: int = MAX_RECORD_BYTES
+    ) -> tuple[R, int]:
+        """The valid record at `key` once there is one, and its mod_revision. The watch starts
+        first, from now, then the key is read: nothing written after the read is missed, and
+        etcd serves a watch on the present at once (one that starts in the past waits for its
+        catch-up loop, up to 100 ms). Waits out an absent etcd for as long as it takes."""
+        while True:
+            if self.closing:
+                raise CoordinationError("the daemon is stopping", "stopped")
+            try:
+                async with self.etcd.watch(key) as events:
+                    self.ops += 1
+                    record, revision = await self.call(
+                        f"read {key}", lambda: self.read_decided(key, model, max_bytes), None
+                    )
+                    if record is not None:
+                        return record, revision
+                    async for event in events:
+                        self.availability.answered()
+                        if event.type is EventType.PUT:
+                            found = self.decode(event.kv, model, max_bytes)
+                            if found is not None:
+                                return found, event.revision
+            except EtcdCompacted:
+                continue
+            except (EtcdUnavailable, EtcdBadAnswer) as error:
+                self.availability.failed(f"watch {key}", error)
+                await asyncio.sleep(RETRY_PAUSE_S[1])  # back-off: etcd is away

@@ -1,0 +1,321 @@
+"""The rounds of the etcd coordinator: each step one read (ranges side by side, all at one
+revision: EtcdClient.read) and at most one conditional write. Keys, under the job's root
+`<prefix>/ftd/<id>/`:
+
+  round                 RoundHint: the newest round (moved forward by the joins of a newer
+                        round; a hint, the truth is in the round's own keys)
+  excluded              ExcludedRecord: the excluded nodes (compare-and-swap on mod_revision)
+  r<N>/join/<node>      Member, held by the joiner's lease (a joiner that dies vanishes)
+  r<N>/joined           touched by every join in the same transaction: its version is the
+                        joiner's number, its mod_revision what a close compares against
+  r<N>/closed           RoundRecord, decided: members in node-rank order, restarts used
+                        before, the excluded nodes (or `aborted`)
+  r<N>/request          RequestRecord, decided: restart, fail or succeed
+  r<N>/succeeded/<node>, r<N>/unhealthy/<node>          MarkRecords
+  r<N>/respawn/<node>.<nonce>                           in-process respawns (budget)
+  r<N>/inprocess        Member: node rank 0's store for the ranks' in-process rounds
+  alive/<node>, status/<node>   AliveRecord, NodeSummary, held by the node's lease
+
+A join is a transaction "if round N is not closed, write my join record and touch `joined`";
+a close is "if round N is still not closed and nobody joined since I read the joiners, write
+the round record": so a round closes with exactly the nodes that joined it, once.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from ftd.config.serve import ServeConfig
+from ftd.coordination.base import CoordinationError, Round, order_members
+from ftd.coordination.etcd.client import Get, KeyValue, RangeResult
+from ftd.coordination.etcd.kv import RecordKv
+from ftd.coordination.records import (
+    MAX_ROUND_RECORD_BYTES,
+    ExcludedRecord,
+    ExclusionLedger,
+    MarkRecord,
+    Member,
+    NodeSummary,
+    Record,
+    RequestRecord,
+    RoundNumber,
+    RoundRecord,
+)
+from ftd.coordination.shared_rounds import Late, aborted_round, excluded_error, key
+
+log = logging.getLogger("ftd.rendezvous")
+
+MAX_CLOSE_TRIES = 16
+"""Closes that lost to a new joiner before one closes without comparing (a flood of joins)."""
+MAX_EXCLUDE_TRIES = 100
+
+
+class RoundHint(Record):
+    number: RoundNumber
+
+
+@dataclass(frozen=True)
+class RoundView:
+    """Round N as read at one revision."""
+
+    hint: int | None
+    excluded: dict[str, str]
+    closed: RoundRecord | None
+    closed_kv: KeyValue | None
+    request: RequestRecord | None
+
+
+class EtcdRounds:
+    """Joining, closing and reading rounds in etcd; what this daemon has seen of the budget."""
+
+    def __init__(self, config: ServeConfig, kv: RecordKv) -> None:
+        self.config = config
+        self.node_id = config.node_id
+        self.kv = kv
+        self.known_restarts = 0
+        """The highest restart count this daemon has seen: it never accepts a lower one."""
+        self.round_hint = 0
+        """The next round this daemon may join (never an older one)."""
+        self.exclusions = ExclusionLedger()
+        """The newest exclusion this daemon has seen: a replay never rolls it back."""
+
+    # -- reading -----------------------------------------------------------------------------
+
+    async def read_cluster(self) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+        """Each node's published summary (a record under another node's name is skipped), and
+        the excluded nodes, as etcd has them."""
+        _, (found, excluded) = await self.kv.reads(Get("status/", prefix=True), Get("excluded"))
+        summaries = {
+            k.removeprefix("status/"): s.model_dump()
+            for k, s in self.kv.valid(found, NodeSummary).items()
+            if k == f"status/{s.node_id}"
+        }
+        return summaries, self.excluded_of(excluded)
+
+    def excluded_of(self, found: RangeResult) -> dict[str, str]:
+        record, _ = self.kv.first(found, ExcludedRecord, MAX_ROUND_RECORD_BYTES)
+        return self.exclusions.merge(record, self.kv.codec)
+
+    async def read_excluded(self) -> dict[str, str]:
+        _, (found,) = await self.kv.reads(Get("excluded"))
+        return self.excluded_of(found)
+
+    async def read_round(self, number: int) -> RoundView:
+        _, (hint, excluded, closed, request) = await self.kv.reads(
+            Get("round"), Get("excluded"), Get(key(number, "closed")), Get(key(number, "request"))
+        )
+        pointer, _ = self.kv.first(hint, RoundHint)
+        record, closed_kv = self.kv.first(closed, RoundRecord, MAX_ROUND_RECORD_BYTES)
+        decided, _ = self.kv.first(request, RequestRecord)
+        return RoundView(
+            hint=pointer.number if pointer is not None else None,
+            excluded=self.excluded_of(excluded),
+            closed=record,
+            closed_kv=closed_kv,
+            request=decided,
+        )
+
+    # -- joining -----------------------------------------------------------------------------
+
+    async def enter(self, me: Member, lease: int) -> tuple[int, int] | Late:
+        """Find the open round and join it: (round, joiner number), or Late (it closed
+        without this node)."""
+        number = self.round_hint
+        while True:
+            view = await self.read_round(number)
+            if view.hint is not None and view.hint > number:
+                number = view.hint
+                continue
+            if view.closed is not None:
+                self.exclusions.learn(view.closed)
+            if (reason := self.exclusions.nodes.get(me.node_id)) is not None:
+                raise excluded_error(me.node_id, self.config.run_id, reason)
+            if view.request is not None:
+                if view.request.action != "restart":
+                    raise CoordinationError(
+                        f"the job is over: {view.request.reason} (job {self.config.run_id} "
+                        "in etcd; a new run needs a new --rdzv-id, or its keys deleted)",
+                        view.request.action,
+                    )
+                number += 1  # the next round's joiners move the hint
+                continue
+            if view.closed is not None:
+                if view.closed.aborted:
+                    raise CoordinationError(view.closed.aborted)
+                return Late(number, view.closed)
+            joined = key(number, "joined")
+            # While round N is open nobody can have moved the hint past N (that takes a
+            # request, which takes a closed round): the join may move it to N unconditionally.
+            hint = (
+                [self.kv.put_op("round", RoundHint(number=number))]
+                if view.hint is None or view.hint < number
+                else []
+            )
+            result = await self.kv.txn(
+                [self.kv.unchanged(key(number, "closed"), view.closed_kv)],
+                [
+                    self.kv.put_op(key(number, f"join/{me.node_id}"), me, lease),
+                    self.kv.put_op(joined, MarkRecord(node_id=me.node_id)),
+                    Get(joined),
+                    *hint,
+                ],
+            )
+            if not result.succeeded:
+                continue  # closed meanwhile (or garbage replaced): read again
+            counter = result.responses[2]
+            assert isinstance(counter, RangeResult) and counter.kvs
+            joiner = counter.kvs[0].version
+            log.info("joined round %d as joiner %d", number, joiner)
+            return number, joiner
+
+    async def joined_ids(self, number: int) -> list[str]:
+        """The nodes with a valid join record in round `number` so far."""
+        _, (joins,) = await self.kv.reads(Get(key(number, "join/"), prefix=True))
+        valid = self.kv.valid(joins, Member)
+        return sorted(
+            {m.node_id for k, m in valid.items() if k == key(number, f"join/{m.node_id}")}
+        )
+
+    # -- closing -----------------------------------------------------------------------------
+
+    async def close(self, number: int, abort: bool) -> None:
+        """Close round `number` with its valid joiners if there are MIN of them; at the join
+        deadline (`abort`), abort it otherwise. One closer wins."""
+        for attempt in range(MAX_CLOSE_TRIES):
+            previous = number - 1
+            (
+                _,
+                (joins, joined, closed, excluded, prev_closed, prev_request, respawns),
+            ) = await self.kv.reads(
+                Get(key(number, "join/"), prefix=True),
+                Get(key(number, "joined")),
+                Get(key(number, "closed")),
+                Get("excluded"),
+                Get(key(previous, "closed")),
+                Get(key(previous, "request")),
+                Get(key(previous, "respawn/"), prefix=True),
+            )
+            decided, closed_kv = self.kv.first(closed, RoundRecord, MAX_ROUND_RECORD_BYTES)
+            if decided is not None:
+                return
+            previous_record = self.kv.first(prev_closed, RoundRecord, MAX_ROUND_RECORD_BYTES)[0]
+            if previous_record is not None:
+                self.exclusions.learn(previous_record)
+            out = self.excluded_of(excluded)
+            valid = self.kv.valid(joins, Member)
+            members = [
+                m
+                for k, m in valid.items()
+                if k == key(number, f"join/{m.node_id}") and m.node_id not in out
+            ]
+            record = self._round_record(
+                number,
+                members,
+                out,
+                failed=len(joins.kvs) - len(valid),
+                previous=previous_record,
+                request=self.kv.first(prev_request, RequestRecord)[0],
+                respawns=len(self.kv.valid(respawns, MarkRecord)) if number > 0 else 0,
+            )
+            if record.aborted and not abort:
+                return
+            compare = [self.kv.unchanged(key(number, "closed"), closed_kv)]
+            if attempt < MAX_CLOSE_TRIES - 1:
+                counter = joined.kvs[0] if joined.kvs else None
+                compare.append(self.kv.unchanged(key(number, "joined"), counter))
+            result = await self.kv.txn(compare, [self.kv.put_op(key(number, "closed"), record)])
+            if result.succeeded:
+                if not record.aborted:
+                    log.info("closed round %d with %d nodes", number, len(record.members))
+                return
+
+    def _round_record(
+        self,
+        number: int,
+        joined: list[Member],
+        excluded: dict[str, str],
+        *,
+        failed: int,
+        previous: RoundRecord | None,
+        request: RequestRecord | None,
+        respawns: int,
+    ) -> RoundRecord:
+        cfg = self.config
+        epoch = self.exclusions.newest.epoch
+        if len(joined) < cfg.nnodes_min:
+            aborted = aborted_round(cfg, number, len(joined), failed, self.known_restarts, excluded)
+            return aborted.model_copy(update={"excluded_epoch": epoch})
+        before = [m.node_id for m in previous.members] if previous is not None else []
+        restarts = self.known_restarts
+        if number > 0:
+            restarts = (previous.restarts if previous is not None else 0) + respawns
+            if request is not None and request.action == "restart" and request.counted:
+                restarts += 1
+        return RoundRecord(
+            number=number,
+            members=tuple(order_members(joined, before)[: cfg.nnodes_max]),
+            restarts=max(restarts, self.known_restarts),
+            excluded=excluded,
+            excluded_epoch=epoch,
+        )
+
+    # -- marks -------------------------------------------------------------------------------
+
+    def _marks(self, rnd: Round, kind: str, found: RangeResult) -> set[str]:
+        """Members with a valid mark of `kind` (a mark names the node its key names)."""
+        members = set(rnd.node_ids)
+        return {
+            mark.node_id
+            for k, mark in self.kv.valid(found, MarkRecord).items()
+            if k == key(rnd.number, f"{kind}/{mark.node_id}") and mark.node_id in members
+        }
+
+    async def mark(self, rnd: Round, kind: str, node_id: str, *also: str) -> list[set[str]]:
+        """Write `node_id`'s mark of `kind`, then read the members marked `kind` and each of
+        `also`, at once."""
+        kinds = (kind, *also)
+        result = await self.kv.txn(
+            (),
+            [
+                self.kv.put_op(key(rnd.number, f"{kind}/{node_id}"), MarkRecord(node_id=node_id)),
+                *(Get(key(rnd.number, f"{k}/"), prefix=True) for k in kinds),
+            ],
+        )
+        ranges = [r for r in result.responses if isinstance(r, RangeResult)]
+        return [self._marks(rnd, k, r) for k, r in zip(kinds, ranges, strict=True)]
+
+    async def respawns(self, number: int) -> int:
+        _, (found,) = await self.kv.reads(Get(key(number, "respawn/"), prefix=True))
+        return len(self.kv.valid(found, MarkRecord))
+
+    async def charge_respawn(self, number: int, reason: str) -> int:
+        """Record one in-process respawn in round `number`: the respawns recorded so far."""
+        slot = key(number, f"respawn/{self.node_id}.{uuid.uuid4().hex[:12]}")
+        result = await self.kv.txn(
+            (),
+            [
+                self.kv.put_op(slot, MarkRecord(node_id=self.node_id, reason=reason[:4000])),
+                Get(key(number, "respawn/"), prefix=True),
+            ],
+        )
+        found = result.responses[1]
+        assert isinstance(found, RangeResult)
+        return len(self.kv.valid(found, MarkRecord))
+
+    # -- exclusion ---------------------------------------------------------------------------
+
+    async def update_excluded(self, node_id: str, reason: str | None) -> dict[str, str]:
+        for _ in range(MAX_EXCLUDE_TRIES):
+            _, (found,) = await self.kv.reads(Get("excluded"))
+            current, seen = self.kv.first(found, ExcludedRecord, MAX_ROUND_RECORD_BYTES)
+            update = self.exclusions.updated(current, node_id, reason)
+            result = await self.kv.txn(
+                [self.kv.unchanged("excluded", seen)],
+                [self.kv.put_op("excluded", update)],
+            )
+            if result.succeeded:
+                return self.exclusions.merge(update, self.kv.codec)
+        raise CoordinationError("could not update the excluded nodes (contention)")

@@ -1,0 +1,2 @@
+"""Rank health: the ranks' socket, the monitor and its deadlines, hangs, learned timeouts, NVRx's
+sockets (nvrx/)."""

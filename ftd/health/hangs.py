@@ -1,0 +1,267 @@
+"""Hang verdicts turned into explained kills.
+
+The monitor judges; this says who stopped first, has every overdue rank's stacks written
+(faulthandler through the rank's own signal, py-spy from outside where installed), then kills
+the culprit with the termination signal and ends the attempt. Nothing a rank sent or did can
+stop the kill: every step that fails becomes a note in the reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from ftd import containment
+from ftd.health.links import RankHealth
+from ftd.health.monitor import Monitor
+from ftd.health.verdict import Verdict
+from ftd.ranks.workers import WorkerGroup
+from ftd.status.event_kind import EventKind
+from ftd.status.events import EventLog
+from ftd.status.model import Failure
+from ftd.tasks import within
+
+log = logging.getLogger("ftd.health")
+
+STACK_DUMP_WAIT_S = 1.0
+NATIVE_DUMP_TIMEOUT_S = 10.0
+
+
+class HangHandler:
+    """The health service's verdicts, carried out on the attempt's group."""
+
+    def __init__(self, monitor: Monitor, events: EventLog, termination_signal: str) -> None:
+        self.monitor = monitor
+        self.events = events
+        self.termination_signal = termination_signal
+        self.group: WorkerGroup | None = None
+        """The attempt's group (set by the health service when it attaches one)."""
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+
+    def fail(self, reason: str) -> None:
+        """A part of the health service failed (containment): the attempt ends with it."""
+        if self.group is not None:
+            self.group.fail(Failure(kind="internal", reason=reason, timestamp=time.time()))
+
+    def on_hang(self, verdict: Verdict) -> None:
+        overdue = list(verdict.overdue)
+        # Ranks waiting in a collective on an injected hang time out as well, and may do so first.
+        simulated = [r for r in self.monitor.ranks() if r.simulated_hang]
+        culprit = simulated[0] if simulated else overdue[0].rank
+        reason = _verdict_reason(verdict, culprit)
+        log.error("%s", reason)
+        others = [item.rank for item in overdue if item.rank is not culprit]
+        task = asyncio.create_task(self._explain_and_kill(culprit, others, reason))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _explain_and_kill(
+        self, rank: RankHealth, others: list[RankHealth], reason: str
+    ) -> None:
+        """Stacks of every overdue rank first (bounded), then the kill and the attempt's end.
+        Nothing a rank sent or did can stop the kill: every step's error is a note."""
+        group = self.group
+        if group is None:
+            return
+        notes: list[str] = []
+        try:
+            containment.inject("hangs")
+            notes = await self._explain_each(group, [rank, *others], unnamed=rank)
+        except Exception as error:  # never lose the kill to an explanation
+            containment.record("hangs", error)
+            notes.append(f"stacks not collected ({error!r})")
+        finally:
+            self._kill(group, rank, others, reason, notes)
+
+    async def explain_ranks(self, local_ranks: list[int]) -> list[str]:
+        """Write these local ranks' stacks (in-process mode: the stragglers that make the
+        daemon fall back to a process restart, before it stops them); notes on each."""
+        group = self.group
+        if group is None:
+            return []
+        ranks = [rank for rank in self.monitor.ranks() if rank.local_rank in local_ranks]
+        return await self._explain_each(group, ranks)
+
+    async def _explain_each(
+        self, group: WorkerGroup, ranks: list[RankHealth], unnamed: RankHealth | None = None
+    ) -> list[str]:
+        """Every rank's stacks at once; notes prefixed with the rank (but `unnamed`'s)."""
+        notes: list[str] = []
+        results = await asyncio.gather(
+            *(self._explain(group, r) for r in ranks), return_exceptions=True
+        )
+        for who, result in zip(ranks, results, strict=True):
+            if isinstance(result, BaseException):
+                log.error("could not explain rank %d: %r", who.global_rank, result)
+                notes.append(f"rank {who.global_rank}: no stacks ({result!r})")
+            else:
+                prefix = "" if who is unnamed else f"rank {who.global_rank}: "
+                notes.extend(prefix + note for note in result)
+        return notes
+
+    async def _explain(self, group: WorkerGroup, rank: RankHealth) -> list[str]:
+        stacks = Path(group.attempt_log_dir) / str(rank.local_rank)
+        stacks_file = stacks / "stacks.txt"
+        notes: list[str] = []
+
+        def resume() -> None:
+            # A stopped process runs no signal handler. Resumed after the stack signal is
+            # pending, its faulthandler writes the stacks of where it stopped, before any
+            # Python runs, and before the termination signal ends it.
+            if _is_stopped(rank.pid):
+                notes.append("the rank was stopped (SIGSTOP/SIGTSTP): resumed with SIGCONT")
+                group.signal_rank(rank.local_rank, signal.SIGCONT)
+
+        if rank.stack_signal is None:
+            resume()
+            notes.append("the rank did not register a stack dump (no ftd_client)")
+        elif await _dump_stacks(
+            lambda sig: group.signal_process(rank.local_rank, rank.pid, sig),
+            rank.stack_signal,
+            stacks_file,
+            resume,
+        ):
+            notes.append(f"Python stacks in {stacks_file}")
+        else:
+            notes.append(f"the rank wrote no stacks within {STACK_DUMP_WAIT_S:g}s")
+        # py-spy reads the stacks from outside: the fallback for a rank that cannot run its
+        # handler (no ftd_client, a signal blocked, C code that never returns to Python).
+        if (native := await _native_dump(rank.pid, stacks / "stacks_native.txt")) is not None:
+            notes.append(f"native stacks in {native}")
+        return notes
+
+    def _kill(
+        self,
+        group: WorkerGroup,
+        rank: RankHealth,
+        others: list[RankHealth],
+        reason: str,
+        notes: list[str],
+    ) -> None:
+        section = max(rank.open_sections, key=rank.open_sections.__getitem__, default=None)
+        signal_name = self.termination_signal
+        try:
+            event = self.events.emit(
+                EventKind.RANK_HUNG,
+                local_rank=rank.local_rank,
+                global_rank=rank.global_rank,
+                pid=rank.pid,
+                reason=reason,
+                section=section,
+                also_overdue=[r.global_rank for r in others],
+                notes=notes,
+            )
+            timestamp = event.time
+        except Exception as error:
+            containment.record("hangs", error)
+            timestamp = time.time()
+        try:
+            group.signal_rank(rank.local_rank, signal.Signals[signal_name])
+        except Exception as error:
+            containment.record("hangs", error)
+        full_reason = f"{reason}; {'; '.join(notes)}; terminated with {signal_name}"
+        silent = rank.last_seen if rank.last_seen is not None else rank.connected_at
+        group.fail(
+            Failure(
+                kind="hang",
+                reason=full_reason,
+                local_rank=rank.local_rank,
+                global_rank=rank.global_rank,
+                pid=rank.pid,
+                timestamp=timestamp,
+                origin=time.time() - (time.monotonic() - silent) if silent is not None else None,
+            )
+        )
+
+
+def _verdict_reason(verdict: Verdict, culprit: RankHealth) -> str:
+    """The culprit's reason, then who else was overdue and who stopped first."""
+    by_rank = {id(item.rank): item for item in verdict.overdue}
+    own = by_rank.get(id(culprit))
+    if own is not None:
+        reason = own.reason(verdict.at)
+    else:  # an announced simulated hang that has not timed out itself
+        first = verdict.first
+        reason = (
+            f"rank {culprit.global_rank} is carrying out a simulated hang; rank "
+            f"{first.rank.global_rank} was the first to time out waiting: "
+            f"{first.reason(verdict.at)}"
+        )
+    others = [item.rank.global_rank for item in verdict.overdue if item.rank is not culprit]
+    if others and own is not None:
+        silent = culprit.last_seen if culprit.last_seen is not None else culprit.connected_at
+        since = f" (silent for {verdict.at - silent:.3f}s)" if silent is not None else ""
+        reason += (
+            f"; rank {culprit.global_rank} stopped first{since}, ranks {others} stopped "
+            "after it (waiting on it, most likely)"
+        )
+    return reason
+
+
+def _is_stopped(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            state = stat.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state in (b"T", b"t")
+
+
+async def _dump_stacks(
+    send: Callable[[int], bool], stack_signal: int, path: Path, after_signal: Callable[[], None]
+) -> bool:
+    """Signal the rank's faulthandler (through its pidfd: `send`) and await its dump (the file
+    grows, then settles)."""
+    before = _size(path)
+    if not send(stack_signal):
+        return False
+    after_signal()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + STACK_DUMP_WAIT_S
+    last = before
+    while loop.time() < deadline:
+        await asyncio.sleep(0.002)  # the dump is written from a signal handler: no event to await
+        size = _size(path)
+        if size > before and size == last:
+            return True
+        last = size
+    return _size(path) > before
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+async def _native_dump(pid: int, path: Path) -> Path | None:
+    """py-spy's native stacks, where py-spy is installed (bounded)."""
+    py_spy = shutil.which("py-spy")
+    if py_spy is None:
+        return None
+    with path.open("wb") as out:
+        proc = await asyncio.create_subprocess_exec(
+            py_spy,
+            "dump",
+            "--native",
+            "--pid",
+            str(pid),
+            stdout=out,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        try:
+            await within(proc.wait(), NATIVE_DUMP_TIMEOUT_S)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+    return path

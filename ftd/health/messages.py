@@ -1,0 +1,92 @@
+"""What one decoded rank message does to its rank's health: the lossy path's part of it.
+
+`deliver` takes a message of ftd's rank protocol (ftd_client/protocol.py) as it arrived on a
+connection, checks its sequence number, applies its event (heartbeat, section start or end,
+resumed, goodbye) and then its state (the sections open on that connection), and says what
+was lost and what a budget refused. Requests that are answered (hello, workload control,
+timeouts) stay with the health service. Pure apart from the monitor it drives, so the lossy
+channel's property tests run it on a fake clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ftd_client import protocol
+
+from ftd.health.links import Link, RankHealth
+from ftd.health.monitor import STALL_THRESHOLD_S, Monitor
+from ftd.health.sync import BudgetExceeded
+
+MAX_BACKLOG_S = 30.0
+"""A message older than this when read is timed from 30 s before its receipt."""
+
+
+@dataclass
+class Delivery:
+    lost: int = 0
+    """Messages of this connection that never arrived before this one."""
+    refused: list[BudgetExceeded] = field(default_factory=list)
+
+
+def deliver(
+    monitor: Monitor,
+    rank: RankHealth,
+    link: Link,
+    message: dict[str, Any],
+    now: float,
+    reading_since: float | None = None,
+) -> Delivery:
+    """Apply `message` (decoded, received on `link` at `now`; the daemon has been reading
+    without a pause since `reading_since`). A budget's refusal of its event is in `refused`,
+    never raised: the state it carries is applied all the same."""
+    delivery = Delivery(monitor.on_sequence(rank, link, message.get("s"), message.get("dropped")))
+    at = sent_at(message.get("m"), now, reading_since)
+    state = message.get("o")
+    try:
+        _apply_event(monitor, rank, link, message, now, at)
+    except BudgetExceeded as error:
+        delivery.refused.append(error)
+    if state is not None:
+        # After a drop ("dropped" rides along) what stayed open may have closed and opened
+        # again unseen: its clock restarts when the rank said so.
+        fresh = "dropped" in message
+        for refusal in monitor.on_state(rank, link.id, state, now, fresh, at):
+            if all(refusal.budget != seen.budget for seen in delivery.refused):
+                delivery.refused.append(refusal)  # one refusal per budget and message
+    return delivery
+
+
+def _apply_event(
+    monitor: Monitor,
+    rank: RankHealth,
+    link: Link,
+    message: dict[str, Any],
+    now: float,
+    at: float,
+) -> None:
+    match message["t"]:
+        case protocol.HEARTBEAT:
+            monitor.on_heartbeat(rank, now)
+        case protocol.SECTION_START:
+            monitor.on_section_start(rank, message["n"], now, link.id, at)
+        case protocol.SECTION_END:
+            monitor.on_section_end(rank, message["n"], now, link.id, "o" in message, at)
+        case protocol.RESUMED:
+            monitor.on_resumed(rank, now)
+        case protocol.GOODBYE:
+            monitor.on_goodbye(rank)
+        case _:  # STATE, and the answered kinds: their state only, here
+            pass
+
+
+def sent_at(sent_ns: object, now: float, reading_since: float | None = None) -> float:
+    """When the rank sent a message (its CLOCK_MONOTONIC, the daemon's too), as far back as
+    the daemon has been reading without a pause (`reading_since`, at most MAX_BACKLOG_S ago;
+    else STALL_THRESHOLD_S): a backlog does not delay a section's clock, and a daemon, or a
+    machine, that was not running gives a grace instead of deadlines in the past."""
+    if not isinstance(sent_ns, int):
+        return now
+    earliest = now - STALL_THRESHOLD_S if reading_since is None else reading_since
+    return min(now, max(sent_ns / 1e9, earliest, now - MAX_BACKLOG_S))

@@ -1,0 +1,2 @@
+"""NVIDIA Resiliency Extension's sockets served by ftd: wire format, the pickle decoder, the server
+and its host."""

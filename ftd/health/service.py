@@ -1,0 +1,395 @@
+"""Rank health service: the socket, the monitor, learned timeouts and workload requests.
+
+The daemon owns one; it routes the ranks' messages to the monitor, answers requests, turns
+hang verdicts into explained failures (stacks first, then the kill) and keeps learned timeouts
+in a state file so they survive restarts of ranks and of the daemon.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from ftd_client import protocol
+from ftd_client.protocol import ProtocolError, WorkloadAction
+from pydantic import ValidationError
+
+from ftd import containment
+from ftd.config.ft import FaultToleranceConfig, RankTimeouts
+from ftd.errors import InvalidRequest, format_validation_error
+from ftd.health.accounting import BudgetWatch, LossWatch, send_buffer_bytes
+from ftd.health.hangs import HangHandler
+from ftd.health.learning import (
+    OUT_OF_SECTION,
+    Base,
+    Generations,
+    NotReady,
+    apply_values,
+    learn_nvrx,
+    learn_timeouts,
+    learned_values,
+    load_learned,
+)
+from ftd.health.links import Link, RankHealth
+from ftd.health.messages import deliver
+from ftd.health.monitor import Monitor
+from ftd.health.nvrx.host import NvrxRankHost
+from ftd.health.nvrx.server import NvrxServer
+from ftd.health.socket import RankSocketServer, parent_pid
+from ftd.ranks.workers import WorkerGroup
+from ftd.status.event_kind import EventKind
+from ftd.status.events import EventLog
+from ftd.status.model import RankStatus
+from ftd.status.persist import Persistence
+
+log = logging.getLogger("ftd.health")
+
+MAX_ANCESTRY = 16
+
+
+class WorkloadRequest:
+    def __init__(self, action: WorkloadAction, global_rank: int, description: str) -> None:
+        self.action, self.global_rank, self.description = action, global_rank, description
+
+    def reason(self) -> str:
+        what = {
+            WorkloadAction.SHUTDOWN_WORKLOAD: "asked to shut the workload down",
+            WorkloadAction.EXCLUDE_THIS_NODE: "asked to exclude its node",
+            WorkloadAction.CONTINUE: "asked to continue",
+        }[self.action]
+        detail = f": {self.description}" if self.description else ""
+        return f"rank {self.global_rank} {what}{detail}"
+
+
+class HealthService:
+    def __init__(
+        self,
+        ft: FaultToleranceConfig,
+        socket_path: Path,
+        state_file: Path,
+        events: EventLog,
+        persist: Persistence | None = None,
+    ) -> None:
+        self.ft = ft
+        self.state_file = state_file
+        self.events = events
+        self.persist = persist or Persistence()
+        self.workload_request: WorkloadRequest | None = None
+        self.losses = LossWatch(events)
+        self.budgets = BudgetWatch(events)
+        self._learned: frozenset[str] = frozenset()
+        self._generations = Generations()
+        timeouts, self._learned = load_learned(state_file, ft.timeouts())
+        self.monitor = Monitor(
+            timeouts,
+            lambda verdict: self.hangs.on_hang(verdict),
+            on_error=lambda reason: self.hangs.fail(reason),
+        )
+        self.hangs = HangHandler(self.monitor, events, ft.rank_termination_signal)
+        self.monitor.connect_timeout = ft.initial_rank_heartbeat_timeout  # as configured
+        self.server = RankSocketServer(
+            socket_path, self._dispatch, self._authorize, self._link_closed
+        )
+        self.monitor.drain = self.server.drain
+        self.nvrx = NvrxServer(socket_path, NvrxRankHost(self), self.server.dropped)
+        self.server.followers.append(self.nvrx)
+        self._group: WorkerGroup | None = None
+        self._first_steps: asyncio.Future[float | None] | None = None
+        self._not_stepped: set[int] = set()
+        self.monitor.on_first_step = self._on_first_step
+
+    @property
+    def timeouts(self) -> RankTimeouts:
+        return self.monitor.timeouts
+
+    def start(self) -> None:
+        self.server.start()
+        log.info("the ranks' socket is %s", self.server.path)
+        loop = asyncio.get_running_loop()
+        try:
+            self.nvrx.start(loop.add_reader, loop.remove_reader)
+        except OSError as error:  # ftd_client's socket still serves; NVRx's clients will fail
+            log.error("NVRx's rank sockets are not served: %s", error)
+
+    def close(self) -> None:
+        self.monitor.detach()
+        self.server.close()
+        self.nvrx.close()
+        self.hangs.close()
+
+    # -- attempts ----------------------------------------------------------------------------
+
+    def attach(self, group: WorkerGroup, statuses: list[RankStatus]) -> None:
+        """Watch this attempt's ranks (the previous attempt's are forgotten)."""
+        self._group = self.hangs.group = group
+        self._generations.reset()  # a new attempt's ranks count their calls from 1
+        self.losses.forget()
+        self.budgets.forget()
+        self.monitor.attach(
+            [(s.local_rank, s.global_rank, s.pid) for s in statuses if s.pid is not None]
+        )
+        self._first_steps = asyncio.get_running_loop().create_future()
+        self._not_stepped = {s.local_rank for s in statuses}
+
+    def respawned(self, status: RankStatus, old_pid: int | None) -> None:
+        """The rank's process was replaced (in-process mode): watch the new one."""
+        if status.pid is not None:
+            self.monitor.replace(old_pid, status.local_rank, status.global_rank, status.pid)
+
+    def detach(self, group: WorkerGroup | None = None) -> None:
+        """Stop watching `group`'s ranks (any group's when None); a later attempt's ranks,
+        already attached, are left alone."""
+        if group is not None and group is not self._group:
+            return
+        # What the ranks sent before they exited (their resumed(), a last section) is read
+        # before their connections are forgotten: the exit may be seen before the messages.
+        self.server.drain()
+        self._group = self.hangs.group = None
+        self.server.previous_pids = self.monitor.pids()
+        self.server.forget_connections()
+        self.monitor.detach()
+        if self._first_steps is not None and not self._first_steps.done():
+            self._first_steps.set_result(None)
+
+    def send_buffer(self, local_ranks: int) -> int:
+        """The send buffer each rank's socket should have (FTD_SOCKET_SNDBUF)."""
+        return send_buffer_bytes(local_ranks, self.losses.peak_rate)
+
+    def snapshot(self, pid: int | None) -> dict[str, Any] | None:
+        """The live view of the rank with this pid (heartbeat age, open section), if watched."""
+        rank = self.monitor.rank_of(pid) if pid is not None else None
+        return rank.snapshot(time.monotonic()) if rank is not None else None
+
+    async def first_steps(self, group: WorkerGroup) -> float | None:
+        """When every rank of `group` took its first step (wall clock): its first heartbeat,
+        section or resumed(); None when the attempt ended before."""
+        if group is not self._group or self._first_steps is None:
+            return None
+        return await asyncio.shield(self._first_steps)
+
+    def _on_first_step(self, rank: RankHealth, now: float) -> None:
+        self._not_stepped.discard(rank.local_rank)
+        stepped = self._first_steps
+        if not self._not_stepped and stepped is not None and not stepped.done():
+            stepped.set_result(time.time() - (time.monotonic() - now))
+
+    # -- timeouts ----------------------------------------------------------------------------
+
+    def learn(
+        self, by: str, sections: list[str] | None = None, out_of_section: bool = True
+    ) -> RankTimeouts:
+        timeouts, self._learned = learn_timeouts(
+            self.timeouts,
+            self._learned,
+            self.monitor.observed,
+            self.ft.safety_factor,
+            sections,
+            out_of_section,
+            floor=self.ft.min_learned_timeout,
+        )
+        self._apply(timeouts, by, learned=True)
+        return timeouts
+
+    def update(
+        self, patch: dict[str, Any], by: str, learned: frozenset[str] = frozenset()
+    ) -> RankTimeouts:
+        """Apply a partial update, validated by the same model as the CLI; `learned` names the
+        values that were calculated (a checkpoint's learned timeouts), the rest are set."""
+        merged = {**self.timeouts.model_dump(), **patch}
+        try:
+            timeouts = RankTimeouts.model_validate(merged)
+        except ValidationError as error:
+            raise InvalidRequest(format_validation_error(error)) from None
+        # Values set by hand are no longer learned ones.
+        keys = set(patch) | {f"section:{s}" for s in _sections(patch)}
+        self._learned = (self._learned - keys) | (learned & keys)
+        if "initial_rank_heartbeat_timeout" in set(patch) - learned:
+            # Set by hand, it bounds a rank's time to connect too (a learned one does not).
+            self.monitor.connect_timeout = timeouts.initial_rank_heartbeat_timeout
+        self._apply(timeouts, by, learned=bool(learned & keys))
+        return timeouts
+
+    def set_calculated(
+        self, timeouts: RankTimeouts, by: str, learned: set[str], unlearned: set[str]
+    ) -> None:
+        """Timeouts a rank calculated itself: `learned` names now count as learned ones,
+        `unlearned` as set."""
+        self._learned = (self._learned - unlearned) | learned
+        self._apply(timeouts, by, learned=bool(learned))
+
+    def _apply(self, timeouts: RankTimeouts, by: str, learned: bool) -> None:
+        if timeouts == self.timeouts:
+            return
+        self.monitor.set_timeouts(timeouts)
+        self._save_state()
+        self.events.emit(
+            EventKind.TIMEOUTS_CHANGED, timeouts=timeouts.model_dump(), by=by, learned=learned
+        )
+        log.info("timeouts changed by %s: %s", by, timeouts.model_dump())
+
+    def _save_state(self) -> None:
+        state = {"timeouts": self.timeouts.model_dump(), "learned": sorted(self._learned)}
+        self.persist.write_json(self.state_file, state)
+
+    # -- messages ----------------------------------------------------------------------------
+
+    def rank_for(self, pid: int) -> RankHealth:
+        rank = self.monitor.rank_of(pid)
+        if rank is not None:
+            return rank
+        ancestor: int | None = pid
+        for _ in range(MAX_ANCESTRY):  # a descendant of a rank (a DataLoader worker, say)
+            ancestor = parent_pid(ancestor) if ancestor else None
+            if not ancestor or ancestor == 1:
+                break
+            if (rank := self.monitor.rank_of(ancestor)) is not None:
+                self.monitor.adopt(pid, rank)
+                return rank
+        raise ProtocolError("not_a_rank", f"pid {pid} is no rank of this daemon")
+
+    def _authorize(self, pid: int) -> None:
+        self.rank_for(pid)
+
+    def _dispatch(self, link: Link, message: dict[str, Any], now: float) -> dict[str, Any] | None:
+        rank = self.rank_for(link.pid)
+        containment.inject("rank_messages")
+        self.losses.received(rank, now)
+        if message["t"] == protocol.HELLO:  # before its state: the rank is connected
+            self.monitor.on_hello(rank, message.get("stack_signal"), now)
+        if link.backlog_at is not None and (rank.backlog_at or 0.0) < link.backlog_at:
+            self.monitor.on_backlog(rank, link.backlog_at)
+        delivery = deliver(self.monitor, rank, link, message, now, self.server.reading_since)
+        if delivery.lost:
+            self.losses.lost(rank, delivery.lost, now)
+        for refusal in delivery.refused:
+            self.budgets.exceeded(rank, refusal)
+        reply = self._answer(rank, message, now)
+        if delivery.refused:
+            raise delivery.refused[0]  # counted by the socket as a dropped message
+        return reply
+
+    def _link_closed(self, link: Link) -> None:
+        """A rank's connection ended: nothing can close its sections any more."""
+        rank = self.monitor.rank_of(link.pid)
+        if rank is not None:
+            self.monitor.on_state(rank, link.id, [], time.monotonic(), fresh=False)
+
+    def _answer(
+        self, rank: RankHealth, message: dict[str, Any], now: float
+    ) -> dict[str, Any] | None:
+        """The requests a rank's message makes beyond its health (rank_messages.deliver)."""
+        kind = message["t"]
+        if kind == protocol.HELLO:
+            return self._timeouts_reply(self.timeouts)
+        elif kind == protocol.FAULT:
+            fault = str(message.get("kind"))[:16]
+            rank.simulated_hang = rank.simulated_hang or fault == "hang"
+            log.warning("rank %d is carrying out a simulated %s fault", rank.global_rank, fault)
+            self.events.emit(
+                EventKind.FAULT_INJECTED,
+                kind=fault,
+                global_rank=rank.global_rank,
+                pid=rank.pid,
+                open_sections=sorted(rank.open_sections),
+            )
+        elif kind == protocol.WORKLOAD_CONTROL:
+            return self._on_workload_control(rank, message)
+        elif kind == protocol.CALCULATE_TIMEOUTS:
+            return self._on_calculate(rank, message, now)
+        elif kind == protocol.SET_TIMEOUTS:
+            patch = message.get("timeouts")
+            if not isinstance(patch, dict):
+                raise ProtocolError("malformed", "timeouts must be an object")
+            learned = _names(message.get("learned", []), "learned")
+            try:
+                applied = self.update(patch, by=f"rank {rank.global_rank}", learned=learned)
+            except InvalidRequest as error:
+                return {"ok": False, "error": error.detail}
+            return self._timeouts_reply(applied)
+        return None
+
+    def _timeouts_reply(self, timeouts: RankTimeouts) -> dict[str, Any]:
+        return {"ok": True, "timeouts": timeouts.model_dump(), "learned": sorted(self._learned)}
+
+    def _on_calculate(
+        self, rank: RankHealth, message: dict[str, Any], now: float
+    ) -> dict[str, Any]:
+        """Learn timeouts for a rank's request: ftd's rule (every observed section, blended
+        with an earlier learned value) or NVRx's (ftd/health/learning.py). Calls of one generation,
+        one per rank, start from the same timeouts (see ftd/health/learning.py)."""
+        raw = message.get("sections")
+        sections = None if raw is None else sorted(_names(raw, "sections"))
+        out_of_section = bool(message.get("oos", True))
+        rule, kind, generation = (
+            message.get("rule", "ftd"),
+            message.get("kind", "all"),
+            message.get("gen"),
+        )
+        if rule not in ("ftd", "nvrx") or kind not in ("all", "hb", "sections"):
+            raise ProtocolError("malformed", f"rule {rule!r:.20} / kind {kind!r:.20}")
+        if generation is not None and not (isinstance(generation, int) and 0 < generation < 2**31):
+            raise ProtocolError("malformed", "gen must be a positive integer")
+        current = Base(self.timeouts, self._learned)
+        base = (
+            current
+            if generation is None
+            else self._generations.base((rule, kind, generation), current)
+        )
+        floor = self.ft.min_learned_timeout
+        if rule == "nvrx":
+            if kind == "all":
+                raise ProtocolError("malformed", "NVRx's rule learns hb or sections")
+            if kind == "sections" and not rank.open_sections and rank.out_of_section_since:
+                # NVRx's maybe_bump_oos_time: the rank's current stretch out of any section.
+                self.monitor.observed.see(OUT_OF_SECTION, now - rank.out_of_section_since)
+            try:
+                values = learn_nvrx(
+                    base, self.monitor.observed, self.ft.safety_factor, kind, sections,
+                    out_of_section, floor,
+                )  # fmt: skip
+            except NotReady as error:
+                return {"ok": False, "error": f"not ready: {error}"}
+        else:
+            result, names = learn_timeouts(
+                base.timeouts, base.learned, self.monitor.observed, self.ft.safety_factor,
+                sections, out_of_section, floor=floor,
+            )  # fmt: skip
+            values = learned_values(result, names)
+        self._learned = self._learned | set(values)
+        timeouts = apply_values(self.timeouts, values)
+        self._apply(timeouts, f"rank {rank.global_rank}", learned=True)
+        return self._timeouts_reply(timeouts)
+
+    def _on_workload_control(self, rank: RankHealth, message: dict[str, Any]) -> dict[str, Any]:
+        self.workload(rank, WorkloadAction[message["a"]], str(message.get("d", "")))
+        return {"ok": True}
+
+    def workload(self, rank: RankHealth, action: WorkloadAction, description: str) -> None:
+        request = WorkloadRequest(action, rank.global_rank, description[:1000])
+        self.events.emit(
+            EventKind.WORKLOAD_CONTROL,
+            action=action.name,
+            rank=rank.global_rank,
+            description=request.description,
+        )
+        if action is not WorkloadAction.CONTINUE:
+            log.warning("%s", request.reason())
+            self.workload_request = request
+
+
+def _names(value: object, what: str) -> frozenset[str]:
+    if (
+        not isinstance(value, list)
+        or len(value) > protocol.MAX_SECTIONS
+        or not all(isinstance(n, str) and 0 < len(n) <= protocol.MAX_SECTION_NAME for n in value)
+    ):
+        raise ProtocolError("malformed", f"{what} must be a list of names")
+    return frozenset(value)
+
+
+def _sections(patch: dict[str, Any]) -> list[str]:
+    sections = patch.get("rank_section_timeouts")
+    return list(sections) if isinstance(sections, dict) else []

@@ -1,0 +1,348 @@
+"""The daemon's unix packet socket for ranks (wire format: ftd_client.protocol).
+
+The socket is mode 0600; each rank connects once, and the kernel's SO_PEERCRED tells the pid and
+uid of the process that connected. A connection is kept only when it comes from this user's
+ranks of the current attempt or their descendants, checked when it is accepted: a stranger
+never takes a slot, however many connections it opens. Bad messages (malformed, oversized,
+unknown version, out of order) are dropped, counted by cause, and logged once per cause and
+sender.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import dataclasses
+import itertools
+import json
+import logging
+import os
+import select
+import socket
+import struct
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, Protocol
+
+from ftd_client import protocol
+from ftd_client.protocol import ProtocolError
+
+from ftd import containment
+from ftd.health.links import Link
+from ftd.refusals import Refusals
+
+log = logging.getLogger("ftd.ipc")
+
+UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+MAX_CONNECTIONS = 4096
+PREVIOUS_ATTEMPT = "previous_attempt"
+LISTEN_BACKLOG = 1024
+READING_PAUSE_S = 1.0
+READ_BATCH = 512
+"""Messages read from one connection per wake-up: a rank that sends without pause cannot keep
+the loop from the others (the loop wakes it again while it is readable)."""
+BACKLOG_MESSAGES = 64
+"""A queue this long when read may have been full: a rank's send buffer holds 278 small
+messages at Linux's default size, thousands at ftd's (FTD_SOCKET_SNDBUF)."""
+DRAIN_BATCHES = 64
+"""A drain before a verdict reads this many batches per connection at most (32k messages:
+more than a rank's whole send buffer holds)."""
+
+Dispatch = Callable[[Link, dict[str, Any], float], dict[str, Any] | None]
+"""(sender's connection, message, receipt time) -> reply for answered messages; raises
+ProtocolError."""
+Authorize = Callable[[int], None]
+"""(sender pid) -> None when the pid is a rank or a rank's descendant; raises ProtocolError."""
+
+
+class Follower(Protocol):
+    def pause(self) -> None: ...
+
+    def resume(self) -> None: ...
+
+    def drain(self) -> None: ...
+
+
+@dataclasses.dataclass(slots=True)
+class _Connection:
+    sock: socket.socket
+    link: Link
+
+
+class RankSocketServer:
+    def __init__(
+        self,
+        path: Path,
+        dispatch: Dispatch,
+        authorize: Authorize,
+        closed: Callable[[Link], None] = lambda link: None,
+    ) -> None:
+        self.path = path
+        self._dispatch = dispatch
+        self._authorize = authorize
+        self._closed = closed
+        """Told when a rank's connection ends (after its last message was dispatched)."""
+        self.dropped: collections.Counter[str] = Refusals("rank_socket", {"nvrx_": "nvrx_socket"})
+        self.received = 0
+        self.previous_pids: set[int] = set()
+        """Ranks of earlier attempts: connections from them are refused without a word."""
+        self._logged: set[tuple[str, int]] = set()
+        self._listener: socket.socket | None = None
+        self._connections: dict[int, _Connection] = {}
+        self._link_ids = itertools.count(1)
+        self._last_read = float("-inf")
+        self.reading_since = 0.0
+        """When the daemon began reading without a pause (READING_PAUSE_S): a message sent
+        since then waited in a backlog; one sent before waited while nobody read."""
+        self._paused = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.followers: list[Follower] = []
+        """Other rank sockets (NVRx's) paused, resumed and drained with this one."""
+
+    def start(self) -> None:
+        listener = self._listener = listen_unix(self.path, socket.SOCK_SEQPACKET)
+        self._loop = asyncio.get_running_loop()
+        self._loop.add_reader(listener.fileno(), self._on_connect)
+
+    def pause(self) -> None:
+        """Stop reading (the kernel queues connections and messages) until `resume`: while an
+        attempt's ranks are spawned, their first messages must wait for their pids to be known."""
+        for follower in self.followers:
+            follower.pause()
+        if self._loop is None or self._paused:
+            return
+        self._paused = True
+        if self._listener is not None:
+            self._loop.remove_reader(self._listener.fileno())
+        for fd in self._connections:
+            self._loop.remove_reader(fd)
+
+    def resume(self) -> None:
+        for follower in self.followers:
+            follower.resume()
+        if self._loop is None or not self._paused:
+            return
+        self._paused = False
+        if self._listener is not None:
+            self._loop.add_reader(self._listener.fileno(), self._on_connect)
+        for fd, connection in self._connections.items():
+            self._loop.add_reader(fd, self._on_readable, connection)
+
+    def drain(self) -> None:
+        """Read every message already queued, now: a timer about to judge a rank must not run
+        ahead of the rank's queued heartbeats (the event loop runs due timers before I/O)."""
+        for follower in self.followers:
+            follower.drain()
+        if self._loop is None or self._paused or self._listener is None:
+            return
+        self._on_connect()
+        for connection in list(self._connections.values()):
+            for _ in range(DRAIN_BATCHES):
+                if connection.sock.fileno() not in self._connections:
+                    break
+                if self._on_readable(connection) < READ_BATCH:
+                    break
+
+    def close(self) -> None:
+        loop = self._loop
+        if loop is None:
+            return
+        for fd in list(self._connections):
+            self._hang_up(fd)
+        if self._listener is not None:
+            loop.remove_reader(self._listener.fileno())
+            self._listener.close()
+            self._listener = None
+            with contextlib.suppress(FileNotFoundError):
+                self.path.unlink()
+
+    def _on_connect(self) -> None:
+        assert self._listener is not None and self._loop is not None
+        accepted = accept_ranks(
+            self._listener, self._authorize, self.previous_pids, self._refuse, "rank socket"
+        )
+        for conn, pid in accepted:
+            if len(self._connections) >= MAX_CONNECTIONS:
+                self._refuse(conn, "too_many_connections", pid, f"{MAX_CONNECTIONS} are open")
+                continue
+            conn.setblocking(False)
+            connection = _Connection(conn, Link(next(self._link_ids), pid))
+            self._connections[conn.fileno()] = connection
+            self._loop.add_reader(conn.fileno(), self._on_readable, connection)
+
+    def _refuse(self, conn: socket.socket, cause: str, pid: int, detail: str) -> None:
+        conn.close()
+        if cause == PREVIOUS_ATTEMPT:  # a rank of an earlier attempt, on its way out
+            self.dropped[cause] += 1
+        else:
+            self._drop(cause, pid, f"refused a connection: {detail}")
+
+    def forget_connections(self) -> None:
+        """A new attempt begins: the previous attempt's ranks (still being stopped, or their
+        stray children) lose their connections; their messages are not this attempt's."""
+        for fd in list(self._connections):
+            self._hang_up(fd)
+
+    def _hang_up(self, fd: int) -> None:
+        entry = self._connections.pop(fd, None)
+        if entry is not None and self._loop is not None:
+            self._loop.remove_reader(fd)
+            entry.sock.close()
+            self._closed(entry.link)
+
+    def _on_readable(self, connection: _Connection) -> int:
+        """Read up to READ_BATCH messages; how many (READ_BATCH: more may be waiting)."""
+        conn, link = connection.sock, connection.link
+        pid = link.pid
+        for count in range(READ_BATCH):
+            try:
+                data, _, flags, _ = conn.recvmsg(protocol.MAX_MESSAGE_BYTES + 1)
+            except (BlockingIOError, InterruptedError):
+                return count
+            except OSError:
+                self._hang_up(conn.fileno())
+                return count
+            if not data and _peer_closed(conn):  # not an empty message: the rank has gone
+                self._hang_up(conn.fileno())
+                return count
+            now = time.monotonic()
+            if count == BACKLOG_MESSAGES:  # its queue may have been full: see Link.backlog_at
+                link.backlog_at = now
+            if now - self._last_read > READING_PAUSE_S:
+                self.reading_since = now
+            self._last_read = now
+            self.received += 1
+            try:
+                if flags & socket.MSG_TRUNC or len(data) > protocol.MAX_MESSAGE_BYTES:
+                    raise ProtocolError("oversized", f"more than {protocol.MAX_MESSAGE_BYTES} B")
+                message = protocol.decode(data)
+                reply = self._dispatch(link, message, now)
+            except ProtocolError as error:
+                self._drop(error.cause, pid, str(error))
+                self._reply_error(conn, data, str(error))
+                continue
+            except Exception as error:  # a bug of ours must not stop serving every rank
+                self.dropped["internal_error"] += 1
+                containment.record("rank_messages", error)
+                self._reply_error(conn, data, "internal error in the daemon")
+                continue
+            if reply is not None:
+                self._send(conn, {"t": protocol.REPLY, "id": message.get("id"), **reply})
+        return READ_BATCH
+
+    def _drop(self, cause: str, pid: int, detail: str) -> None:
+        self.dropped[cause] += 1
+        if (cause, pid) not in self._logged:
+            self._logged.add((cause, pid))
+            log.warning("dropped a message from pid %d (%s); further ones are counted", pid, detail)
+
+    def _reply_error(self, conn: socket.socket, data: bytes, error: str) -> None:
+        """A request that was understood enough to carry an id gets a negative answer."""
+        if data.count(b"{") + data.count(b"[") > protocol.MAX_CONTAINERS:
+            return  # refused unparsed by decode: parsing it here would recurse as deep
+        try:
+            request = json.loads(data)
+        except (ValueError, RecursionError):
+            return
+        if isinstance(request, dict) and isinstance(request.get("id"), int):
+            self._send(
+                conn, {"t": protocol.REPLY, "id": request["id"], "ok": False, "error": error}
+            )
+
+    def _send(self, conn: socket.socket, reply: dict[str, Any]) -> None:
+        payload = json.dumps({"v": protocol.PROTOCOL_VERSION, **reply}).encode()
+        try:
+            conn.send(payload, socket.MSG_NOSIGNAL)
+        except OSError as error:  # the rank went away or stopped reading: it retries or not
+            self.dropped["reply_failed"] += 1
+            log.debug("reply to a rank failed: %s", error)
+
+
+def accept_ranks(
+    listener: socket.socket,
+    authorize: Authorize,
+    previous_pids: set[int],
+    refuse: Callable[[socket.socket, str, int, str], None],
+    what: str,
+) -> Iterator[tuple[socket.socket, int]]:
+    """Accept every pending connection; yield (connection, pid) for those from this user's
+    ranks of the current attempt and their descendants. Identity before a slot: the others are
+    handed to `refuse` (cause, pid, detail) at once and take nothing."""
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as error:
+            log.warning("%s: accept failed: %s", what, error)
+            return
+        pid, uid = _peer(conn)
+        if uid != os.geteuid():
+            refuse(conn, "wrong_user", pid, f"pid {pid} runs as uid {uid}")
+            continue
+        if pid in previous_pids:
+            refuse(conn, PREVIOUS_ATTEMPT, pid, "a rank of an earlier attempt")
+            continue
+        try:
+            authorize(pid)
+        except ProtocolError as error:
+            refuse(conn, error.cause, pid, str(error))
+            continue
+        yield conn, pid
+
+
+def _peer(conn: socket.socket) -> tuple[int, int]:
+    """The connecting process's pid and uid, from the kernel (SO_PEERCRED)."""
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, UCRED.size)
+    pid, uid, _ = UCRED.unpack(creds)
+    return int(pid), int(uid)
+
+
+def listen_unix(path: Path, kind: socket.SocketKind) -> socket.socket:
+    """A non-blocking unix listener at `path` (replacing a stale one), created mode 0600."""
+    listener = socket.socket(socket.AF_UNIX, kind)
+    listener.setblocking(False)
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    previous_umask = os.umask(0o177)  # created 0600: no window where others could connect
+    try:
+        listener.bind(str(path))
+    finally:
+        os.umask(previous_umask)
+    os.chmod(path, 0o600)
+    listener.listen(LISTEN_BACKLOG)
+    return listener
+
+
+def _peer_closed(conn: socket.socket) -> bool:
+    """Whether the peer hung up. A packet socket reads an empty message and the end of the
+    stream alike; only the hang-up flag tells them apart."""
+    poller = select.poll()
+    poller.register(conn.fileno(), select.POLLRDHUP)
+    return any(events & (select.POLLHUP | select.POLLRDHUP) for _, events in poller.poll(0))
+
+
+def parent_pid(pid: int) -> int | None:
+    """The parent of `pid` from /proc, or None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            # The command name may hold spaces and parentheses: split after the last ')'.
+            fields = stat.read().rsplit(b")", 1)[1].split()
+        return int(fields[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def socket_path(run_dir: Path, daemon_id: str) -> Path:
+    """The run directory's `ftd.sock`, unless that directory leaves no room for AF_UNIX's 108
+    bytes (NVRx's sockets go beside it, with names 14 bytes longer): then `ftd.sock` in a
+    fresh private directory (mkdtemp: this user's, mode 0700, a name nobody could take first),
+    which the daemon removes at teardown."""
+    path = run_dir / "ftd.sock"
+    if len(os.fsencode(path)) < 90:
+        return path
+    import tempfile
+
+    return Path(tempfile.mkdtemp(prefix=f"ftd-{daemon_id}-")) / "ftd.sock"

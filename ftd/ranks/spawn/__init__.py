@@ -1,0 +1,5 @@
+"""Start methods for a node's ranks, behind one interface (see `base.Spawner`)."""
+
+from ftd.ranks.spawn.base import LaunchSpec, RankHandle, Spawner, StartedGroup, get_spawner
+
+__all__ = ["LaunchSpec", "RankHandle", "Spawner", "StartedGroup", "get_spawner"]

@@ -1,5 +1,0 @@
-"""Start methods for a node's ranks, behind one interface (see `base.Spawner`)."""
-
-from ftd.spawn.base import LaunchSpec, RankHandle, Spawner, StartedGroup, get_spawner
-
-__all__ = ["LaunchSpec", "RankHandle", "Spawner", "StartedGroup", "get_spawner"]

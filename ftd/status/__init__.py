@@ -1,0 +1,1 @@
+"""What the node is doing: the status model, its one writer (the board), events, persistence."""

@@ -1,0 +1,2 @@
+"""The attempt loop: attempts, the restart policy and its decisions, recovery, the failure summary,
+node control."""

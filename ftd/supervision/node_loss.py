@@ -1,0 +1,27 @@
+"""What a node does when the coordinator says another node was lost: the policy decides whether
+the round goes on (min-healthy, enough nodes left) or ends with a restart request."""
+
+from __future__ import annotations
+
+import logging
+
+from ftd.config.serve import ServeConfig
+from ftd.coordination import Coordinator, Round
+from ftd.coordination.base import new_request
+from ftd.supervision.policy import Action, after_node_lost
+
+log = logging.getLogger("ftd.daemon")
+
+
+async def ask_after_node_lost(
+    coordinator: Coordinator, config: ServeConfig, rnd: Round, node_id: str, reason: str
+) -> None:
+    """Round `rnd` lost `node_id`: request its restart unless the policy lets it go on."""
+    healthy = len(rnd.members) - 1
+    if config.restart_policy == "min-healthy":
+        healthy = await coordinator.unhealthy(rnd, node_id)
+    decision = after_node_lost(reason, config.restart_policy, healthy, config.nnodes_min)
+    if decision.action is Action.CONTINUE:
+        log.warning("%s", decision.reason)
+        return
+    await coordinator.request(rnd, new_request("restart", reason, config.node_id))

@@ -1,0 +1,73 @@
+"""Restart decisions: pure functions of the state, returning an action and a reason."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from ftd.status.model import Failure
+
+
+class Action(enum.StrEnum):
+    SUCCEED = "succeed"
+    RESTART = "restart"
+    FAIL = "fail"
+    CONTINUE = "continue"
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    reason: str
+
+
+def after_attempt(
+    outcome: Failure | None,
+    restarts_used: int,
+    max_restarts: int,
+    workload_stop: str | None = None,
+) -> Decision:
+    """What to do once an attempt has ended with `outcome` (None: every rank exited 0).
+
+    `workload_stop` is the reason of a rank's request to stop restarting (SHUTDOWN_WORKLOAD,
+    or EXCLUDE_THIS_NODE on a single node), if one was made.
+    """
+    if outcome is None:
+        return Decision(Action.SUCCEED, "every rank exited 0")
+    if outcome.kind == "fatal":
+        return Decision(Action.FAIL, outcome.reason)
+    if workload_stop is not None:
+        return Decision(Action.FAIL, f"{outcome.reason}; not restarted: {workload_stop}")
+    if not outcome.counted:
+        return Decision(Action.RESTART, f"{outcome.reason}; restart not counted")
+    if restarts_used >= max_restarts:
+        return Decision(
+            Action.FAIL,
+            f"{outcome.reason}; no restarts left ({restarts_used}/{max_restarts} used)",
+        )
+    return Decision(
+        Action.RESTART,
+        f"{outcome.reason}; restart {restarts_used + 1}/{max_restarts}",
+    )
+
+
+def after_node_lost(
+    reason: str, restart_policy: str, healthy_left: int, nnodes_min: int
+) -> Decision:
+    """What to do when a member of the round stopped answering (liveness.judge said so):
+    restart every node without it, unless --restart-policy min-healthy and enough healthy
+    nodes are left to go on."""
+    if restart_policy == "min-healthy" and healthy_left >= nnodes_min:
+        return Decision(
+            Action.CONTINUE,
+            f"{reason}; {healthy_left} healthy nodes left: no restart (min-healthy)",
+        )
+    return Decision(Action.RESTART, f"{reason}; restart not counted")
+
+
+def restart_backoff(fast_failures: int, base_s: float, cap_s: float) -> float:
+    """CrashLoopBackOff's shape: the first restart after a failure is immediate; each further
+    attempt in a row that failed fast waits twice as long as the one before, up to the cap."""
+    if fast_failures <= 1 or base_s <= 0:
+        return 0.0
+    return float(min(cap_s, base_s * 2 ** (fast_failures - 2)))

@@ -1,0 +1,117 @@
+"""What a restart leaves behind: its recovery stages, and the crash-loop back-off.
+
+`RecoveryTimeline` marks a restart's stages as the supervisor reaches them and reports them
+(a `recovery` event, the stage histograms, the status) once every rank of the next attempt took
+its first step. `CrashLoop` waits longer before each attempt after attempts that failed fast
+one after another (kubelet's CrashLoopBackOff); an attempt that ran long enough resets it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from ftd.status.event_kind import EventKind
+from ftd.status.instruments import RECOVERY_STAGE_SECONDS
+from ftd.status.model import DaemonState, Failure
+from ftd.supervision.policy import restart_backoff
+from ftd.supervision.recovery import Recovery
+from ftd.tasks import within
+
+if TYPE_CHECKING:
+    from ftd.status.board import StatusBoard
+    from ftd.supervision.attempt import Attempt, AttemptTools
+    from ftd.tasks import Background
+
+log = logging.getLogger("ftd.daemon")
+
+
+class RecoveryTimeline:
+    """The restart in progress (none while an attempt runs undisturbed)."""
+
+    def __init__(self, tools: AttemptTools, background: Background) -> None:
+        self._tools = tools
+        self._background = background
+        self._recovery: Recovery | None = None
+
+    def begin(self, cause: str, failure: Failure | None) -> None:
+        """The attempt has to end: the fault began at the failure's origin, if it has one."""
+        now = time.time()
+        decided = failure.timestamp if failure is not None and failure.timestamp else now
+        origin = failure.origin if failure is not None and failure.origin else decided
+        self._recovery = Recovery(cause=cause, origin=min(origin, decided), decided=decided)
+
+    def stopped(self) -> None:
+        if self._recovery is not None:
+            self._recovery.stopped = time.time()
+
+    def round_closed(self) -> None:
+        if self._recovery is not None:
+            self._recovery.rendezvous = time.time()
+
+    def started(self, attempt: Attempt) -> None:
+        recovery, self._recovery = self._recovery, None
+        if recovery is None:
+            return
+        recovery.spawned = time.time()
+        self._background.spawn(self._await_resumed(attempt, recovery), "first-step")
+
+    async def _await_resumed(self, attempt: Attempt, recovery: Recovery) -> None:
+        """The restart is over once every rank of the new attempt took its first step."""
+        resumed = await self._tools.health.first_steps(attempt.group)
+        if resumed is not None:
+            recovery.resumed = resumed
+        data = recovery.event_data(attempt.number)
+        for stage, seconds in data["stages"].items():
+            if seconds is not None:
+                RECOVERY_STAGE_SECONDS.labels(stage).observe(seconds)
+        self._tools.status.last_recovery = data
+        self._tools.events.emit(EventKind.RECOVERY, **data)
+
+
+class CrashLoop:
+    """Fast failures in a row, and the wait they earn before the next attempt."""
+
+    def __init__(self, tools: AttemptTools, board: StatusBoard, stop: asyncio.Event) -> None:
+        self._tools = tools
+        self._board = board
+        self._stop = stop
+        self.fast_failures = 0
+        self.crashed = False
+        """The last attempt ended by a failure of its own (not a request from elsewhere)."""
+
+    async def back_off(self, number: int, ran_s: float) -> None:
+        """Before the attempt after `number`, which ran `ran_s` seconds: wait if it crashed
+        fast, after others that did (until a signal asks the daemon to stop)."""
+        config, status = self._tools.config, self._tools.status
+        if ran_s >= config.restart_backoff_reset_s or not self.crashed:
+            self.fast_failures = 0
+            status.backoff_s = 0.0
+            return
+        self.fast_failures += 1
+        delay = restart_backoff(
+            self.fast_failures, config.restart_backoff_base_s, config.restart_backoff_cap_s
+        )
+        status.backoff_s = delay
+        if delay <= 0:
+            return
+        log.warning(
+            "attempt %d failed %.1fs after it started, %d fast failures in a row: waiting %.1fs "
+            "before the next (--restart-backoff)",
+            number,
+            ran_s,
+            self.fast_failures,
+            delay,
+        )
+        self._tools.events.emit(
+            EventKind.RESTART_BACKOFF,
+            attempt=number,
+            delay_s=delay,
+            fast_failures=self.fast_failures,
+        )
+        self._board.set_state(DaemonState.RESTARTING, f"backing off {delay:.1f}s (crash loop)")
+        with contextlib.suppress(TimeoutError):
+            await within(self._stop.wait(), delay)

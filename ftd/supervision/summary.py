@@ -1,0 +1,177 @@
+"""The failure summary printed when restarts run out, in torchrun's format (ChildFailedError's),
+built from the ranks' error files as ftd.ranks.error_file decodes them: a file a rank left
+unreadable
+is named with its reason, never handed to torch."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from ftd.ranks.error_file import RankError, Unreadable, read_error_file, read_tail
+from ftd.status.model import Failure, RankStatus
+from ftd.text import escape
+
+log = logging.getLogger("ftd.summary")
+
+NO_TRACEBACK = "To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html"
+NOT_AVAILABLE = "<N/A>"
+MAX_WIDTH = 60
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    """One failed rank as the summary shows it."""
+
+    global_rank: int
+    local_rank: int
+    pid: int
+    exit_code: int
+    error_file: str
+    """The path shown (`<N/A>` when the rank wrote none)."""
+    traceback: str
+    timestamp: int
+
+
+def rank_failure(
+    global_rank: int, local_rank: int, pid: int, exit_code: int, error_file: str
+) -> RankFailure:
+    """What torch's ProcessFailure would hold, from our decoder instead of json.load."""
+    decoded = read_error_file(error_file)
+    shown_file, timestamp, traceback = NOT_AVAILABLE, None, ""
+    if isinstance(decoded, RankError):
+        shown_file, timestamp = error_file, decoded.timestamp
+        traceback = decoded.shown if (decoded.message or decoded.traceback) else ""
+    elif isinstance(decoded, Unreadable):
+        log.warning(
+            "rank %d's error file %s is unreadable: %s", global_rank, error_file, decoded.reason
+        )
+        shown_file = f"{error_file} (unreadable: {decoded.reason})"
+        traceback = f"error file unreadable: {decoded.reason}"
+    if not traceback:
+        traceback = (
+            f"Signal {-exit_code} ({_signal_name(exit_code)}) received by PID {pid}"
+            if exit_code < 0
+            else NO_TRACEBACK
+        )
+    return RankFailure(
+        global_rank,
+        local_rank,
+        pid,
+        exit_code,
+        shown_file,
+        traceback,
+        int(time.time()) if timestamp is None else timestamp,
+    )
+
+
+def failure_summary(
+    name: str, root: Failure, others: list[RankStatus], error_files: dict[int, str]
+) -> str:
+    """torchrun's ChildFailedError report: root cause first, read from the ranks' error.json.
+
+    `others` are the last attempt's other failed ranks. A failure that is no process exit
+    (a hang, an operator's request) is shown with its reason instead of an exit code. Every
+    text that came from the job is escaped (ftd.text).
+    """
+    failures: dict[int, RankFailure] = {}
+    root_unreadable = False
+    if root.global_rank is not None and root.exit_code is not None and root.pid is not None:
+        first = rank_failure(
+            root.global_rank, root.local_rank or 0, root.pid, root.exit_code, root.error_file or ""
+        )
+        failures[root.global_rank] = first
+        root_unreadable = first.traceback.startswith("error file unreadable")
+    for status in others:
+        if status.global_rank in failures or status.pid is None or status.exit_code is None:
+            continue
+        failures[status.global_rank] = rank_failure(
+            status.global_rank,
+            status.local_rank,
+            status.pid,
+            status.exit_code,
+            error_files.get(status.local_rank, ""),
+        )
+    if not failures:
+        bar = "=" * MAX_WIDTH
+        return escape(f"{bar}\n{name} FAILED\n{'-' * 60}\nreason: {root.reason}\n{bar}", lines=True)
+    # torchrun picks the root cause by the earliest error-file timestamp; ours is the first
+    # exit the daemon observed, so it is pinned.
+    root_rank = root.global_rank if root.global_rank in failures else None
+    if root_rank is None:
+        root_rank = min(failures, key=lambda rank: failures[rank].timestamp)
+    message = format_failures(name, failures, root_rank)
+    if root.kind not in ("exit", "signal"):
+        message += f"\nreason: {root.reason}"
+    if root.error_file and (root_unreadable or not Path(root.error_file).exists()):
+        tail = stderr_tail(Path(root.error_file).with_name("stderr.log"))
+        if tail:
+            message += f"\nthe last lines of rank {root.global_rank}'s stderr:\n{tail}"
+    return escape(message, lines=True)
+
+
+def format_failures(name: str, failures: dict[int, RankFailure], root_rank: int) -> str:
+    """torch's ChildFailedError.format_msg, line for line."""
+    host = socket.getfqdn()
+    title = f"{name} FAILED"
+    width = len(title)
+    root_text, others = "", []
+    for index, (rank, failure) in enumerate(failures.items()):
+        text = _format_failure(index, rank, failure, host)
+        width = max(width, *(len(line) for line in text.split("\n")))
+        if rank == root_rank:
+            root_text = text
+        else:
+            others.append(text)
+    width = min(width, MAX_WIDTH)
+    return "\n".join(
+        [
+            "",
+            "=" * width,
+            title,
+            "-" * width,
+            "Failures:",
+            "\n".join(others or ["  <NO_OTHER_FAILURES>"]),
+            "-" * width,
+            "Root Cause (first observed failure):",
+            root_text,
+            "=" * width,
+        ]
+    )
+
+
+def _format_failure(index: int, rank: int, failure: RankFailure, host: str) -> str:
+    signal_name = _signal_name(failure.exit_code)
+    shown_signal = f" ({signal_name})" if signal_name != NOT_AVAILABLE else ""
+    when = datetime.fromtimestamp(failure.timestamp).isoformat(sep="_")
+    return "\n".join(
+        [
+            f"[{index}]:",
+            f"  time      : {when}",
+            f"  host      : {host}",
+            f"  rank      : {rank} (local_rank: {failure.local_rank})",
+            f"  exitcode  : {failure.exit_code} (pid: {failure.pid}) {shown_signal}",
+            f"  error_file: {failure.error_file}",
+            "  traceback : " + failure.traceback.replace("\n", "\n  "),
+        ]
+    )
+
+
+def _signal_name(exit_code: int) -> str:
+    if exit_code >= 0:
+        return NOT_AVAILABLE
+    try:
+        return signal.Signals(-exit_code).name
+    except ValueError:
+        return NOT_AVAILABLE
+
+
+def stderr_tail(path: Path, lines: int = 20, max_bytes: int = 8192) -> str:
+    """The end of a rank's captured stderr (with -r/-t), for a failure with no error file."""
+    data = read_tail(str(path), max_bytes)
+    return "" if data is None else "\n".join(data.decode(errors="replace").splitlines()[-lines:])

@@ -1,0 +1,399 @@
+"""The attempt loop, written once for one node and for many.
+
+    join a round → start the attempt → first outcome (an exit, a hang, a request, a lost node,
+    a signal) → policy → the round's one request → stop → back-off if failing fast → next round
+
+What differs between one node and many lives behind the Coordinator (coordination/).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from typing import Any
+
+from ftd_client.protocol import WorkloadAction
+
+from ftd import containment
+from ftd.coordination import CoordinationError, Round
+from ftd.coordination.base import new_request
+from ftd.coordination.records import Member, RequestRecord
+from ftd.status.board import StatusBoard
+from ftd.status.event_kind import EventKind
+from ftd.status.model import DaemonState, Failure
+from ftd.supervision.attempt import Attempt, AttemptTools, Running
+from ftd.supervision.node_loss import ask_after_node_lost
+from ftd.supervision.policy import Action, after_attempt
+from ftd.supervision.restarts import CrashLoop, RecoveryTimeline
+from ftd.tasks import Background, first_of, within
+
+log = logging.getLogger("ftd.daemon")
+
+SIGNAL_REQUEST_TIMEOUT_S = 2.0
+
+
+class Supervisor:
+    """Runs rounds until the job succeeds, fails, or this node leaves it."""
+
+    def __init__(
+        self,
+        tools: AttemptTools,
+        board: StatusBoard,
+        background: Background,
+        stop: asyncio.Event,
+        force: asyncio.Event,
+        address: str,
+        running: Running,
+    ) -> None:
+        self.tools = tools
+        self.config = tools.config
+        self.coordinator = tools.coordinator
+        self.board = board
+        self.background = background
+        self.stop = stop
+        self.force = force
+        self.address = address
+        self.running = running
+        self.recovery = RecoveryTimeline(tools, background)
+        self.crash_loop = CrashLoop(tools, board, stop)
+
+    @property
+    def status(self) -> Any:
+        return self.tools.status
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    async def run(self) -> int:
+        """Rounds until the job ends for this node; the process exit code."""
+        coordinator = self.coordinator
+        while True:
+            if self.stop.is_set():
+                return self._stopped()
+            self.board.set_state(DaemonState.RENDEZVOUS, "joining the next round")
+            try:
+                rnd = await self._join()
+            except CoordinationError as error:
+                return self.leave(error)
+            if rnd is None:
+                return self._stopped()
+            ended = coordinator.ended(rnd)
+            if not await self._ready_to_spawn():  # a signal during the zygote's preload
+                ended.cancel()
+                return self._stopped()
+            try:
+                attempt, request, ran_s = await self._attempt(rnd, ended)
+            except CoordinationError as error:
+                return self.leave(error)
+            finally:
+                self.running.attempt = None
+                if not ended.done():
+                    ended.cancel()
+            if request is None:
+                return self._stopped()
+            if request.action != "restart":
+                await coordinator.leave(rnd)
+            if request.action == "restart":
+                self.board.set_state(DaemonState.RESTARTING, request.reason)
+                await self.crash_loop.back_off(rnd.number, ran_s)
+                continue
+            if request.action == "succeed":
+                self.board.set_state(DaemonState.SUCCEEDED, request.reason)
+                return 0
+            self.board.set_state(DaemonState.FAILED, request.reason)
+            failure = self.status.last_failure
+            if failure is not None:
+                summary = failure.reason  # if the summary fails, the reason alone
+                if attempt is not None:
+                    summary = containment.call("summary", attempt.failure_summary, failure) or (
+                        failure.reason
+                    )
+                log.error("restarts exhausted, the job failed:\n%s", summary)
+            else:
+                log.error("the job failed: %s", request.reason)
+            return 1
+
+    async def _attempt(
+        self, rnd: Round, ended: asyncio.Future[RequestRecord]
+    ) -> tuple[Attempt | None, RequestRecord | None, float]:
+        """Start the round's ranks and run them to the round's end: the attempt (None when its
+        ranks could not be started), the request in force (None: stopped by a signal), and
+        the seconds it ran. The workers are stopped when it returns."""
+        started = time.monotonic()
+        try:
+            attempt = await Attempt.start(self.tools, rnd)
+        except Exception as error:  # a full disk, no processes left: a failed attempt
+            return None, await self._not_started(rnd, error), time.monotonic() - started
+        self.running.attempt = attempt
+        self.crash_loop.crashed = False
+        self.recovery.started(attempt)
+        self.board.set_state(DaemonState.RUNNING)
+        started = time.monotonic()
+        try:
+            request = await self._until_request(rnd, attempt, ended)
+        except CoordinationError:
+            await attempt.stop(self.force)
+            raise
+        except Exception as error:  # a bug of ours: this attempt fails, supervision goes on
+            reason = containment.record("attempt", error)
+            with contextlib.suppress(Exception):
+                await attempt.stop(self.force)
+            failure = Failure(kind="internal", reason=reason, timestamp=time.time())
+            request = await self._failed(rnd, failure)
+        return attempt, request, time.monotonic() - started
+
+    async def _join(self) -> Round | None:
+        """Join the next round with this node's workers' store ready; None when stopped."""
+        config = self.config
+        if config.master_port:
+            port = config.master_port  # a fixed port is bound by node rank 0 once it is known
+        else:
+            fresh = await self._workers_store()
+            if fresh is None:
+                return None
+            port = fresh
+        me = Member(
+            node_id=config.node_id,
+            addr=self.address,
+            nproc=config.nproc_per_node,
+            store_port=port,
+        )
+        join = asyncio.ensure_future(self.coordinator.join(me))
+        first = await first_of(join, self.stop.wait(), self.coordinator.lost.wait())
+        if first is not join:
+            join.cancel()
+            with contextlib.suppress(asyncio.CancelledError, CoordinationError):
+                await join
+            if self.stop.is_set():
+                return None
+            raise CoordinationError(self.coordinator.lost_reason, "store_lost")
+        rnd: Round = join.result()
+        if rnd.group_rank == 0 and config.master_port and await self._workers_store() is None:
+            return None
+        self.running.round = rnd
+        self.status.restart_count = rnd.restarts
+        self.board.group_rank, self.board.round = rnd.group_rank, rnd.number
+        self.board.write_cluster(rnd.number, rnd.node_ids, dict(self.coordinator.excluded))
+        self.tools.events.emit(
+            EventKind.ROUND_CLOSED,
+            round=rnd.number,
+            members=rnd.node_ids,
+            group_rank=rnd.group_rank,
+        )
+        if self.config.multi_node:
+            log.info(
+                "round %d: node rank %d of %d (%s)",
+                rnd.number,
+                rnd.group_rank,
+                len(rnd.members),
+                ", ".join(rnd.node_ids),
+            )
+        self.recovery.round_closed()
+        return rnd
+
+    async def _ready_to_spawn(self) -> bool:
+        """Wait for the start method to be ready (the zygote's preload), unless stopped first:
+        a signal then starts no rank at all."""
+        ready = asyncio.ensure_future(asyncio.to_thread(self.tools.spawner.prepare))
+        await first_of(ready, self.stop.wait())
+        return not self.stop.is_set()
+
+    async def _workers_store(self) -> int | None:
+        """A fresh workers' store for the next attempt: its port. A machine out of ports (or
+        any bind failure) is said in one line and retried, with a growing wait, until it works,
+        the daemon is stopped (None), or --rdzv-join-timeout passes (CoordinationError)."""
+        from torch.distributed import DistError
+
+        delay, waited = 0.5, 0.0
+        while True:
+            try:
+                _, port = await self.tools.stores.fresh()
+                return port
+            except (OSError, DistError, TimeoutError) as error:
+                why = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
+                if waited >= self.config.rdzv_join_timeout_s:
+                    raise CoordinationError(f"cannot host the workers' store: {why}") from None
+                log.error("cannot host the workers' store (%s); trying again in %.1fs", why, delay)
+            with contextlib.suppress(TimeoutError):
+                await within(self.stop.wait(), delay)
+            if self.stop.is_set():
+                return None
+            waited += delay
+            delay = min(delay * 2, 10.0)
+
+    async def _until_request(
+        self, rnd: Round, attempt: Attempt, ended: asyncio.Future[RequestRecord]
+    ) -> RequestRecord | None:
+        """Run the attempt to the round's end: the request in force (None: stopped by a
+        signal). The workers are stopped when it returns."""
+        coordinator, health = self.coordinator, self.tools.health
+        stop, lost = self.stop, coordinator.lost
+        first = await first_of(attempt.group.wait(), ended, stop.wait(), lost.wait())
+        containment.inject("attempt")
+        if stop.is_set():
+            self.board.set_state(DaemonState.STOPPING, "received a signal")
+            await attempt.stop(self.force)
+            if self.config.multi_node:
+                me = self.config.node_id
+                request = new_request("restart", f"node {me} was stopped by a signal", me)
+                with contextlib.suppress(CoordinationError, TimeoutError):
+                    await within(coordinator.request(rnd, request), SIGNAL_REQUEST_TIMEOUT_S)
+            return None
+        if lost.is_set() or (first is ended and ended.exception() is not None):
+            log.error("%s: stopping the workers", coordinator.lost_reason or "store lost")
+            await attempt.stop(self.force)
+            raise CoordinationError(coordinator.lost_reason or "store lost", "store_lost")
+        if first is ended:
+            request = ended.result()
+            log.warning("round %d ended by %s: %s", rnd.number, request.by, request.reason)
+            self.tools.events.emit(
+                EventKind.CLUSTER_REQUEST, round=rnd.number, **request.model_dump()
+            )
+            self.recovery.begin(request.reason, None)
+            self._ending(request)
+            await attempt.stop(self.force)
+            self.recovery.stopped()
+            return request
+        outcome: Failure | None = first.result()
+        health.detach(attempt.group)
+        if self.config.ft.calc_timeouts:
+            # If learning fails, the timeouts in force stay.
+            containment.call("learning", health.learn, by="ftd (calc_timeouts)")
+        if outcome is None:
+            await attempt.stop(self.force)
+            await coordinator.succeeded(rnd)
+            if self.config.multi_node:
+                log.info(
+                    "round %d: every local rank exited 0; waiting for the other nodes", rnd.number
+                )
+            return await self._await_end(ended)
+        self.status.last_failure = outcome
+        self.crash_loop.crashed = outcome.kind in ("exit", "signal", "hang", "fatal", "internal")
+        self.tools.events.emit(
+            EventKind.ATTEMPT_FAILED, attempt=rnd.number, failure=outcome.to_dict()
+        )
+        self.recovery.begin(outcome.reason, outcome)
+        workload = health.workload_request
+        me = self.config.node_id
+        if (
+            workload is not None
+            and workload.action is WorkloadAction.EXCLUDE_THIS_NODE
+            and self.config.multi_node
+        ):
+            await attempt.stop(self.force)
+            self.recovery.stopped()
+            reason = f"node {me} excluded: {workload.reason()}"
+            await coordinator.exclude(me, reason)
+            return await coordinator.request(rnd, new_request("restart", reason, me))
+        used = await coordinator.restarts_used(rnd)
+        decision = after_attempt(
+            outcome, used, self.config.max_restarts, workload.reason() if workload else None
+        )
+        if decision.action is Action.RESTART and self.config.restart_policy == "min-healthy":
+            healthy = await coordinator.unhealthy(rnd, me)
+            if healthy >= self.config.nnodes_min:
+                await attempt.stop(self.force)
+                self.recovery.stopped()
+                self.board.set_state(
+                    DaemonState.RESTARTING,
+                    f"{outcome.reason}; {healthy} healthy nodes left (min-healthy): "
+                    "waiting for the cluster",
+                )
+                return await self._await_end(ended)
+        if decision.action is Action.RESTART:
+            mine = new_request("restart", decision.reason, me, counted=outcome.counted)
+        else:
+            mine = new_request("fail", decision.reason, me)
+        request = await coordinator.request(rnd, mine)
+        self._ending(request)
+        await attempt.stop(self.force)
+        self.recovery.stopped()
+        return request
+
+    async def _not_started(self, rnd: Round, error: Exception) -> RequestRecord:
+        """The ranks could not be started (their log directory on a full disk, fork failing):
+        the attempt failed for that reason, and the policy decides as after any failure (a
+        restart, counted and backed off, or the job's end)."""
+        why = str(error).splitlines()[0][:300] if str(error) else type(error).__name__
+        reason = f"the ranks of attempt {rnd.number} could not be started: {why}"
+        if isinstance(error, OSError | TimeoutError):
+            log.error("%s", reason)
+        else:  # not the machine's doing: a bug of ours, said once with its origin
+            containment.record("attempt", error)
+        return await self._failed(rnd, Failure(kind="start", reason=reason, timestamp=time.time()))
+
+    async def _failed(self, rnd: Round, failure: Failure) -> RequestRecord:
+        """The attempt failed outside its ranks (they could not start; a part of the daemon
+        failed): the policy decides as after any failure."""
+        reason = failure.reason
+        self.status.last_failure = failure
+        self.crash_loop.crashed = True
+        self.tools.events.emit(
+            EventKind.ATTEMPT_FAILED, attempt=rnd.number, failure=failure.to_dict()
+        )
+        self.recovery.begin(reason, failure)
+        me = self.config.node_id
+        used = await self.coordinator.restarts_used(rnd)
+        decision = after_attempt(failure, used, self.config.max_restarts)
+        if decision.action is Action.RESTART:
+            mine = new_request("restart", decision.reason, me, counted=failure.counted)
+        else:
+            mine = new_request("fail", decision.reason, me)
+        request = await self.coordinator.request(rnd, mine)
+        self._ending(request)
+        self.recovery.stopped()
+        return request
+
+    def _ending(self, request: RequestRecord) -> None:
+        """Say what the round's end means while the ranks are being stopped."""
+        state = DaemonState.RESTARTING if request.action == "restart" else DaemonState.STOPPING
+        self.board.set_state(state, request.reason)
+
+    async def _await_end(self, ended: asyncio.Future[RequestRecord]) -> RequestRecord | None:
+        """This node is done with the round; the others decide how it ends."""
+        await first_of(ended, self.stop.wait(), self.coordinator.lost.wait())
+        if not ended.done():
+            if self.stop.is_set():
+                return None
+            raise CoordinationError(self.coordinator.lost_reason or "store lost", "store_lost")
+        if ended.exception() is not None:
+            raise CoordinationError(self.coordinator.lost_reason or "store lost", "store_lost")
+        return ended.result()
+
+    # -- nodes lost (the coordinator's liveness) ---------------------------------------------
+
+    def on_node_lost(self, node_id: str, reason: str) -> None:
+        self.tools.events.emit(EventKind.NODE_LOST, node_id=node_id, reason=reason)
+        self.background.spawn(self._node_lost(node_id, reason), f"node-lost-{node_id}")
+
+    async def _node_lost(self, node_id: str, reason: str) -> None:
+        rnd = self.running.round
+        if rnd is not None:
+            await ask_after_node_lost(self.coordinator, self.config, rnd, node_id, reason)
+
+    # -- endings -----------------------------------------------------------------------------
+
+    def _stopped(self) -> int:
+        sig = self.running.stop_signal or signal.SIGTERM
+        self.board.set_state(DaemonState.STOPPED, f"received {sig.name}")
+        return 128 + int(sig)
+
+    def leave(self, error: CoordinationError) -> int:
+        """This node leaves the job for `error.reason`: the process exit code."""
+        if error.code == "stopped":
+            return self._stopped()
+        if error.code == "succeed":
+            self.board.set_state(DaemonState.SUCCEEDED, error.reason)
+            return 0
+        state = DaemonState.STOPPED if error.code == "excluded" else DaemonState.FAILED
+        if error.code == "excluded":
+            excluded = {**self.coordinator.excluded, self.config.node_id: error.reason}
+            rnd = self.running.round
+            self.board.write_cluster(
+                rnd.number if rnd else None, rnd.node_ids if rnd else [], excluded
+            )
+        log.error("%s", error.reason)
+        self.board.set_state(state, error.reason)
+        return 1
