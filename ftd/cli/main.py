@@ -47,13 +47,6 @@ def build_parser() -> UsageParser:
     return parser
 
 
-def serve_config_from_args(args: argparse.Namespace) -> object:
-    """The ServeConfig for `ftd serve` arguments; UsageError naming the field when invalid."""
-    from ftd.config.resolve import serve_config_from_args as resolve
-
-    return resolve(args)
-
-
 def _configure_logging(level: str) -> None:
     from ftd.text import EscapingFormatter  # what ranks and stores said, escaped
 

@@ -163,10 +163,6 @@ class ServeConfig(BaseModel):
         return self
 
     @property
-    def local_world_size(self) -> int:
-        return self.nproc_per_node
-
-    @property
     def multi_node(self) -> bool:
         """Whether the daemons meet in a rendezvous store (else: today's single-node path)."""
         return not self.standalone and self.nnodes_max > 1

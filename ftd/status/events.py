@@ -120,7 +120,6 @@ class EventLog:
         """Event `id` lives at `id % capacity` while it is among the newest `capacity`."""
         self._next_id = 1
         self._journal: Journal | None = None
-        self._changed: asyncio.Event | None = None
         self._subscribers: set[Subscription] = set()
         if path is not None:
             self._journal = Journal(path)  # first: it refuses a link or a non-file there
@@ -137,9 +136,6 @@ class EventLog:
             containment.call("events", self._journal_line, event)
         for subscription in self._subscribers:
             subscription.offer(event)
-        if self._changed is not None:
-            self._changed.set()
-            self._changed = None
         return event
 
     def _journal_line(self, event: Event) -> None:
@@ -170,16 +166,6 @@ class EventLog:
     @property
     def subscribers(self) -> int:
         return len(self._subscribers)
-
-    async def wait_after(self, event_id: int) -> list[Event]:
-        """Await events newer than `event_id`; no polling."""
-        while True:
-            events = self.since(event_id)
-            if events:
-                return events
-            if self._changed is None:
-                self._changed = asyncio.Event()
-            await self._changed.wait()
 
     def close(self) -> None:
         for subscription in list(self._subscribers):
