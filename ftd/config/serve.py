@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import socket
 import tempfile
+from enum import StrEnum
 from pathlib import Path
 from typing import Literal
 
@@ -19,6 +20,15 @@ NO_PRELOAD = "none"
 DEFAULT_API_PORT = 29610
 
 StartMethod = Literal["spawn", "fork", "forkserver", "subprocess", "zygote"]
+
+
+class RestartPolicy(StrEnum):
+    """--restart-policy: whose failure restarts whom (ft_launcher's names)."""
+
+    ANY_FAILED = "any-failed"
+    """Any failure restarts every node's workers."""
+    MIN_HEALTHY = "min-healthy"
+    """A lost node restarts the others only when fewer than MIN healthy nodes are left."""
 
 
 STD_VALUES = {"0": 0, "1": 1, "2": 2, "3": 3}
@@ -85,7 +95,7 @@ class ServeConfig(BaseModel):
     ft: FaultToleranceConfig = Field(default_factory=lambda: FaultToleranceConfig())
     ft_state_file: Path | None = None
     """Learned timeouts survive restarts here; default `<run dir>/ft_state.json`."""
-    restart_policy: Literal["any-failed", "min-healthy"] = "any-failed"
+    restart_policy: RestartPolicy = RestartPolicy.ANY_FAILED
     restart_mode: Literal["process", "inprocess"] = "process"
     """`inprocess`: a fault is announced to every rank, whose ftd_client.inprocess.Wrapper
     restarts the training function in the same process (docs/inprocess.md); `process`: every

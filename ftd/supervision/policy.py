@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from ftd.config.serve import RestartPolicy
 from ftd.status.model import Failure
 
 
@@ -52,12 +53,12 @@ def after_attempt(
 
 
 def after_node_lost(
-    reason: str, restart_policy: str, healthy_left: int, nnodes_min: int
+    reason: str, restart_policy: RestartPolicy, healthy_left: int, nnodes_min: int
 ) -> Decision:
     """What to do when a member of the round stopped answering (liveness.judge said so):
     restart every node without it, unless --restart-policy min-healthy and enough healthy
     nodes are left to go on."""
-    if restart_policy == "min-healthy" and healthy_left >= nnodes_min:
+    if restart_policy is RestartPolicy.MIN_HEALTHY and healthy_left >= nnodes_min:
         return Decision(
             Action.CONTINUE,
             f"{reason}; {healthy_left} healthy nodes left: no restart (min-healthy)",
@@ -71,3 +72,9 @@ def restart_backoff(fast_failures: int, base_s: float, cap_s: float) -> float:
     if fast_failures <= 1 or base_s <= 0:
         return 0.0
     return float(min(cap_s, base_s * 2 ** (fast_failures - 2)))
+
+
+def asks_the_healthy_first(decision: Decision, restart_policy: RestartPolicy) -> bool:
+    """Whether this node, about to ask for a restart, first marks itself unhealthy and lets
+    the round go on while MIN healthy nodes are left (--restart-policy min-healthy)."""
+    return decision.action is Action.RESTART and restart_policy is RestartPolicy.MIN_HEALTHY

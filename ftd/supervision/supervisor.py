@@ -26,7 +26,7 @@ from ftd.status.event_kind import EventKind
 from ftd.status.model import DaemonState, Failure
 from ftd.supervision.attempt import Attempt, AttemptTools, Running
 from ftd.supervision.node_loss import ask_after_node_lost
-from ftd.supervision.policy import Action, after_attempt
+from ftd.supervision.policy import Action, after_attempt, asks_the_healthy_first
 from ftd.supervision.restarts import CrashLoop, RecoveryTimeline
 from ftd.tasks import Background, first_of, within
 
@@ -291,7 +291,7 @@ class Supervisor:
         decision = after_attempt(
             outcome, used, self.config.max_restarts, workload.reason() if workload else None
         )
-        if decision.action is Action.RESTART and self.config.restart_policy == "min-healthy":
+        if asks_the_healthy_first(decision, self.config.restart_policy):
             healthy = await coordinator.unhealthy(rnd, me)
             if healthy >= self.config.nnodes_min:
                 await attempt.stop(self.force)
