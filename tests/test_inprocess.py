@@ -266,7 +266,8 @@ def test_serve_help_documents_the_restart_mode(capsys: pytest.CaptureFixture[str
 
 
 def test_restart_mode_is_validated(tmp_path: Path) -> None:
-    from ftd.cli.main import build_parser, serve_config_from_args
+    from ftd.cli.main import build_parser
+    from ftd.config.resolve import serve_config_from_args
     from ftd.config.serve import ServeConfig
 
     script = tmp_path / "train.py"

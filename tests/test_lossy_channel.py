@@ -224,3 +224,35 @@ def test_a_real_hang_is_judged_within_its_deadline_and_one_retry(
     world.clock.advance_to(hung_at + TIMEOUTS[hang_in] + RETRY_S + 1e-6)
     assert world.verdicts, f"rank in {hang_in!r} since {hung_at} not judged"
     world.check_verdicts()
+
+
+def test_a_fault_announced_from_a_signal_handler_mid_send_is_sent() -> None:
+    """A simulated fault's handler runs in the main thread, which the signal may have caught
+    inside a send, holding the sender's lock (seen: the rank hung without its `fault` message,
+    judged by its heartbeat instead). The handler's message waits briefly, then goes."""
+    import os
+    import signal
+    import socket
+
+    sender = Sender()
+    ours, daemons = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    sender.attach(ours)
+    announced: list[bool] = []
+
+    def handler(signum: int, frame: object) -> None:
+        announced.append(
+            sender.message({"t": protocol.FAULT, "kind": "hang"}, from_signal_handler=True)
+        )
+
+    previous = signal.signal(signal.SIGUSR2, handler)
+    try:
+        with sender._lock:  # the main thread is inside a send
+            os.kill(os.getpid(), signal.SIGUSR2)  # the handler runs here, before the next line
+            assert announced == [True]
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+        sender.detach()
+    message = protocol.decode(daemons.recv(65536))
+    assert message["t"] == protocol.FAULT and message["kind"] == "hang"
+    ours.close()
+    daemons.close()

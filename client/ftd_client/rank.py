@@ -200,7 +200,11 @@ class RankClient:
 
     def _announce_fault(self, kind: str) -> None:
         sections = list(self._open_sections)  # what the daemon should charge the hang to
-        self._send_message({"t": protocol.FAULT, "kind": kind, "sections": sections})
+        message = {"t": protocol.FAULT, "kind": kind, "sections": sections}
+        # Called in a signal handler of the main thread, which may have been interrupted in
+        # the middle of a send, holding the sender's lock.
+        if not self._sender.message(message, from_signal_handler=True):
+            self._reconnect()
 
     def close(self) -> None:
         if self._sock is not None:

@@ -34,6 +34,10 @@ HEARTBEAT_TEMPLATE = protocol.HEARTBEAT_TEMPLATE
 _senders: weakref.WeakSet[Sender] = weakref.WeakSet()
 
 
+SIGNAL_LOCK_WAIT_S = 0.2
+"""How long a message from a signal handler waits for the sender's lock (see Sender.message)."""
+
+
 class Sender:
     """The sending half of a RankClient: its socket, sequence, section state and drops."""
 
@@ -114,9 +118,14 @@ class Sender:
         finally:
             self._release()
 
-    def message(self, message: dict[str, Any]) -> bool:
-        """Any other message, numbered (and with the state after a drop)."""
-        with self._lock:
+    def message(self, message: dict[str, Any], *, from_signal_handler: bool = False) -> bool:
+        """Any other message, numbered (and with the state after a drop). From a signal
+        handler that never returns to what it interrupted (a simulated fault), the lock may be
+        held by that very code, in this thread: it is waited for at most SIGNAL_LOCK_WAIT_S (the
+        retry thread's hold), then the message goes without it; the interrupted code never
+        resumes to finish its own send."""
+        held = self._lock.acquire(timeout=SIGNAL_LOCK_WAIT_S if from_signal_handler else -1)
+        try:
             sock = self.sock
             if sock is None:
                 return True
@@ -124,6 +133,9 @@ class Sender:
             if self._resync:
                 return self._send(sock, self._state(message))
             return self._send(sock, protocol.encode({**message, "s": self._seq}))
+        finally:
+            if held:
+                self._lock.release()
 
     # -- internals (under the lock) ---------------------------------------------------------
 
