@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import time
 from pathlib import Path
 
 from ftd_client import protocol
@@ -45,10 +44,8 @@ def test_any_bytes_decode_or_are_refused_quickly(data: bytes) -> None:
 
 def test_deep_and_oversized_packets_are_refused_before_parsing() -> None:
     for data in (b"[" * 100_000, b'{"v":1,"t":"hb","o":' + b"[" * 300 + b"]" * 300 + b"}"):
-        started = time.perf_counter()
-        with contextlib.suppress(ProtocolError):
+        with budget(BUDGET_S), contextlib.suppress(ProtocolError):
             protocol.decode(data)
-        assert time.perf_counter() - started < BUDGET_S
     huge = json.dumps({"v": 1, "t": "st", "o": ["x"] * 100_000}).encode()
     try:
         protocol.decode(huge)
@@ -110,9 +107,8 @@ def test_a_learned_timeouts_file_is_read_or_ignored(data: bytes) -> None:
     with tempfile.TemporaryDirectory() as directory:
         path = Path(directory) / "state.json"
         path.write_bytes(data)
-        started = time.perf_counter()
-        timeouts, learned = load_learned(path, configured)
-    assert time.perf_counter() - started < 0.5
+        with budget():
+            timeouts, learned = load_learned(path, configured)
     assert len(timeouts.rank_section_timeouts) <= protocol.MAX_SECTIONS
     assert isinstance(learned, frozenset)
 
