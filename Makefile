@@ -60,7 +60,7 @@ typecheck: $(STAMP)
 # PYTEST_WORKERS=0 runs them one after another.
 PYTEST_WORKERS ?= 3
 unit: $(STAMP)
-	$(VENV)/bin/pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 test: lint typecheck unit
 
