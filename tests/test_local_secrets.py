@@ -139,7 +139,7 @@ def test_the_reexec_hands_the_secrets_over_a_pipe(tmp_path: Path) -> None:
     and still known to the new image; values too long are cut, still too long to be valid."""
     program = (
         "import json, os, sys\n"
-        "from ftd import env_secrets\n"
+        "from ftd.config import secrets as env_secrets\n"
         "pid = os.getpid()\n"
         "env_secrets.isolate()\n"
         "print(json.dumps({'pid': pid, 'ppid': os.getppid(),\n"

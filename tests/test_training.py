@@ -57,8 +57,11 @@ async def test_simulated_hang_is_caught_in_its_step_and_training_resumes(
     # still be in setup), or to out-of-section time.
     section = (injected["open_sections"] or [None])[-1]  # type: ignore[index]
     assert hung["global_rank"] == 1 and hung["section"] == section
-    if section is not None:
-        assert f"stayed in section '{section}' past its timeout" in str(hung["reason"])
+    if section is not None:  # its own timeout, or a peer waiting on it ran out first (loaded)
+        reason = str(hung["reason"])
+        assert f"stayed in section '{section}' past its timeout" in reason or reason.startswith(
+            "rank 1 is carrying out a simulated hang; rank 0 was the first to time out waiting"
+        ), reason
     assert_resumed_from_newest_checkpoint(run)
 
 

@@ -94,7 +94,9 @@ class HealthService:
             socket_path, self._dispatch, self._authorize, self._link_closed
         )
         self.monitor.drain = self.server.drain
-        self.nvrx = NvrxServer(socket_path, NvrxRankHost(self), self.server.dropped)
+        self.nvrx = NvrxServer(
+            socket_path, NvrxRankHost(self), self.server.dropped, self.server.previous_pids
+        )
         self.server.followers.append(self.nvrx)
         self._group: WorkerGroup | None = None
         self._first_steps: asyncio.Future[float | None] | None = None

@@ -26,7 +26,7 @@ from typing import Protocol
 from ftd_client.protocol import ProtocolError
 
 from ftd.health.nvrx import wire as wire
-from ftd.health.socket import MAX_CONNECTIONS, accept_ranks, listen_unix
+from ftd.health.socket import MAX_CONNECTIONS, PREVIOUS_ATTEMPT, accept_ranks, listen_unix
 from ftd.ranks.launch import socket_paths
 from ftd.refusals import Refusals
 
@@ -69,6 +69,7 @@ class _StreamServer:
         on_close: Callable[[_Connection], None],
         dropped: collections.Counter[str],
         logged: set[tuple[str, int]],
+        previous_pids: set[int],
     ) -> None:
         self.path = path
         self._authorize = authorize
@@ -76,6 +77,8 @@ class _StreamServer:
         self._on_close = on_close
         self.dropped = dropped
         self._logged = logged
+        self._previous_pids = previous_pids
+        """The ranks of earlier attempts (the rank socket's set): leaving, not strangers."""
         self._listener: socket.socket | None = None
         self._connections: dict[int, _Connection] = {}
         self._paused = False
@@ -124,13 +127,16 @@ class _StreamServer:
 
     def _refuse(self, conn: socket.socket, cause: str, pid: int, detail: str) -> None:
         conn.close()
-        self.drop(cause, pid, detail)
+        if cause == PREVIOUS_ATTEMPT:  # counted, as on the rank socket, and not said
+            self.dropped[f"nvrx_{cause}"] += 1
+        else:
+            self.drop(cause, pid, detail)
 
     def _on_connect(self) -> None:
         assert self._listener is not None
         # Identity before a slot (ipc.accept_ranks): a stranger's bytes are never looked at.
         for conn, pid in accept_ranks(
-            self._listener, self._authorize, set(), self._refuse, "NVRx socket"
+            self._listener, self._authorize, self._previous_pids, self._refuse, "NVRx socket"
         ):
             if len(self._connections) >= MAX_CONNECTIONS:
                 self._refuse(conn, "too_many_connections", pid, f"{MAX_CONNECTIONS} open")
@@ -223,7 +229,11 @@ class NvrxServer:
     """Both of NVRx's sockets for every rank of the node."""
 
     def __init__(
-        self, ftd_socket: Path, host: NvrxHost, dropped: collections.Counter[str] | None = None
+        self,
+        ftd_socket: Path,
+        host: NvrxHost,
+        dropped: collections.Counter[str] | None = None,
+        previous_pids: set[int] | None = None,
     ) -> None:
         self.rank_monitor_path, self.launcher_path = socket_paths(ftd_socket)
         self.dropped: collections.Counter[str] = (
@@ -232,6 +242,7 @@ class NvrxServer:
         """Drops by cause, prefixed `nvrx_` (shared with the rank socket's: /v1/status)."""
         self._host = host
         logged: set[tuple[str, int]] = set()
+        previous = set() if previous_pids is None else previous_pids
         self._rank_monitor = _StreamServer(
             self.rank_monitor_path,
             host.nvrx_authorize,
@@ -239,6 +250,7 @@ class NvrxServer:
             lambda connection: host.nvrx_disconnected(connection.pid),
             self.dropped,
             logged,
+            previous,
         )
         self._launcher = _StreamServer(
             self.launcher_path,
@@ -247,6 +259,7 @@ class NvrxServer:
             lambda connection: None,
             self.dropped,
             logged,
+            previous,
         )
         self._servers = (self._rank_monitor, self._launcher)
 
