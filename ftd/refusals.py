@@ -28,6 +28,7 @@ SOURCES: Final = (
     "rendezvous_store",
     "inprocess_store",
     "etcd",
+    "tcp_store",
 )
 MAX_CAUSE_LENGTH: Final = 48
 

@@ -26,8 +26,7 @@ def rounds(group: _Group, explain: Any) -> InprocessRounds:
     async def budget(failure: Failure) -> bool:
         return True
 
-    return InprocessRounds(
-        group=group,  # type: ignore[arg-type]
+    made = InprocessRounds(
         store_addr=("127.0.0.1", 0),
         prefix="t",
         world_size=4,
@@ -41,6 +40,8 @@ def rounds(group: _Group, explain: Any) -> InprocessRounds:
         node_id="n",
         explain_stragglers=explain,
     )
+    made._group = group  # type: ignore[assignment]  # attach() would start the leader's task
+    return made
 
 
 async def test_stragglers_stacks_are_written_before_the_attempt_fails() -> None:

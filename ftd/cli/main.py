@@ -107,25 +107,30 @@ def _exit_now(code: int) -> NoReturn:
 
 
 def _run_store(host: str, port: int) -> int:
-    """`ftd store`: a TCPStore server until SIGINT/SIGTERM."""
+    """`ftd store`: a TCPStore server until SIGINT/SIGTERM (torch's protocol, no torch)."""
+    import asyncio
     import signal
-    import threading
 
-    from ftd_client.store import tcp_store_server
+    from ftd.tcpstore.server import TcpStoreServer
 
     _configure_logging("INFO")
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    try:
-        store = tcp_store_server(host, port)
-    except Exception as error:
-        print(f"ftd store: error: cannot listen on {host}:{port}: {error}", file=sys.stderr)
-        return 1
-    logging.getLogger("ftd.store").info("rendezvous store listening on %s:%d", host, store.port)
-    stop.wait()
-    del store
-    return 0
+
+    async def serve() -> int:
+        try:
+            store = await TcpStoreServer.start(host, port)
+        except OSError as error:
+            print(f"ftd store: error: cannot listen on {host}:{port}: {error}", file=sys.stderr)
+            return 1
+        logging.getLogger("ftd.store").info("rendezvous store listening on %s:%d", host, store.port)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        await store.close()
+        return 0
+
+    return asyncio.run(serve())
 
 
 def _unknown_ft_parameter(unknown: list[str]) -> str | None:

@@ -9,16 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
-
-from ftd_client.store import tcp_store_server
+from typing import Any
 
 from ftd.coordination.base import NodeLost, Round, new_request
 from ftd.coordination.records import Member, RequestRecord
-from ftd.tasks import within
-
-if TYPE_CHECKING:
-    from torch.distributed import TCPStore
+from ftd.tcpstore.server import TcpStoreServer
 
 log = logging.getLogger("ftd.coordination.local")
 
@@ -36,14 +31,15 @@ class LocalCoordinator:
         self._restarts = 0
         self._requests: dict[int, asyncio.Future[RequestRecord]] = {}
         self._store_host = store_host
-        self._inprocess: TCPStore | None = None
+        self._inprocess: TcpStoreServer | None = None
 
     async def start(self, on_node_lost: NodeLost) -> None:
         pass
 
     async def close(self) -> None:
-        store, self._inprocess = [self._inprocess], None
-        await asyncio.to_thread(store.clear)
+        store, self._inprocess = self._inprocess, None
+        if store is not None:
+            await store.close()
 
     async def join(self, me: Member) -> Round:
         number, self._next = self._next, self._next + 1
@@ -99,9 +95,5 @@ class LocalCoordinator:
     async def inprocess_store(self) -> tuple[str, int]:
         """A store of this daemon's for the ranks' in-process rounds, made on first use."""
         if self._inprocess is None:
-            self._inprocess = await within(
-                asyncio.to_thread(tcp_store_server, self._store_host, 0), 60
-            )
-        store: Any = self._inprocess
-        port: int = store.port
-        return self._store_host, port
+            self._inprocess = await TcpStoreServer.start(self._store_host)
+        return self._store_host, self._inprocess.port

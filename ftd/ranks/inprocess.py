@@ -86,7 +86,6 @@ class InprocessRounds:
     def __init__(
         self,
         *,
-        group: WorkerGroup,
         store_addr: tuple[str, int],
         prefix: str,
         world_size: int,
@@ -102,7 +101,7 @@ class InprocessRounds:
         explain_stragglers: ExplainRanks | None = None,
         seal: Seal | None = None,
     ) -> None:
-        self.group = group
+        self._group: WorkerGroup | None = None
         self.explain_stragglers = explain_stragglers
         """Writes the stacks of local ranks (HangHandler.explain_ranks), for the stragglers
         of a round before the attempt fails; notes on what was written."""
@@ -129,16 +128,29 @@ class InprocessRounds:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    async def start(self) -> None:
+    @property
+    def group(self) -> WorkerGroup:
+        assert self._group is not None, "attach() comes first"
+        return self._group
+
+    async def connect(self) -> None:
+        """Connect to the rounds' store: before the ranks start, so that no rank can fail
+        before its failure would reach the rounds."""
         await self._op(self._store.connect)
-        self.group.failure_handler = self._on_failure
+
+    def attach(self, group: WorkerGroup) -> None:
+        """Take the attempt's ranks, at once after they started (no await between: their
+        exits are callbacks of the loop, so none is seen before this)."""
+        self._group = group
+        group.failure_handler = self._on_failure
         if self.leader:
             self._leading = asyncio.create_task(self._lead(), name="ftd-inprocess-rounds")
 
     async def close(self) -> None:
         """Stop the rounds (the workers are stopped by the daemon); bounded."""
         self._closing.set()
-        self.group.failure_handler = None
+        if self._group is not None:
+            self._group.failure_handler = None
         tasks = [*self._tasks, *([self._leading] if self._leading else [])]
         if self._store.connected and self.leader:
             try:  # wakes the leader's waits

@@ -12,14 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import TYPE_CHECKING
 
-from ftd_client.store import tcp_store_server
-
-from ftd.tasks import within
-
-if TYPE_CHECKING:
-    from torch.distributed import TCPStore
+from ftd.tcpstore.server import TcpStoreServer
 
 log = logging.getLogger("ftd.store")
 
@@ -33,18 +27,15 @@ class AttemptStores:
     def __init__(self, host: str, port: int = 0) -> None:
         self._host = host
         self._port = port
-        self._current: TCPStore | None = None
-        self._next: asyncio.Task[TCPStore] | None = None
+        self._current: TcpStoreServer | None = None
+        self._next: asyncio.Task[TcpStoreServer] | None = None
 
     def _prepare_next(self) -> None:
         if self._port == 0:  # a fixed --master-port can only be rebound after the switch
             self._next = asyncio.create_task(self._host_store())
 
-    async def _host_store(self) -> TCPStore:
-        return await within(
-            asyncio.to_thread(tcp_store_server, self._host, self._port, STORE_OP_TIMEOUT_S),
-            STORE_OP_TIMEOUT_S,
-        )
+    async def _host_store(self) -> TcpStoreServer:
+        return await TcpStoreServer.start(self._host, self._port)
 
     async def fresh(self) -> tuple[str, int]:
         """A new, empty, listening store for the next attempt: its (host, port)."""
@@ -53,20 +44,21 @@ class AttemptStores:
             store = await self._host_store()
         else:
             store, self._next = await self._next, None
-        previous, self._current = [self._current], store
-        # Dropping the last reference joins the server's thread: do it off the event loop.
-        await asyncio.to_thread(previous.clear)
+        previous, self._current = self._current, store
+        if previous is not None:
+            await previous.close()
         self._prepare_next()
-        port: int = store.port
-        log.debug("workers' store for this attempt listens on %s:%d", self._host, port)
-        return self._host, port
+        log.debug("workers' store for this attempt listens on %s:%d", self._host, store.port)
+        return self._host, store.port
 
     async def close(self) -> None:
         stores = [self._current]
         if self._next is not None:
             self._next.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            with contextlib.suppress(asyncio.CancelledError, OSError):
                 stores.append(await self._next)
             self._next = None
         self._current = None
-        await asyncio.to_thread(stores.clear)
+        for store in stores:
+            if store is not None:
+                await store.close()

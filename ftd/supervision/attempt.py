@@ -117,32 +117,9 @@ class Attempt:
             local_ranks_filter=config.local_ranks_filter,
             log_line_prefixes=_log_line_prefixes(config.role, placement, len(envs)),
         )
-        health.server.pause()  # the ranks' first messages wait until their pids are attached
-        try:
-            group = await WorkerGroup.start(
-                tools.spawner,
-                spec,
-                {s.local_rank: s for s in status.ranks},
-                on_register=tools.guard.register,
-                on_unregister=tools.guard.unregister,
-                daemon_id=tools.daemon_id,
-                output=OutputDrain(
-                    number,
-                    lambda data: tools.events.emit(
-                        EventKind.OUTPUT_DROPPED, attempt=number, **data
-                    ),
-                ),
-            )
-            health.attach(group, status.ranks)
-        finally:
-            health.server.resume()
-        group.exit_listeners.append(
-            lambda rank: tools.events.emit(EventKind.RANK_EXITED, attempt=number, **rank.to_dict())
-        )
         rounds = None
         if inprocess is not None:
             rounds = InprocessRounds(
-                group=group,
                 store_addr=inprocess,
                 prefix=prefix,
                 world_size=placement.world_size,
@@ -158,7 +135,36 @@ class Attempt:
                 explain_stragglers=health.hangs.explain_ranks,
                 seal=seal,
             )
-            await rounds.start()
+        health.server.pause()  # the ranks' first messages wait until their pids are attached
+        try:
+            if rounds is not None:
+                await rounds.connect()
+            group = await WorkerGroup.start(
+                tools.spawner,
+                spec,
+                {s.local_rank: s for s in status.ranks},
+                on_register=tools.guard.register,
+                on_unregister=tools.guard.unregister,
+                daemon_id=tools.daemon_id,
+                output=OutputDrain(
+                    number,
+                    lambda data: tools.events.emit(
+                        EventKind.OUTPUT_DROPPED, attempt=number, **data
+                    ),
+                ),
+            )
+            if rounds is not None:
+                rounds.attach(group)
+            health.attach(group, status.ranks)
+        except BaseException:
+            if rounds is not None:
+                await rounds.close()
+            raise
+        finally:
+            health.server.resume()
+        group.exit_listeners.append(
+            lambda rank: tools.events.emit(EventKind.RANK_EXITED, attempt=number, **rank.to_dict())
+        )
         tools.events.emit(
             EventKind.ATTEMPT_STARTED,
             attempt=number,

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import logging
 import signal
 import time
+from collections.abc import Awaitable
 from typing import Any
 
 from ftd_client.protocol import WorkloadAction
@@ -195,8 +197,13 @@ class Supervisor:
 
     async def _ready_to_spawn(self) -> bool:
         """Wait for the start method to be ready (the zygote's preload), unless stopped first:
-        a signal then starts no rank at all."""
-        ready = asyncio.ensure_future(asyncio.to_thread(self.tools.spawner.prepare))
+        a signal then starts no rank at all. In-process rounds need torch's store client in the
+        daemon: it is imported here, beside the preload, not on the attempt's start, where the
+        import's seconds of held GIL would delay the daemon's answer to a rank's first fault."""
+        steps: list[Awaitable[object]] = [asyncio.to_thread(self.tools.spawner.prepare)]
+        if self.config.restart_mode == "inprocess":
+            steps.append(asyncio.to_thread(importlib.import_module, "torch.distributed"))
+        ready = asyncio.ensure_future(asyncio.gather(*steps))
         await first_of(ready, self.stop.wait())
         return not self.stop.is_set()
 
@@ -204,14 +211,12 @@ class Supervisor:
         """A fresh workers' store for the next attempt: its port. A machine out of ports (or
         any bind failure) is said in one line and retried, with a growing wait, until it works,
         the daemon is stopped (None), or --rdzv-join-timeout passes (CoordinationError)."""
-        from torch.distributed import DistError
-
         delay, waited = 0.5, 0.0
         while True:
             try:
                 _, port = await self.tools.stores.fresh()
                 return port
-            except (OSError, DistError, TimeoutError) as error:
+            except OSError as error:
                 why = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
                 if waited >= self.config.rdzv_join_timeout_s:
                     raise CoordinationError(f"cannot host the workers' store: {why}") from None

@@ -26,9 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import TYPE_CHECKING, Any
-
-from ftd_client.store import tcp_store_server
+from typing import Any
 
 from ftd.config.serve import ServeConfig
 from ftd.coordination.base import (
@@ -54,9 +52,7 @@ from ftd.coordination.records import (
 )
 from ftd.coordination.shared_rounds import Late, excluded_error, key
 from ftd.tasks import within
-
-if TYPE_CHECKING:
-    from torch.distributed import TCPStore
+from ftd.tcpstore.server import TcpStoreServer
 
 log = logging.getLogger("ftd.rendezvous")
 
@@ -75,7 +71,7 @@ class StoreCoordinator:
         self.excluded: dict[str, str] = {}
         self.hosting = False
         self.describe = f"store {self.endpoint[0]}:{self.endpoint[1]}"
-        self._server: TCPStore | None = None
+        self._server: TcpStoreServer | None = None
         self._connections = StoreConnections(
             self.endpoint, self.prefix, self.codec, self._store_lost
         )
@@ -122,7 +118,7 @@ class StoreCoordinator:
         if want_host:
             bind = self.config.rdzv_conf.get("host", host)
             try:
-                self._server = await asyncio.to_thread(tcp_store_server, bind, port)
+                self._server = await TcpStoreServer.start(bind, port)
                 self.hosting = True
                 log.info("hosting the rendezvous store on %s:%d", bind, port)
             except Exception as error:  # someone listens there already: be a client
@@ -190,8 +186,9 @@ class StoreCoordinator:
             except Exception:
                 log.debug("could not mark this node done", exc_info=True)
         self._connections.close()
-        server, self._server = [self._server], None
-        await asyncio.to_thread(server.clear)
+        server, self._server = self._server, None
+        if server is not None:
+            await server.close()
 
     def finishing(self) -> None:
         """The job is over for this node: a store that goes away now is no loss."""

@@ -9,12 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeVar
-
-from ftd_client.store import tcp_store_server
+from typing import Any, TypeVar
 
 from ftd.config.serve import ServeConfig
 from ftd.coordination.base import (
@@ -43,9 +40,7 @@ from ftd.coordination.records import (
 )
 from ftd.coordination.shared_rounds import Late, excluded_error, key
 from ftd.tasks import within
-
-if TYPE_CHECKING:
-    from torch.distributed import TCPStore
+from ftd.tcpstore.server import TcpStoreServer
 
 log = logging.getLogger("ftd.rendezvous")
 
@@ -77,7 +72,7 @@ class EtcdCoordinator:
         self._members = MemberWatch(
             lambda endpoint: self._etcd.transport.probe(endpoint, self.conf.timeout_s), report
         )
-        self._inprocess: TCPStore | None = None
+        self._inprocess: TcpStoreServer | None = None
         self._finished = False
 
     @property
@@ -100,9 +95,6 @@ class EtcdCoordinator:
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def start(self, on_node_lost: NodeLost) -> None:
-        # The workers' store is a TCPStore: import torch now, off the loop and unbounded, as
-        # the c10d backend does when it connects (on a busy machine it takes tens of seconds).
-        await asyncio.to_thread(importlib.import_module, "torch.distributed")
         await self._etcd.__aenter__()
         self._opened = True
         self._etcd.transport.on_endpoint_failed = self._members.failed
@@ -136,8 +128,9 @@ class EtcdCoordinator:
             await self._liveness.close(revoke=not self.lost.is_set())
         if self._opened:
             await self._etcd.__aexit__(None, None, None)
-        store, self._inprocess = [self._inprocess], None
-        await asyncio.to_thread(store.clear)
+        store, self._inprocess = self._inprocess, None
+        if store is not None:
+            await store.close()
 
     def _mark_lost(self, why: str) -> None:
         if not self.lost.is_set() and not self._kv.closing:
@@ -385,10 +378,8 @@ class EtcdCoordinator:
 
     async def _host_inprocess_store(self) -> tuple[str, int]:
         if self._inprocess is None:
-            self._inprocess = await within(asyncio.to_thread(tcp_store_server, self.address, 0), 60)
-        store: Any = self._inprocess
-        port: int = store.port
-        return self.address, port
+            self._inprocess = await TcpStoreServer.start(self.address)
+        return self.address, self._inprocess.port
 
 
 def create_etcd_coordinator(

@@ -19,11 +19,9 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from ftd.ranks.spawn.logs import make_logs_specs
+from ftd.ranks.spawn.logs import AttemptLogs, lay_out_attempt
 
 if TYPE_CHECKING:
-    from torch.distributed.elastic.multiprocessing.api import LogsDest
-
     from ftd.ranks.spawn.base import LaunchSpec
 
 StreamName = Literal["stdout", "stderr"]
@@ -54,10 +52,10 @@ class RankStream:
 
 @dataclass
 class OutputPlan:
-    """An attempt's log destinations: torchrun's (`dest`, from DefaultLogsSpecs.reify, which
+    """An attempt's log destinations: torchrun's layout (`dest`, from lay_out_attempt, which
     also sets each rank's TORCHELASTIC_ERROR_FILE) and the pipes of its redirected streams."""
 
-    dest: LogsDest
+    dest: AttemptLogs
     streams: list[RankStream]
     child_ends: dict[tuple[int, StreamName], int]
     """The write end each rank gets for a redirected stream (the daemon closes its copy once
@@ -90,12 +88,13 @@ class OutputPlan:
 
 def plan_output(spec: LaunchSpec) -> OutputPlan:
     """Blocking (runs in the spawning thread): the attempt's directories, log files and pipes."""
-    dest = make_logs_specs(
+    dest = lay_out_attempt(
         spec.log_dir,
         spec.redirects,
         spec.tee,
         set(spec.local_ranks_filter) if spec.local_ranks_filter else None,
-    ).reify(spec.envs)
+        spec.envs,
+    )
     plan = OutputPlan(dest, [], {})
     try:
         for local_rank in sorted(spec.envs):
