@@ -133,8 +133,13 @@ class Daemon:
     async def _set_up(self) -> None:
         config = self.config
         prepare_run_dir(self.run_dir)
+        journal = str(self.run_dir / "events.jsonl")
         try:
-            self.events = EventLog(self.run_dir / "events.jsonl")
+            self.events = EventLog(
+                self.run_dir / "events.jsonl",
+                on_failure=lambda cause, detail: self._persist_failed(journal, cause, detail),
+                on_recovery=lambda lost: self._persist_recovered(journal, events_lost=lost),
+            )
         except OSError as error:
             raise StartupError(
                 f"cannot open {self.run_dir / 'events.jsonl'}: {error.strerror} (a link or "
@@ -142,15 +147,6 @@ class Daemon:
             ) from None
         self._on_teardown("closing the event log", lambda: _now(self.events.close))
         self.persist = Persistence(self._persist_failed, self._persist_recovered)
-        journal = self.events.journal
-        if journal is not None:
-            journal.on_failure = lambda cause, detail: self._persist_failed(
-                str(journal.path), cause, detail
-            )
-            journal.on_recovery = lambda lost: self._persist_recovered(
-                str(journal.path), events_lost=lost
-            )
-        self.board = StatusBoard(config, self.status, self.events, self.persist, self.run_dir)
         self.background = Background()
         self._on_teardown("finishing background work", self.background.close)
         loop = asyncio.get_running_loop()
@@ -177,8 +173,10 @@ class Daemon:
             self.events,
             self.persist,
         )
-        self.status.rank_health = self.health.snapshot
-        self.status.refresh = self._refresh_status
+        publish = self._publish if config.multi_node else None
+        self.board = StatusBoard(
+            config, self.status, self.events, self.persist, self.run_dir, self.health, publish
+        )
         self.events.emit(
             EventKind.DAEMON_STARTED,
             node_id=config.node_id,
@@ -219,6 +217,7 @@ class Daemon:
             self.health,
             self.background,
             self.board.summary,
+            self.board.snapshot,
         )
         self.api = None
         if config.api_port is not None:  # before the zygote: a taken port stops us first
@@ -241,14 +240,14 @@ class Daemon:
             guard=self.guard,
             events=self.events,
             status=self.status,
+            board=self.board,
             coordinator=self.coordinator,
             stores=self.stores,
         )
         self.supervisor = Supervisor(
             tools, self.board, self.background, self.stop, self.force, address, self.running
         )
-        if config.multi_node and self._start_error is None:  # no store: nothing to publish to
-            self.board.publish = self._publish
+        if config.multi_node and self._start_error is None:
             log.info(
                 "rendezvous: job %s, nodes %d:%d, %s%s",
                 config.run_id,
@@ -266,20 +265,8 @@ class Daemon:
             self.run_dir,
         )
 
-    def _refresh_status(self, status: NodeStatus) -> None:
-        status.timeouts = self.health.timeouts.model_dump()
-        server = self.health.server
-        status.ipc = {
-            "received": server.received,
-            "dropped": dict(server.dropped),
-            "stalls": self.health.monitor.stalls,
-            "lost": self.health.losses.lost_total,
-            "loss_episodes": self.health.losses.episodes,
-            "budget_refusals": dict(self.health.budgets.refused),
-        }
-
     def _publish(self, summary: dict[str, object]) -> None:
-        if not self.coordinator.lost.is_set():
+        if self._start_error is None and not self.coordinator.lost.is_set():
             self.background.spawn(self._send_summary(summary), "publish-status")
 
     async def _send_summary(self, summary: dict[str, object]) -> None:

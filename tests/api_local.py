@@ -54,6 +54,9 @@ class LocalControl:
             "rank_out_of_section_timeout": None,
         }
 
+    def status_snapshot(self) -> dict[str, object]:
+        return self.status.to_dict()
+
     def request_restart(self, scope: str, reason: str, requested_by: str, count: bool) -> Event:
         return self.events.emit(
             "restart_requested", scope=scope, reason=reason, by=requested_by, counted=count

@@ -201,7 +201,7 @@ def _int_query(request: web.Request, name: str, default: int, low: int, high: in
 
 def status_document(control: DaemonControl, started: float) -> dict[str, Any]:
     """`/v1/status`: the node's status, its restart policy and the timeouts in force."""
-    doc: dict[str, Any] = control.status.to_dict()
+    doc: dict[str, Any] = control.status_snapshot()
     doc.setdefault("round", doc["attempt"])
     doc["pid"] = os.getpid()
     doc["uptime_s"] = round(time.monotonic() - started, 3)

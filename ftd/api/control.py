@@ -18,6 +18,10 @@ class DaemonControl(Protocol):
     events: EventLog
     run_dir: Path
 
+    def status_snapshot(self) -> dict[str, object]:
+        """The node status with its live parts (rank health, timeouts, socket counters)."""
+        ...
+
     def request_restart(self, scope: str, reason: str, requested_by: str, count: bool) -> Event:
         """Ask for a restart of the workers; the `restart_requested` event. Conflict when the
         daemon is stopping or done."""

@@ -106,12 +106,7 @@ class DaemonCollector(Collector):
         yield GaugeMetricFamily(
             "ftd_attempt", "The current attempt (0 first)", value=status.attempt
         )
-        round_ = status.to_dict().get("round", status.attempt)
-        yield GaugeMetricFamily(
-            "ftd_round",
-            "The current rendezvous round",
-            value=float(round_) if isinstance(round_, int | float) else status.attempt,
-        )
+        yield GaugeMetricFamily("ftd_round", "The current rendezvous round", value=status.attempt)
         restarts = CounterMetricFamily(
             "ftd_restarts", "Restarts of this node's workers", labels=["counted"]
         )
@@ -154,13 +149,15 @@ class DaemonCollector(Collector):
             labels=["local_rank"],
         )
         now = time.time()
-        health = status.rank_health or (lambda pid: None)
-        for rank in status.ranks:
-            age = (health(rank.pid) or {}).get("last_heartbeat_age_s")
+        snapshot = control.status_snapshot()
+        views = snapshot["ranks"]
+        for view in views if isinstance(views, list) else []:
+            age = view.get("last_heartbeat_age_s")
             if isinstance(age, int | float):
-                heartbeat.add_metric([str(rank.local_rank)], now - age)
+                heartbeat.add_metric([str(view["local_rank"])], now - age)
         yield heartbeat
-        ipc = status.ipc
+        ipc = snapshot["ipc"]
+        assert isinstance(ipc, dict)
         yield CounterMetricFamily(
             "ftd_rank_messages_lost",
             "Rank messages that never reached the daemon (gaps in their sequence numbers)",

@@ -31,6 +31,15 @@ class RestartPolicy(StrEnum):
     """A lost node restarts the others only when fewer than MIN healthy nodes are left."""
 
 
+class RestartMode(StrEnum):
+    """--restart-mode: what a restart replaces."""
+
+    PROCESS = "process"
+    """Every rank's process (torchrun's way)."""
+    INPROCESS = "inprocess"
+    """Only the failed rank's process; the others re-run their function in place."""
+
+
 STD_VALUES = {"0": 0, "1": 1, "2": 2, "3": 3}
 
 
@@ -96,7 +105,7 @@ class ServeConfig(BaseModel):
     ft_state_file: Path | None = None
     """Learned timeouts survive restarts here; default `<run dir>/ft_state.json`."""
     restart_policy: RestartPolicy = RestartPolicy.ANY_FAILED
-    restart_mode: Literal["process", "inprocess"] = "process"
+    restart_mode: RestartMode = RestartMode.PROCESS
     """`inprocess`: a fault is announced to every rank, whose ftd_client.inprocess.Wrapper
     restarts the training function in the same process (docs/inprocess.md); `process`: every
     rank is stopped and started again."""

@@ -83,6 +83,9 @@ class LocalCoordinator:
     async def exclude(self, node_id: str, reason: str) -> None:
         raise AssertionError("a one-node job has nothing to exclude")
 
+    def readmitting(self, node_id: str) -> bool:
+        return self.excluded.pop(node_id, None) is not None
+
     async def readmit(self, node_id: str) -> None:
         raise AssertionError("a one-node job has nothing to readmit")
 

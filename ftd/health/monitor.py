@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from types import EllipsisType
 
 from ftd_client.protocol import ProtocolError
 
@@ -68,6 +69,8 @@ class Monitor:
         clock: Clock | None = None,
         drain: Callable[[], object] | None = None,
         on_error: Callable[[str], None] | None = None,
+        on_first_step: Callable[[RankHealth, float], None] | None = None,
+        connect_timeout: float | EllipsisType | None = ...,
     ) -> None:
         self.timeouts = timeouts
         self.observed = Observations()
@@ -77,10 +80,14 @@ class Monitor:
         self._clock = clock or LoopClock(asyncio.get_running_loop())
         self.drain = drain
         """Reads every queued rank message (the socket's), called before a verdict."""
-        self.connect_timeout: float | None = timeouts.initial_rank_heartbeat_timeout
+        self.connect_timeout: float | None = (
+            timeouts.initial_rank_heartbeat_timeout
+            if isinstance(connect_timeout, EllipsisType)
+            else connect_timeout
+        )
         """A rank that has not contacted the daemon this long after its start is judged hung:
         the configured initial heartbeat timeout (never a learned one)."""
-        self.on_first_step: Callable[[RankHealth, float], None] | None = None
+        self.on_first_step = on_first_step
         self.on_error = on_error
         """Told why, when a timer's work failed (a bug of ours): the attempt ends with it."""
         self.section_names = SectionNames(timeouts.rank_section_timeouts)

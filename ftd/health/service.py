@@ -86,14 +86,15 @@ class HealthService:
         self.monitor = Monitor(
             timeouts,
             lambda verdict: self.hangs.on_hang(verdict),
+            drain=lambda: self.server.drain(),
             on_error=lambda reason: self.hangs.fail(reason),
+            on_first_step=lambda rank, now: self._on_first_step(rank, now),
+            connect_timeout=ft.initial_rank_heartbeat_timeout,  # as configured, never learned
         )
         self.hangs = HangHandler(self.monitor, events, ft.rank_termination_signal)
-        self.monitor.connect_timeout = ft.initial_rank_heartbeat_timeout  # as configured
         self.server = RankSocketServer(
             socket_path, self._dispatch, self._authorize, self._link_closed
         )
-        self.monitor.drain = self.server.drain
         self.nvrx = NvrxServer(
             socket_path, NvrxRankHost(self), self.server.dropped, self.server.previous_pids
         )
@@ -101,7 +102,6 @@ class HealthService:
         self._group: WorkerGroup | None = None
         self._first_steps: asyncio.Future[float | None] | None = None
         self._not_stepped: set[int] = set()
-        self.monitor.on_first_step = self._on_first_step
 
     @property
     def timeouts(self) -> RankTimeouts:
@@ -164,6 +164,20 @@ class HealthService:
         """The live view of the rank with this pid (heartbeat age, open section), if watched."""
         rank = self.monitor.rank_of(pid) if pid is not None else None
         return rank.snapshot(time.monotonic()) if rank is not None else None
+
+    def timeouts_view(self) -> dict[str, Any]:
+        return self.timeouts.model_dump()
+
+    def ipc_view(self) -> dict[str, Any]:
+        server = self.server
+        return {
+            "received": server.received,
+            "dropped": dict(server.dropped),
+            "stalls": self.monitor.stalls,
+            "lost": self.losses.lost_total,
+            "loss_episodes": self.losses.episodes,
+            "budget_refusals": dict(self.budgets.refused),
+        }
 
     async def first_steps(self, group: WorkerGroup) -> float | None:
         """When every rank of `group` took its first step (wall clock): its first heartbeat,

@@ -21,7 +21,8 @@ from typing import Any
 from ftd.ranks.guard import kill_tagged
 from ftd.ranks.output import OutputDrain
 from ftd.ranks.spawn import LaunchSpec, RankHandle, Spawner, StartedGroup
-from ftd.status.model import Failure, RankState, RankStatus, describe_exit
+from ftd.status.board import StatusBoard
+from ftd.status.model import Failure, RankStatus, describe_exit
 from ftd.tasks import within
 
 log = logging.getLogger("ftd.workers")
@@ -92,8 +93,7 @@ class WorkerGroup:
         self._all_pids.append(handle.pid)
         self._on_register(handle.pid)
         status = self.statuses[local_rank]
-        status.pid, status.state, status.started_at = handle.pid, RankState.RUNNING, time.time()
-        status.exit_code = status.ended_at = None
+        StatusBoard.rank_started(status, handle.pid)
         self._exited[local_rank] = self._loop.create_future()
         fd = os.pidfd_open(handle.pid)
         self._pidfds[local_rank] = fd
@@ -141,11 +141,7 @@ class WorkerGroup:
                 return
         self._loop.remove_reader(fd)
         status = self.statuses[local_rank]
-        status.exit_code, status.ended_at = code, time.time()
-        if self._stopping:
-            status.state = RankState.STOPPED if code != 0 else RankState.SUCCEEDED
-        else:
-            status.state = RankState.SUCCEEDED if code == 0 else RankState.FAILED
+        StatusBoard.rank_exited(status, code, stopped=self._stopping)
         log.debug("local rank %d (pid %d) exited: %s", local_rank, status.pid, describe_exit(code))
         self._exited[local_rank].set_result(code)
         try:

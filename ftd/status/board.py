@@ -11,15 +11,29 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from ftd.config.serve import ServeConfig
 from ftd.status.event_kind import EventKind
 from ftd.status.events import EventLog
-from ftd.status.model import DaemonState, NodeStatus, RankState
+from ftd.status.model import DaemonState, Failure, NodeStatus, RankState, RankStatus
 from ftd.status.persist import Persistence
 
 log = logging.getLogger("ftd.daemon")
+
+
+class LiveView(Protocol):
+    """What the health service sees now, read at each snapshot (never copied into the status)."""
+
+    def snapshot(self, pid: int | None) -> dict[str, Any] | None:
+        """The live view of the rank with this pid, if watched."""
+        ...
+
+    def timeouts_view(self) -> dict[str, Any]: ...
+
+    def ipc_view(self) -> dict[str, Any]:
+        """The rank socket's counters: messages received, dropped by cause, ..."""
+        ...
 
 
 class StatusBoard:
@@ -30,13 +44,16 @@ class StatusBoard:
         events: EventLog,
         persist: Persistence,
         run_dir: Path,
+        live: LiveView,
+        publish: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         self.config = config
         self.status = status
         self.events = events
         self.persist = persist
         self.run_dir = run_dir
-        self.publish: Callable[[dict[str, Any]], None] | None = None
+        self._live = live
+        self.publish = publish
         """Sends this node's summary to the other nodes (fire and forget)."""
         self.group_rank: int | None = None
         self.round: int | None = None
@@ -56,6 +73,43 @@ class StatusBoard:
                 self.publish(self.summary())
         self.write()
 
+    # -- every other change of the node status goes through one of these ---------------------
+
+    def round_joined(self, number: int, group_rank: int, restarts: int) -> None:
+        self.round, self.group_rank = number, group_rank
+        self.status.restart_count = restarts
+
+    def restarts_counted(self, restarts: int) -> None:
+        """The restarts the job has used, as the coordinator counted them."""
+        self.status.restart_count = restarts
+
+    def attempt_starting(self, number: int, ranks: list[RankStatus]) -> None:
+        self.status.attempt, self.status.ranks = number, ranks
+
+    def attempt_failed(self, failure: Failure) -> None:
+        self.status.last_failure = failure
+
+    def recovered(self, stages: dict[str, Any]) -> None:
+        """The last restart's stages, once its ranks resumed."""
+        self.status.last_recovery = stages
+
+    def backing_off(self, delay_s: float) -> None:
+        self.status.backoff_s = delay_s
+
+    @staticmethod
+    def rank_started(rank: RankStatus, pid: int) -> None:
+        rank.pid, rank.state, rank.started_at = pid, RankState.RUNNING, time.time()
+        rank.exit_code = rank.ended_at = None
+
+    @staticmethod
+    def rank_exited(rank: RankStatus, code: int, stopped: bool) -> None:
+        """`stopped`: the daemon was stopping the ranks (a non-zero code is then no failure)."""
+        rank.exit_code, rank.ended_at = code, time.time()
+        if code == 0:
+            rank.state = RankState.SUCCEEDED
+        else:
+            rank.state = RankState.STOPPED if stopped else RankState.FAILED
+
     def summary(self) -> dict[str, Any]:
         """What this node publishes for GET /v1/cluster on any node."""
         status, failure = self.status, self.status.last_failure
@@ -73,8 +127,13 @@ class StatusBoard:
             "time": time.time(),
         }
 
+    def snapshot(self) -> dict[str, object]:
+        """The node status with its live parts: status.json and `GET /v1/status`."""
+        live = self._live
+        return self.status.to_dict(live.snapshot, live.timeouts_view(), live.ipc_view())
+
     def write(self) -> None:
-        self.persist.write_json(self.run_dir / "status.json", self.status.to_dict())
+        self.persist.write_json(self.run_dir / "status.json", self.snapshot())
 
     def write_cluster(
         self, number: int | None, members: list[str], excluded: dict[str, str]

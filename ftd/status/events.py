@@ -112,7 +112,15 @@ class Subscription:
 
 
 class EventLog:
-    def __init__(self, path: Path | None, capacity: int = DEFAULT_CAPACITY) -> None:
+    def __init__(
+        self,
+        path: Path | None,
+        capacity: int = DEFAULT_CAPACITY,
+        on_failure: Callable[[str, str], object] | None = None,
+        on_recovery: Callable[[int], object] | None = None,
+    ) -> None:
+        """`on_failure`, `on_recovery`: told when writes to the file start failing (cause,
+        detail) and work again (lines lost)."""
         if capacity < 1:
             raise ValueError(f"capacity must be at least 1, got {capacity}")
         self._capacity = capacity
@@ -122,7 +130,8 @@ class EventLog:
         self._journal: Journal | None = None
         self._subscribers: set[Subscription] = set()
         if path is not None:
-            self._journal = Journal(path)  # first: it refuses a link or a non-file there
+            # First: it refuses a link or a non-file there.
+            self._journal = Journal(path, on_failure, on_recovery)
             self._next_id = _last_id(path) + 1
         self._first_id = self._next_id
         """The first id this process emitted (older ones are only in the file)."""
@@ -185,7 +194,12 @@ class Journal:
     limit loses the line from the file only (the ring keeps it), said once until writes work
     again."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(
+        self,
+        path: Path,
+        on_failure: Callable[[str, str], object] | None = None,
+        on_recovery: Callable[[int], object] | None = None,
+    ) -> None:
         self.path = path
         self._fd = _open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         self._size = os.fstat(self._fd).st_size
@@ -193,9 +207,9 @@ class Journal:
         """Lines that could not be written (they are in memory only)."""
         self._torn = False
         self.failing: str | None = None
-        self.on_failure: Callable[[str, str], object] | None = None
+        self.on_failure = on_failure
         """(cause, detail) when writes start failing (not for each line)."""
-        self.on_recovery: Callable[[int], object] | None = None
+        self.on_recovery = on_recovery
         """(lines lost) when writes work again after failing."""
 
     def append(self, line: str) -> None:

@@ -8,6 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ftd.config.serve import RestartPolicy
+
 
 class DaemonState(enum.StrEnum):
     """Lifecycle of a node daemon.
@@ -127,27 +129,23 @@ class NodeStatus:
     attempt: int = 0
     restart_count: int = 0
     max_restarts: int = 0
-    restart_policy: str = "any-failed"
+    restart_policy: RestartPolicy = RestartPolicy.ANY_FAILED
     ranks: list[RankStatus] = field(default_factory=list)
     last_failure: Failure | None = None
-    timeouts: dict[str, Any] = field(default_factory=dict)
-    ipc: dict[str, Any] = field(default_factory=dict)
-    """The rank socket's counters: messages received, dropped by cause."""
     last_recovery: dict[str, Any] | None = None
     """The last restart's stages (recovery.py), once its ranks resumed."""
     backoff_s: float = 0.0
     """The delay before the next attempt after attempts that failed fast (crash loop)."""
-    refresh: Callable[[NodeStatus], None] | None = field(default=None, repr=False)
-    """Brings the live parts (timeouts, socket counters) up to date before a snapshot."""
-    rank_health: Callable[[int | None], dict[str, Any] | None] | None = field(
-        default=None, repr=False
-    )
-    """The health service's live view of the rank with this pid."""
 
-    def to_dict(self) -> dict[str, object]:
-        if self.refresh is not None:
-            self.refresh(self)
-        health = self.rank_health or (lambda pid: None)
+    def to_dict(
+        self,
+        rank_view: Callable[[int | None], dict[str, Any] | None] | None = None,
+        timeouts: dict[str, Any] | None = None,
+        ipc: dict[str, Any] | None = None,
+    ) -> dict[str, object]:
+        """With the live parts the health service sees (StatusBoard.snapshot): each rank's
+        view by pid, the timeouts in force and the rank socket's counters."""
+        health = rank_view or (lambda pid: None)
         return {
             "node_id": self.node_id,
             "run_id": self.run_id,
@@ -155,9 +153,9 @@ class NodeStatus:
             "attempt": self.attempt,
             "restart_count": self.restart_count,
             "max_restarts": self.max_restarts,
-            "restart_policy": self.restart_policy,
-            "timeouts": self.timeouts,
-            "ipc": self.ipc,
+            "restart_policy": self.restart_policy.value,
+            "timeouts": timeouts or {},
+            "ipc": ipc or {},
             "ranks": [rank.to_dict(health(rank.pid)) for rank in self.ranks],
             "last_failure": self.last_failure.to_dict() if self.last_failure else None,
             "last_recovery": self.last_recovery,

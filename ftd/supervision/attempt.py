@@ -22,7 +22,7 @@ from ftd_client import faults
 from ftd_client.inprocess.keys import ENV_KEY_FILE, Seal, prefix_for
 
 from ftd.config.ft import parse_simulated_fault
-from ftd.config.serve import ServeConfig
+from ftd.config.serve import RestartMode, ServeConfig
 from ftd.coordination import Coordinator, Round
 from ftd.coordination.base import Placement
 from ftd.coordination.records import RecordCodec
@@ -34,6 +34,7 @@ from ftd.ranks.output import OutputDrain
 from ftd.ranks.spawn import LaunchSpec, Spawner
 from ftd.ranks.workers import WorkerGroup
 from ftd.ranks.workers_store import AttemptStores
+from ftd.status.board import StatusBoard
 from ftd.status.event_kind import EventKind
 from ftd.status.events import Event, EventLog
 from ftd.status.model import Failure, NodeStatus, RankState, RankStatus
@@ -56,6 +57,8 @@ class AttemptTools:
     guard: GuardKeeper
     events: EventLog
     status: NodeStatus
+    """Read only: its writer is `board`."""
+    board: StatusBoard
     coordinator: Coordinator
     stores: AttemptStores
 
@@ -78,7 +81,6 @@ class Attempt:
         config, status, health = tools.config, tools.status, tools.health
         placement = rnd.placement()
         number = rnd.number
-        status.attempt = number
         envs = worker_envs(
             config,
             placement,
@@ -92,7 +94,7 @@ class Attempt:
         )
         inprocess = (
             await tools.coordinator.inprocess_store()
-            if config.restart_mode == "inprocess"
+            if config.restart_mode is RestartMode.INPROCESS
             else None
         )
         prefix = prefix_for(config.run_id, number)
@@ -104,9 +106,10 @@ class Attempt:
                 if key_file is not None:
                     env[ENV_KEY_FILE] = str(key_file)
         _arm_simulated_fault(config, tools.events, envs, number)
-        status.ranks = [
-            RankStatus(local_rank=lr, global_rank=placement.base_global_rank + lr) for lr in envs
-        ]
+        tools.board.attempt_starting(
+            number,
+            [RankStatus(local_rank=lr, global_rank=placement.base_global_rank + lr) for lr in envs],
+        )
         spec = LaunchSpec(
             name=config.role,
             cmd=tools.cmd,
@@ -237,7 +240,7 @@ async def _respawn_budget(tools: AttemptTools, rnd: Round, failure: Failure) -> 
     used = await tools.coordinator.restarts_used(rnd)
     if used >= tools.config.max_restarts:
         return False
-    tools.status.restart_count = await tools.coordinator.count_restart(rnd, failure.reason)
+    tools.board.restarts_counted(await tools.coordinator.count_restart(rnd, failure.reason))
     return True
 
 

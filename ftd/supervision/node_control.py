@@ -41,6 +41,7 @@ class NodeControl:
         health: HealthService,
         background: Background,
         summary: Callable[[], dict[str, Any]],
+        snapshot: Callable[[], dict[str, object]],
     ) -> None:
         self.config = config
         self.status = status
@@ -52,6 +53,7 @@ class NodeControl:
         self._background = background
         self._summary = summary
         """This node's summary, as the other nodes see it (the one-node cluster view)."""
+        self.status_snapshot = snapshot
 
     def request_restart(self, scope: str, reason: str, requested_by: str, count: bool) -> Event:
         attempt = self._running.attempt
@@ -143,9 +145,8 @@ class NodeControl:
             log.error("could not exclude node %s: %s", node_id, error.reason)
 
     def readmit_node(self, node_id: str, requested_by: str) -> Event:
-        if not self.config.multi_node or node_id not in self._coordinator.excluded:
+        if not self.config.multi_node or not self._coordinator.readmitting(node_id):
             raise NotFound(f"node {node_id!r} is not excluded")
-        self._coordinator.excluded.pop(node_id)
         event = self.events.emit(EventKind.NODE_READMITTED, node_id=node_id, by=requested_by)
         self._background.spawn(self._readmit(node_id), f"readmit-{node_id}")
         return event

@@ -68,7 +68,7 @@ class RecoveryTimeline:
         for stage, seconds in data["stages"].items():
             if seconds is not None:
                 RECOVERY_STAGE_SECONDS.labels(stage).observe(seconds)
-        self._tools.status.last_recovery = data
+        self._tools.board.recovered(data)
         self._tools.events.emit(EventKind.RECOVERY, **data)
 
 
@@ -86,16 +86,16 @@ class CrashLoop:
     async def back_off(self, number: int, ran_s: float) -> None:
         """Before the attempt after `number`, which ran `ran_s` seconds: wait if it crashed
         fast, after others that did (until a signal asks the daemon to stop)."""
-        config, status = self._tools.config, self._tools.status
+        config = self._tools.config
         if ran_s >= config.restart_backoff_reset_s or not self.crashed:
             self.fast_failures = 0
-            status.backoff_s = 0.0
+            self._board.backing_off(0.0)
             return
         self.fast_failures += 1
         delay = restart_backoff(
             self.fast_failures, config.restart_backoff_base_s, config.restart_backoff_cap_s
         )
-        status.backoff_s = delay
+        self._board.backing_off(delay)
         if delay <= 0:
             return
         log.warning(

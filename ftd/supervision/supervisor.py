@@ -20,6 +20,7 @@ from typing import Any
 from ftd_client.protocol import WorkloadAction
 
 from ftd import containment
+from ftd.config.serve import RestartMode
 from ftd.coordination import CoordinationError, Round
 from ftd.coordination.base import new_request
 from ftd.coordination.records import Member, RequestRecord
@@ -175,8 +176,7 @@ class Supervisor:
         if rnd.group_rank == 0 and config.master_port and await self._workers_store() is None:
             return None
         self.running.round = rnd
-        self.status.restart_count = rnd.restarts
-        self.board.group_rank, self.board.round = rnd.group_rank, rnd.number
+        self.board.round_joined(rnd.number, rnd.group_rank, rnd.restarts)
         self.board.write_cluster(rnd.number, rnd.node_ids, dict(self.coordinator.excluded))
         self.tools.events.emit(
             EventKind.ROUND_CLOSED,
@@ -201,7 +201,7 @@ class Supervisor:
         daemon: it is imported here, beside the preload, not on the attempt's start, where the
         import's seconds of held GIL would delay the daemon's answer to a rank's first fault."""
         steps: list[Awaitable[object]] = [asyncio.to_thread(self.tools.spawner.prepare)]
-        if self.config.restart_mode == "inprocess":
+        if self.config.restart_mode is RestartMode.INPROCESS:
             steps.append(asyncio.to_thread(importlib.import_module, "torch.distributed"))
         ready = asyncio.ensure_future(asyncio.gather(*steps))
         await first_of(ready, self.stop.wait())
@@ -274,7 +274,7 @@ class Supervisor:
                     "round %d: every local rank exited 0; waiting for the other nodes", rnd.number
                 )
             return await self._await_end(ended)
-        self.status.last_failure = outcome
+        self.board.attempt_failed(outcome)
         self.crash_loop.crashed = outcome.kind in ("exit", "signal", "hang", "fatal", "internal")
         self.tools.events.emit(
             EventKind.ATTEMPT_FAILED, attempt=rnd.number, failure=outcome.to_dict()
@@ -333,7 +333,7 @@ class Supervisor:
         """The attempt failed outside its ranks (they could not start; a part of the daemon
         failed): the policy decides as after any failure."""
         reason = failure.reason
-        self.status.last_failure = failure
+        self.board.attempt_failed(failure)
         self.crash_loop.crashed = True
         self.tools.events.emit(
             EventKind.ATTEMPT_FAILED, attempt=rnd.number, failure=failure.to_dict()

@@ -371,6 +371,9 @@ class StoreCoordinator:
     async def exclude(self, node_id: str, reason: str) -> None:
         self.excluded = await self._connections.call(self._rounds.update_excluded, node_id, reason)
 
+    def readmitting(self, node_id: str) -> bool:
+        return self.excluded.pop(node_id, None) is not None
+
     async def readmit(self, node_id: str) -> None:
         self.excluded = await self._connections.call(self._rounds.update_excluded, node_id, None)
 

@@ -15,6 +15,7 @@ import logging
 import math
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -196,7 +197,11 @@ def _read_timeout(raw: str | None) -> float:
     return value
 
 
-def open_client(conf: EtcdConf, max_response_bytes: int) -> EtcdClient:
+def open_client(
+    conf: EtcdConf,
+    max_response_bytes: int,
+    on_endpoint_failed: Callable[[str, str], None] | None = None,
+) -> EtcdClient:
     """The etcd client `conf` describes (not yet connected); CoordinationError naming the
     endpoint that cannot be used."""
     try:
@@ -210,6 +215,7 @@ def open_client(conf: EtcdConf, max_response_bytes: int) -> EtcdClient:
             key=conf.key,
             timeout_s=conf.timeout_s,
             max_response_bytes=max_response_bytes,
+            on_endpoint_failed=on_endpoint_failed,
         )
     except ValueError as error:
         raise CoordinationError(f"--rdzv-endpoint: {error}") from None

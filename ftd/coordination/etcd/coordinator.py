@@ -62,8 +62,12 @@ class EtcdCoordinator:
         members = ", ".join(self.conf.endpoints)
         self.describe = f"etcd {members} (keys under {self.conf.root})"
         self._report = report
-        self._etcd = open_client(self.conf, max_response_bytes=2 * MAX_ROUND_RECORD_BYTES)
-        self._availability = Availability(report, members)
+        self._etcd = open_client(
+            self.conf,
+            max_response_bytes=2 * MAX_ROUND_RECORD_BYTES,
+            on_endpoint_failed=lambda endpoint, why: self._members.failed(endpoint, why),
+        )
+        self._availability = Availability(report, members, lambda: self._etcd.get("round"))
         self._kv = RecordKv(self._etcd, self.codec, self._availability)
         self._rounds = EtcdRounds(config, self._kv)
         self._liveness: EtcdLiveness | None = None
@@ -97,8 +101,6 @@ class EtcdCoordinator:
     async def start(self, on_node_lost: NodeLost) -> None:
         await self._etcd.__aenter__()
         self._opened = True
-        self._etcd.transport.on_endpoint_failed = self._members.failed
-        self._availability.probe = lambda: self._etcd.get("round")
         if not self.codec.signed:
             warn_unsigned(self.conf)
         liveness = EtcdLiveness(
@@ -317,6 +319,9 @@ class EtcdCoordinator:
         self.excluded = await self._call(
             f"exclude {node_id}", lambda: self._rounds.update_excluded(node_id, reason)
         )
+
+    def readmitting(self, node_id: str) -> bool:
+        return self.excluded.pop(node_id, None) is not None
 
     async def readmit(self, node_id: str) -> None:
         self.excluded = await self._call(

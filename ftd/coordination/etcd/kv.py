@@ -54,11 +54,14 @@ PROBE_PAUSE_S = (0.2, 5.0)
 class Availability:
     """Whether etcd answers this daemon; changes are logged once and reported."""
 
-    def __init__(self, report: Report, where: str) -> None:
+    def __init__(
+        self, report: Report, where: str, probe: Callable[[], Awaitable[object]] | None = None
+    ) -> None:
         self._report = report
         self._where = where
         self.down_since: float | None = None
-        self.probe: Callable[[], Awaitable[object]] | None = None
+        self.probe = probe
+        """A call that succeeds once etcd answers again."""
         self._probing: asyncio.Task[None] | None = None
 
     @property

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -63,7 +63,10 @@ class EtcdClient:
         key: Path | None = None,
         timeout_s: float = 5.0,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        on_endpoint_failed: Callable[[str, str], None] | None = None,
     ) -> None:
+        """`on_endpoint_failed`: told (endpoint, reason) when a member did not answer."""
+        self._on_endpoint_failed = on_endpoint_failed
         tls = cacert is not None or cert is not None
         self.endpoints = parse_endpoints(endpoints, tls=tls)
         if (username is None) != (password is None):
@@ -98,6 +101,7 @@ class EtcdClient:
             timeout_s=self._timeout_s,
             credentials=self._credentials,
             max_response_bytes=self._max_response_bytes,
+            on_endpoint_failed=self._on_endpoint_failed,
         )
         return self
 

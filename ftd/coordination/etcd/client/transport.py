@@ -116,6 +116,7 @@ class Transport:
         timeout_s: float,
         credentials: Credentials | None,
         max_response_bytes: int,
+        on_endpoint_failed: Callable[[str, str], None] | None = None,
     ) -> None:
         self.endpoints = endpoints
         self.timeout_s = timeout_s
@@ -125,7 +126,7 @@ class Transport:
         self._token: str | None = None
         self._auth_lock = asyncio.Lock()
         self._pinned = 0
-        self.on_endpoint_failed: Callable[[str, str], None] | None = None
+        self.on_endpoint_failed = on_endpoint_failed
         """Told (endpoint, reason) when a member did not answer; see `probe`."""
 
     async def call(
