@@ -7,26 +7,32 @@ PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3; do \
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install -q --disable-pip-version-check -c constraints.txt
+VENV_STAMP := $(VENV)/.created
 DEMO_STAMP := $(VENV)/.demo
 STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint typecheck unit fuzz-long clean
 
-# What the demo needs: ftd and torch (CPU). The test extra comes on top for `make test`.
-$(DEMO_STAMP): pyproject.toml constraints.txt
+$(VENV_STAMP):
 	@test -n "$(PYTHON)" || { echo "no Python 3.11+ found: install one, or run make PYTHON=/path/to/python3.11"; exit 1; }
 	@echo "=== creating $(VENV) with $(PYTHON) ($$($(PYTHON) --version)) ==="
 	$(PYTHON) -m venv $(VENV)
+	touch $(VENV_STAMP)
+
+# What the demo needs: ftd and torch (CPU).
+$(DEMO_STAMP): $(VENV_STAMP) pyproject.toml constraints.txt
 	@echo "=== installing ftd and torch 2.13 (CPU) into $(VENV): a few minutes the first time ==="
 	$(PIP) -e .
 	touch $(DEMO_STAMP)
 
-$(STAMP): $(DEMO_STAMP)
-	@echo "=== installing the test tools (pytest, ruff, mypy, playwright, ...) into $(VENV) ==="
-	$(PIP) -e '.[test]'
-	@echo "=== installing NVIDIA's nvidia-resiliency-ext for the drop-in tests (optional) ==="
-	$(PIP) -e '.[nvrx]' \
-		|| echo "nvidia-resiliency-ext not installed: its tests in tests/test_nvrx_compat.py are skipped"
+# What the tests need, in one pip run: ftd, torch, the test tools and NVIDIA's
+# nvidia-resiliency-ext (for the drop-in tests); where the latter cannot be installed, the rest
+# without it, and its tests skip.
+$(STAMP): $(VENV_STAMP) pyproject.toml constraints.txt
+	@echo "=== installing ftd, torch 2.13 (CPU), the test tools and nvidia-resiliency-ext into $(VENV): a few minutes the first time ==="
+	$(PIP) -e '.[test,nvrx]' \
+		|| { echo "nvidia-resiliency-ext not installed: its tests in tests/test_nvrx_compat.py are skipped"; \
+		     $(PIP) -e '.[test]'; }
 	touch $(STAMP)
 
 # The main job: examples/train_ddp.py under `ftd serve` on 2 ranks. Rank 1 crashes at step 25 of

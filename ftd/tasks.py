@@ -48,6 +48,12 @@ class Background:
         if error is not None:
             log.error("background task %s failed: %r", task.get_name(), error, exc_info=error)
 
+    def cancel(self) -> None:
+        """Cancel every task now and start no more (a synchronous teardown's `close`)."""
+        self._closed = True
+        for task in list(self._tasks):
+            task.cancel()
+
     async def close(self) -> None:
         self._closed = True
         tasks = list(self._tasks)

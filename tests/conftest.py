@@ -16,6 +16,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -75,6 +76,23 @@ class OutputStream:
         return "\n".join(self.lines)
 
 
+def event_lines(run_dir: Path) -> list[dict[str, Any]]:
+    """Every line of `run_dir`'s events.jsonl, each parsed whole (a torn line fails here)."""
+    lines = (run_dir / "events.jsonl").read_text().splitlines()
+    parsed = []
+    for number, line in enumerate(lines, 1):
+        try:
+            parsed.append(json.loads(line))
+        except ValueError:
+            raise AssertionError(f"events.jsonl line {number} is torn: {line!r}") from None
+    return parsed
+
+
+def events_in(run_dir: Path, kind: str) -> list[dict[str, Any]]:
+    """The events of `kind` in `run_dir`'s events.jsonl, whole (id, time, kind, data)."""
+    return [event for event in event_lines(run_dir) if event["kind"] == kind]
+
+
 @dataclass
 class Serve:
     proc: asyncio.subprocess.Process
@@ -103,6 +121,14 @@ class Serve:
         directory's path is too long for it (as under pytest-xdist's deeper tmp paths)."""
         line = await self.stderr.expect(r"the ranks' socket is (\S+)")
         return Path(line[1])
+
+    def events(self, kind: str) -> list[dict[str, Any]]:
+        """This run's events of `kind` so far, whole."""
+        return events_in(self.run_dir, kind)
+
+    def event_data(self, kind: str) -> list[dict[str, Any]]:
+        """The data of this run's events of `kind` so far."""
+        return [event["data"] for event in self.events(kind)]
 
     def status(self) -> dict[str, object]:
         data: dict[str, object] = json.loads((self.run_dir / "status.json").read_text())

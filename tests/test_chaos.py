@@ -33,7 +33,17 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.conftest import BIN, ROOT, WORKER, Serve, ServeFactory, pids_with_env, wait_pids_gone
+from tests.conftest import (
+    BIN,
+    ROOT,
+    WORKER,
+    Serve,
+    ServeFactory,
+    event_lines,
+    events_in,
+    pids_with_env,
+    wait_pids_gone,
+)
 from tests.test_multinode import Cluster
 
 CHAOS = BIN / "chaos_rank.py"
@@ -54,32 +64,12 @@ DAEMON_SLIPS = (
 # -- what every test owes ------------------------------------------------------------------------
 
 
-def event_lines(run_dir: Path) -> list[dict[str, Any]]:
-    """Every line of events.jsonl, each parsed whole (a torn line fails here)."""
-    lines = (run_dir / "events.jsonl").read_text().splitlines()
-    parsed = []
-    for number, line in enumerate(lines, 1):
-        try:
-            event = json.loads(line)
-        except ValueError:
-            raise AssertionError(f"events.jsonl line {number} is torn: {line!r}") from None
-        assert set(event) == {"id", "time", "kind", "data"}, line
-        parsed.append(event)
-    ids = [event["id"] for event in parsed]
-    assert ids == sorted(set(ids)), f"event ids out of order: {ids}"
-    return parsed
-
-
-def events(run_dir: Path, kind: str) -> list[dict[str, Any]]:
-    return [event for event in event_lines(run_dir) if event["kind"] == kind]
-
-
 async def await_events(run_dir: Path, kind: str, timeout: float = 30.0) -> list[dict[str, Any]]:
     """The events of `kind` once there is one in events.jsonl: a log line can be printed
     before the event it goes with is written."""
     deadline = time.monotonic() + timeout
     for _ in itertools.count():
-        found = events(run_dir, kind)
+        found = events_in(run_dir, kind)
         if found or time.monotonic() > deadline:
             return found
         await asyncio.sleep(0.05)  # a file written by another process: nothing to await
@@ -167,13 +157,13 @@ async def test_r01_hang_found_by_the_subsequent_timeout_not_the_initial_one(
         script=HEALTH, script_args=("--mode", "stop-heartbeats", "--interval", "0.15"),
     )  # fmt: skip
     assert await run.wait() == 0
-    [hang] = events(run.run_dir, "rank_hung")
+    [hang] = events_in(run.run_dir, "rank_hung")
     reason = hang["data"]["reason"]
     assert hang["data"]["global_rank"] == 1
     assert "sent no heartbeat within rank_heartbeat_timeout (2s" in reason, reason
     # Found within the 2 s timeout plus a bounded slack after the last heartbeat.
     assert overdue_ms(reason) < 1000, reason
-    [started] = [e for e in events(run.run_dir, "attempt_started") if e["data"]["attempt"] == 0]
+    [started] = [e for e in events_in(run.run_dir, "attempt_started") if e["data"]["attempt"] == 0]
     assert hang["time"] - started["time"] < 15, "judged by the 30 s initial deadline"
     assert "rank 1 attempt 1 done" in run.stdout.text
     assert_sound(run)
@@ -419,7 +409,7 @@ async def test_r04_a_stopped_daemon_judges_no_rank_when_it_resumes(
         assert [r["state"] for r in status["ranks"]] == ["running", "running"], status
         go.touch()
         assert await run.wait() == 0
-    assert events(run.run_dir, "rank_hung") == []
+    assert events_in(run.run_dir, "rank_hung") == []
     assert "hung:" not in run.stderr.text
     assert_sound(run)
     await assert_no_orphans(run.run_dir)
@@ -498,8 +488,8 @@ async def test_r05_subnormal_timeouts_are_refused_from_every_source(
         assert timeouts["rank_out_of_section_timeout"] == 300
         go.touch()
         assert await run.wait() == 0
-    assert events(run.run_dir, "rank_hung") == []
-    assert events(run.run_dir, "timeouts_changed") == []
+    assert events_in(run.run_dir, "rank_hung") == []
+    assert events_in(run.run_dir, "timeouts_changed") == []
     assert_sound(run)
     await assert_no_orphans(run.run_dir)
 
@@ -517,11 +507,11 @@ async def test_r06_a_bogus_stack_signal_does_not_save_a_hung_rank(serve: ServeFa
         args=("--mode", "bad-stack-signal", "--bad-rank", "0", "--seconds", "0.5"),
     )  # fmt: skip
     assert await run.wait() == 0, run.stderr.text[-3000:]
-    [hang] = events(run.run_dir, "rank_hung")
+    [hang] = events_in(run.run_dir, "rank_hung")
     assert hang["data"]["global_rank"] == 0
     assert any("did not register a stack dump" in note for note in hang["data"]["notes"]), hang
     [killed] = [
-        e for e in events(run.run_dir, "rank_exited") if e["data"]["pid"] == hang["data"]["pid"]
+        e for e in events_in(run.run_dir, "rank_exited") if e["data"]["pid"] == hang["data"]["pid"]
     ]
     assert killed["data"]["exit_code"] == -signal.SIGKILL
     assert "rank 0 attempt 1 done" in run.stdout.text
@@ -547,7 +537,7 @@ async def test_r07_deeply_nested_packets_are_dropped_and_counted(serve: ServeFac
     dropped = status_of(run)["ipc"]["dropped"]
     assert dropped == {"malformed": 3}, dropped
     assert len(re.findall(r"dropped a message from pid \d+ \(malformed", run.stderr.text)) == 1
-    assert events(run.run_dir, "rank_hung") == []
+    assert events_in(run.run_dir, "rank_hung") == []
     assert status_of(run)["restart_count"] == 0
     assert "rank 1 attempt 0 done" in run.stdout.text and "rank 0 attempt 0 done" in run.stdout.text
     assert_sound(run)
@@ -602,7 +592,7 @@ async def test_r08_a_stranger_holding_4094_connections_takes_no_rank_slot(
         with contextlib.suppress(ProcessLookupError):
             stranger.kill()
         await stranger.wait()
-    [hang] = events(run.run_dir, "rank_hung")
+    [hang] = events_in(run.run_dir, "rank_hung")
     assert hang["data"]["global_rank"] == 1
     assert "rank 1 attempt 2 done" in run.stdout.text
     assert status_of(run)["ipc"]["dropped"].get("not_a_rank", 0) >= 4094
@@ -634,10 +624,10 @@ async def test_r09_a_crash_loop_backs_off_and_the_summary_names_the_import_error
         script=script,
     )  # fmt: skip
     assert await run.wait() == 1
-    backoffs = [e["data"] for e in events(run.run_dir, "restart_backoff")]
+    backoffs = [e["data"] for e in events_in(run.run_dir, "restart_backoff")]
     delays = [b["delay_s"] for b in backoffs]
     assert delays == [0.3, 0.6], backoffs
-    starts = [e["time"] for e in events(run.run_dir, "attempt_started")]
+    starts = [e["time"] for e in events_in(run.run_dir, "attempt_started")]
     assert len(starts) == 4
     gaps = [later - earlier for earlier, later in itertools.pairwise(starts)]
     assert gaps[1] >= 0.3 and gaps[2] >= 0.6, gaps
@@ -753,7 +743,7 @@ async def test_r10_links_planted_in_our_own_run_dir_are_never_followed(
         assert not (run_dir / name).is_symlink(), name
     assert status_of(run)["state"] == "succeeded"
     # The first two writes (whichever files) met a planted link at their temporary name.
-    failed = [e["data"]["cause"] for e in events(run_dir, "persist_failed")]
+    failed = [e["data"]["cause"] for e in events_in(run_dir, "persist_failed")]
     assert failed and set(failed) == {"eexist"}, failed
     for planted in run_dir.glob(".*.tmp"):  # ours, still pointing where we left them
         assert planted.is_symlink()
@@ -833,11 +823,11 @@ async def test_r13_a_round_ended_elsewhere_judges_no_stopping_rank(
     assert await a.wait(timeout=150) == 0, a.stderr.text[-3000:]
     assert await b.wait(timeout=60) == 0, b.stderr.text[-3000:]
     assert "rank 0 attempt 0 ignores SIGTERM" in a.stdout.text
-    [request] = events(a.log_dir / "a" / a.run_id, "cluster_request")
+    [request] = events_in(a.log_dir / "a" / a.run_id, "cluster_request")
     assert request["data"]["by"] == "b"
     for run, node in ((a, "a"), (b, "b")):
         run_dir = run.log_dir / node / run.run_id
-        assert events(run_dir, "rank_hung") == [], node
+        assert events_in(run_dir, "rank_hung") == [], node
         assert "hung:" not in run.stderr.text
         assert_sound(run, run_dir)
         await assert_no_orphans(run_dir)

@@ -32,9 +32,9 @@ from ftd.coordination.records import (
     RequestRecord,
     RoundRecord,
 )
-from tests.conftest import ROOT, WORKER, Backend, Serve, ServeFactory, wait_pids_gone
+from tests.conftest import ROOT, WORKER, Backend, Serve, ServeFactory, events_in, wait_pids_gone
 from tests.etcd_cluster import ClusterFactory
-from tests.test_multinode import Cluster, events, ranks_of, run_dir, two_nodes_in_a_round
+from tests.test_multinode import Cluster, ranks_of, run_dir, two_nodes_in_a_round
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -146,7 +146,7 @@ async def test_a_killed_daemon_is_declared_dead_within_its_lease_ttl(
     killed_at = time.time()
     b.signal(signal.SIGKILL)
     assert await a.wait(timeout=30) == 0
-    [lost] = events(a, "a", "node_lost")
+    [lost] = events_in(run_dir(a, "a"), "node_lost")
     # The lease's TTL is --node-keepalive-timeout (2 s), counted from its last renewal (at
     # most a third of it before the kill); etcd looks for expired leases every 500 ms.
     assert float(lost["time"]) - killed_at < 2 + 1.5, lost  # type: ignore[arg-type]
@@ -185,7 +185,7 @@ async def test_quorum_lost_training_goes_on_and_resumes_when_it_returns(
     assert "The running attempt goes on; a new round waits for etcd" in b.stderr.text
     for _ in range(3):  # a's rank keeps training meanwhile
         await a.stdout.expect(r"step a0 r0", start=len(a.stdout.lines))
-    assert [e["data"]["round"] for e in events(a, "a", "round_closed")] == [0]  # type: ignore[index]
+    assert [e["data"]["round"] for e in events_in(run_dir(a, "a"), "round_closed")] == [0]  # type: ignore[index]
 
     for index in dead:
         await members.restart(index)
@@ -251,7 +251,7 @@ async def test_forged_replayed_and_garbage_values_are_ignored(
         assert f"ignored the rendezvous record at {key!r} ({cause})" in logs, key
     for run, node in ((a, "a"), (b, "b")):
         assert json.loads((run_dir(run, node) / "status.json").read_text())["restart_count"] == 1
-        closed = [e["data"] for e in events(run, node, "round_closed")]
+        closed = [e["data"] for e in events_in(run_dir(run, node), "round_closed")]
         assert [(c["round"], c["members"]) for c in closed] == [(0, ["a", "b"]), (1, ["a", "b"])]  # type: ignore[index]
     env = json.loads((a.out / "env_1.json").read_text())  # attempt 1's rank 1, on b
     assert env["MASTER_ADDR"] == "127.0.0.1" and env["TORCHELASTIC_RESTART_COUNT"] == "1"

@@ -23,11 +23,6 @@ from tests.test_rank_output import metric
 HEALTH = BIN / "health_worker.py"
 
 
-def events(run: Serve, kind: str) -> list[dict[str, object]]:
-    lines = (run.run_dir / "events.jsonl").read_text().splitlines()
-    return [e for e in map(json.loads, lines) if e["kind"] == kind]
-
-
 async def run_mode(serve: ServeFactory, mode: str, *ft: str, restarts: str = "1") -> Serve:
     return await serve(
         "--nproc-per-node", "2", "--max-restarts", restarts, *ft,
@@ -41,7 +36,7 @@ async def test_rank_that_stops_heartbeating_is_explained_killed_and_replaced(
     run = await run_mode(serve, "stop-heartbeats", "--ft-param-rank_heartbeat_timeout=0.5")
     assert await run.wait() == 0
     assert "rank 1 attempt 1 done" in run.stdout.text
-    [hang] = events(run, "rank_hung")
+    [hang] = run.events("rank_hung")
     data = hang["data"]
     assert isinstance(data, dict)
     assert data["global_rank"] == 1
@@ -50,7 +45,7 @@ async def test_rank_that_stops_heartbeating_is_explained_killed_and_replaced(
     assert "health_worker.py" in stacks.read_text()
     assert f"Python stacks in {stacks}" in run.stderr.text
     # Killed with ft_launcher's default rank_termination_signal.
-    [killed] = [e for e in events(run, "rank_exited") if e["data"]["pid"] == data["pid"]]  # type: ignore[index]
+    [killed] = [e for e in run.events("rank_exited") if e["data"]["pid"] == data["pid"]]  # type: ignore[index]
     assert killed["data"]["exit_code"] == -signal.SIGKILL  # type: ignore[index]
 
 
@@ -64,7 +59,7 @@ async def test_subsequent_timeout_applies_after_a_longer_initial_one(serve: Serv
         "--ft-param-rank_heartbeat_timeout=1",
     )
     assert await run.wait() == 0
-    [hang] = events(run, "rank_hung")
+    [hang] = run.events("rank_hung")
     reason = str(hang["data"]["reason"])  # type: ignore[index]
     assert "sent no heartbeat within rank_heartbeat_timeout (1s" in reason
     overdue_ms = float(re.search(r"overdue by ([0-9.]+) ms", reason).group(1))  # type: ignore[union-attr]
@@ -93,7 +88,7 @@ async def test_rank_stuck_inside_a_section_fails_the_job_with_the_section_named(
     assert await run.wait() == 1
     assert "stayed in section 'step' past its timeout (0.4s" in run.stderr.text
     assert run.status()["state"] == "failed"
-    [hang] = events(run, "rank_hung")
+    [hang] = run.events("rank_hung")
     assert hang["data"]["section"] == "step"  # type: ignore[index]
     summary = run.stderr.text[run.stderr.text.index("restarts exhausted") :]
     assert "hung: stayed in section 'step'" in summary
@@ -115,7 +110,7 @@ async def test_rank_stuck_between_sections(serve: ServeFactory, tmp_path: Path) 
 async def test_stopped_rank_is_a_hang_resumed_then_killed(serve: ServeFactory) -> None:
     run = await run_mode(serve, "sigstop", "--ft-param-rank_heartbeat_timeout=0.5")
     assert await run.wait() == 0
-    [hang] = events(run, "rank_hung")
+    [hang] = run.events("rank_hung")
     notes = hang["data"]["notes"]  # type: ignore[index]
     assert any("SIGSTOP" in note and "SIGCONT" in note for note in notes), notes
     stacks = run.attempt_dir(0) / "1" / "stacks.txt"
@@ -132,7 +127,7 @@ async def test_hang_inside_gloo_allreduce_names_the_hung_rank(serve: ServeFactor
         script=HEALTH, script_args=("--mode", "gloo-hang", "--interval", "0.1"),
     )  # fmt: skip
     assert await run.wait(timeout=110) == 0, run.stderr.text[-3000:]
-    first = events(run, "rank_hung")[0]["data"]
+    first = run.events("rank_hung")[0]["data"]
     assert first["global_rank"] == 1  # type: ignore[index]
     # The peers, blocked in the allreduce, have stacks too if they were judged; the job
     # recovered either way.
@@ -152,7 +147,7 @@ async def test_timeouts_learned_persisted_and_reloaded(serve: ServeFactory) -> N
     state = json.loads((run.run_dir / "ft_state.json").read_text())
     assert state["timeouts"]["rank_section_timeouts"]["step"] == step
     assert "section:step" in state["learned"]
-    [change] = events(run, "timeouts_changed")
+    [change] = run.events("timeouts_changed")
     assert change["data"]["learned"] is True  # type: ignore[index]
 
     # A new daemon on the same run directory starts with the learned values.

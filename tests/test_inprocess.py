@@ -57,11 +57,6 @@ def marker(run: Serve, name: str) -> dict[str, Any]:
     return data
 
 
-def events(run: Serve, kind: str) -> list[dict[str, Any]]:
-    lines = (run.run_dir / "events.jsonl").read_text().splitlines()
-    return [e["data"] for e in map(json.loads, lines) if e["kind"] == kind]
-
-
 def assert_same_model(run: Serve, slots: list[int], world: int) -> list[dict[str, Any]]:
     finals = [marker(run, f"final_s{slot}") for slot in slots]
     assert all(f["step"] == 20 and f["world"] == world for f in finals), finals
@@ -91,10 +86,10 @@ async def test_a_raising_rank_restarts_every_rank_in_process(
     assert_unblocked_in_process(run, [FAULTY])  # the raising rank too keeps its process
     finals = assert_same_model(run, list(range(WORLD)), WORLD)
     assert {f["iteration"] for f in finals} == {1} and {f["attempt"] for f in finals} == {0}
-    [fault] = events(run, "inprocess_fault")
+    [fault] = run.event_data("inprocess_fault")
     assert fault["kind"] == "exception" and fault["global_rank"] == FAULTY
     assert "injected failure" in fault["reason"]
-    assert not events(run, "attempt_failed")
+    assert not run.event_data("attempt_failed")
 
 
 @pytest.mark.timeout(90)
@@ -108,9 +103,9 @@ async def test_ranks_that_returned_restart_with_a_peer_that_faults_after(
     assert_unblocked_in_process(run, SURVIVORS)
     finals = assert_same_model(run, list(range(WORLD)), WORLD)
     assert {f["iteration"] for f in finals} == {1} and {f["attempt"] for f in finals} == {0}
-    [fault] = events(run, "inprocess_fault")
+    [fault] = run.event_data("inprocess_fault")
     assert fault["kind"] == "exception" and "after the others returned" in fault["reason"]
-    assert not events(run, "attempt_failed")
+    assert not run.event_data("attempt_failed")
     assert "in-process round 1: every member's function returned" in run.stderr.text
 
 
@@ -123,18 +118,18 @@ async def test_a_dead_rank_is_respawned_and_rejoins(serve: ServeFactory, tmp_pat
     replaced = finals[FAULTY]
     assert replaced["respawned"] and replaced["iteration"] == 1
     assert replaced["pid"] != marker(run, f"round_i0_s{FAULTY}")["pid"]
-    [respawned] = events(run, "rank_respawned")
+    [respawned] = run.event_data("rank_respawned")
     assert respawned["global_rank"] == FAULTY and respawned["pid"] == replaced["pid"]
     # The round's fault is the daemon's announcement of the exit, unless a survivor's collective
     # failed first (gloo sees the peer's sockets close): on a busy machine either comes first.
-    [fault] = events(run, "inprocess_fault")
+    [fault] = run.event_data("inprocess_fault")
     assert (fault["kind"], fault["global_rank"]) == ("rank_exit", FAULTY) or (
         fault["kind"] == "exception" and fault["global_rank"] != FAULTY
     ), fault
-    [failed] = events(run, "inprocess_rank_failed")
+    [failed] = run.event_data("inprocess_rank_failed")
     assert failed["global_rank"] == FAULTY and failed["respawn"] is True
     assert run.status()["restart_count"] == 1  # the respawn is counted
-    assert not events(run, "attempt_failed")
+    assert not run.event_data("attempt_failed")
 
 
 @pytest.mark.timeout(90)
@@ -147,7 +142,7 @@ async def test_without_respawn_the_survivors_go_on_at_world_3(
     assert_same_model(run, SURVIVORS, WORLD - 1)
     assert not (run.out / f"final_s{FAULTY}").exists()
     assert [r["world"] for r in map(lambda s: marker(run, f"round_i1_s{s}"), SURVIVORS)] == [3] * 3
-    assert not events(run, "rank_respawned")
+    assert not run.event_data("rank_respawned")
 
 
 @pytest.mark.timeout(90)
@@ -157,7 +152,7 @@ async def test_a_sleeping_rank_is_caught_by_the_soft_timeout(
     run = await train(serve, tmp_path, "sleep", soft_timeout="3")
     assert await run.wait(timeout=80) == 0, run.stderr.text[-3000:]
     # Every rank stalls (the others wait for rank 2): whichever notices first ends the round.
-    [fault] = events(run, "inprocess_fault")
+    [fault] = run.event_data("inprocess_fault")
     assert fault["kind"] == "soft_timeout"
     faulted = marker(run, f"fault_s{FAULTY}")["time"]
     for slot in range(WORLD):
@@ -177,9 +172,9 @@ async def test_a_rank_stuck_in_c_code_falls_back_to_a_process_restart(
         serve, tmp_path, "gil", "--max-restarts", "1", soft_timeout="3", hard_timeout="6"
     )
     assert await run.wait(timeout=80) == 0, run.stderr.text[-3000:]
-    [gave_up] = events(run, "inprocess_gave_up")
+    [gave_up] = run.event_data("inprocess_gave_up")
     assert FAULTY in gave_up["stragglers"] and "hard timeout (6s)" in gave_up["reason"]
-    [failed] = events(run, "attempt_failed")
+    [failed] = run.event_data("attempt_failed")
     assert failed["failure"]["kind"] == "hang"
     finals = assert_same_model(run, list(range(WORLD)), WORLD)
     assert {f["attempt"] for f in finals} == {1}  # the processes were started again
@@ -248,7 +243,7 @@ async def test_a_managed_group_follows_the_rounds(
     assert [(f["iteration"], f["attempt"], f["size"], f["sum"]) for f in finals] == [
         (1, "0", world, expected_sum)
     ] * len(finals)
-    [fault] = events(run, "inprocess_fault")
+    [fault] = run.event_data("inprocess_fault")
     if inject == "sleep":
         # Rank 2 is asleep, not dead: only a peer's manager, given the swallowed gloo timeout,
         # can have ended the round.

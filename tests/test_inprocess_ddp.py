@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import BIN, ServeFactory
-from tests.test_inprocess import ENV, events
+from tests.test_inprocess import ENV
 
 FAULTS = 20
 WORLD = 2
@@ -41,11 +41,11 @@ async def test_ddp_faults_all_recover_in_process(
         env=ENV,
     )  # fmt: skip
     assert await run.wait(timeout=110) == 0, run.stderr.text[-3000:]
-    recorded = events(run, "inprocess_fault")
+    recorded = run.event_data("inprocess_fault")
     assert len(recorded) == faults, recorded
     assert all(f["kind"] == "exception" and "injected fault" in f["reason"] for f in recorded)
-    assert not events(run, "inprocess_gave_up")
-    assert not events(run, "attempt_failed")
+    assert not run.event_data("inprocess_gave_up")
+    assert not run.event_data("attempt_failed")
     finals = [json.loads((out / f"final_s{slot}").read_text()) for slot in range(WORLD)]
     assert {f["iteration"] for f in finals} == {faults}
     assert finals[0]["params"] == finals[1]["params"]  # DDP kept the replicas equal

@@ -4,7 +4,6 @@ daemons, real ranks bursting section events at their daemon."""
 from __future__ import annotations
 
 import asyncio
-import json
 import signal
 from pathlib import Path
 
@@ -14,11 +13,6 @@ from tests.conftest import BIN, Serve, ServeFactory
 
 BURST = BIN / "burst_rank.py"
 TIMEOUTS = ("--ft-param-rank_heartbeat_timeout=30", "--ft-param-rank_section_timeouts=step:3")
-
-
-def events(run: Serve, kind: str) -> list[dict[str, object]]:
-    lines = (run.run_dir / "events.jsonl").read_text().splitlines()
-    return [e for e in map(json.loads, lines) if e["kind"] == kind]
 
 
 async def burst(
@@ -37,7 +31,7 @@ async def test_a_burst_of_sections_ends_well(serve: ServeFactory, start_method: 
     heartbeats outside any section for longer than the timeout, exit 0."""
     run = await burst(serve, start_method, "--sections", "3000", "--quiet-s", "4")
     assert await run.wait() == 0
-    assert not events(run, "rank_hung")
+    assert not run.events("rank_hung")
     assert "Traceback" not in run.stderr.text
 
 
@@ -57,8 +51,8 @@ async def test_a_burst_while_the_daemon_is_stopped_loses_messages_not_the_rank(
     await asyncio.sleep(3.0)  # the scenario: the daemon does not run for 3 s
     run.signal(signal.SIGCONT)
     assert await run.wait() == 0
-    assert not events(run, "rank_hung")
-    [lost] = events(run, "messages_lost")
+    assert not run.events("rank_hung")
+    [lost] = run.events("messages_lost")
     data = lost["data"]
     assert isinstance(data, dict) and data["global_rank"] == 0
     assert isinstance(data["lost"], int) and data["lost"] > 0
@@ -78,7 +72,7 @@ async def test_a_rank_that_hangs_in_step_after_a_burst_is_judged_by_step(
     clock runs from when the rank opened it (its send time), not from when the daemon read it."""
     run = await burst(serve, start_method, "--sections", "30000", "--hang")
     assert await run.wait() == 1
-    [hung] = events(run, "rank_hung")
+    [hung] = run.events("rank_hung")
     data = hung["data"]
     assert isinstance(data, dict) and data["section"] == "step"
     hung_at = float(run.stdout.text.split("hanging in step at ")[1].split()[0])
@@ -99,9 +93,9 @@ async def test_three_hundred_section_names_with_learning(serve: ServeFactory) ->
     )  # fmt: skip
     assert await run.wait() == 0
     assert "Traceback" not in run.stderr.text
-    [refused] = events(run, "budget_exceeded")
+    [refused] = run.events("budget_exceeded")
     assert refused["data"]["budget"] == "section_names"  # type: ignore[index]
-    [changed] = events(run, "timeouts_changed")
+    [changed] = run.events("timeouts_changed")
     learned = changed["data"]["timeouts"]["rank_section_timeouts"]  # type: ignore[index]
     assert len(learned) == 256
     ipc = run.status()["ipc"]

@@ -26,6 +26,7 @@ from tests.conftest import (
     Backend,
     Serve,
     ServeFactory,
+    events_in,
     free_port,
     pids_with_env,
     wait_pids_gone,
@@ -81,11 +82,6 @@ def run_dir(run: Serve, node: str) -> Path:
     return run.log_dir / node / run.run_id
 
 
-def events(run: Serve, node: str, kind: str) -> list[dict[str, object]]:
-    lines = (run_dir(run, node) / "events.jsonl").read_text().splitlines()
-    return [e for e in map(json.loads, lines) if e["kind"] == kind]
-
-
 def ranks_of(run: Serve, node: str) -> list[int]:
     status = json.loads((run_dir(run, node) / "status.json").read_text())
     return [rank["pid"] for rank in status["ranks"]]
@@ -115,11 +111,13 @@ async def test_rank_crash_on_one_node_restarts_every_node(
     # a's rank 0 hung in attempt 0: only the cluster-wide restart stopped it.
     assert (a.out / "ready_a0_r0").exists() and (a.out / "ready_a1_r0").exists()
     assert "round 0 ended by b: rank 1 (local 0" in a.stderr.text
-    [failed] = events(b, "b", "attempt_failed")
-    [woken] = events(a, "a", "cluster_request")
+    [failed] = events_in(run_dir(b, "b"), "attempt_failed")
+    [woken] = events_in(run_dir(a, "a"), "cluster_request")
     latency = float(woken["time"]) - float(failed["time"])  # type: ignore[arg-type]
     assert latency < 0.5, latency  # 100 ms on an idle machine; this one is shared
-    assert {e["data"]["members"] == ["a", "b"] for e in events(a, "a", "round_closed")} == {True}  # type: ignore[index]
+    assert {
+        e["data"]["members"] == ["a", "b"] for e in events_in(run_dir(a, "a"), "round_closed")
+    } == {True}  # type: ignore[index]
 
 
 async def ready_together(a: Serve, b: Serve) -> int:
@@ -227,7 +225,7 @@ async def test_max_restarts_are_counted_cluster_wide(serve: ServeFactory, backen
         status = json.loads((run_dir(run, node) / "status.json").read_text())
         assert status["state"] == "failed" and status["restart_count"] == 2, status
         assert "no restarts left (2/2 used)" in run.stderr.text
-    rounds = [e["data"]["round"] for e in events(a, "a", "round_closed")]  # type: ignore[index]
+    rounds = [e["data"]["round"] for e in events_in(run_dir(a, "a"), "round_closed")]  # type: ignore[index]
     assert rounds == [0, 1, 2]
 
 

@@ -21,17 +21,12 @@ from ftd.config.ft import RankTimeouts
 from ftd.health.learning import Base, Generations, NotReady, Observations, apply_values, learn_nvrx
 from ftd.health.nvrx import wire as wire
 from ftd.ranks.launch import socket_paths
-from tests.conftest import BIN, Serve, ServeFactory
+from tests.conftest import BIN, ServeFactory
 
 HAVE_NVRX = importlib.util.find_spec("nvidia_resiliency_ext") is not None
 needs_nvrx = pytest.mark.skipif(
     not HAVE_NVRX, reason="nvidia-resiliency-ext is not installed (pip install -e '.[nvrx]')"
 )
-
-
-def events(run: Serve, kind: str) -> list[dict[str, Any]]:
-    lines = (run.run_dir / "events.jsonl").read_text().splitlines()
-    return [e["data"] for e in map(json.loads, lines) if e["kind"] == kind]
 
 
 # -- the wire format -------------------------------------------------------------------------
@@ -194,17 +189,17 @@ async def test_unmodified_nvrx_script_runs_under_ftd_serve(
     )  # fmt: skip
     assert await run.wait(timeout=110) == 1, run.stderr.text[-3000:]
     # Attempt 0: the hang inside the NVRx client's "step" section is caught like any other.
-    [hang] = events(run, "rank_hung")
+    [hang] = run.event_data("rank_hung")
     assert hang["global_rank"] == 1 and hang["section"] == "step"
     # Attempt 1: timeouts the NVRx client calculated are in force, as learned ones (never
     # below min_learned_timeout, 1 s by default).
-    learned = [e for e in events(run, "timeouts_changed") if "NVRx client" in e["by"]]
+    learned = [e for e in run.event_data("timeouts_changed") if "NVRx client" in e["by"]]
     assert learned and all(e["learned"] for e in learned)
     final = learned[-1]["timeouts"]
     assert final["rank_heartbeat_timeout"] >= 1.0 and final["rank_section_timeouts"]["setup"] == 60
     assert 1.0 <= final["rank_section_timeouts"]["step"] < 2.0
     # The shutdown request was honoured: no third attempt.
-    [request] = events(run, "workload_control")
+    [request] = run.event_data("workload_control")
     assert request["action"] == "SHUTDOWN_WORKLOAD" and request["rank"] == 0
     assert "not restarted: rank 0 asked to shut the workload down" in run.stderr.text
     assert not run.attempt_dir(2).exists()

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Serve, ServeFactory
-from tests.test_multinode import JOB_SECRET, Cluster, api, events, ready_together, run_dir
+from tests.conftest import Serve, ServeFactory, events_in
+from tests.test_multinode import JOB_SECRET, Cluster, api, ready_together, run_dir
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -99,7 +99,7 @@ async def test_forged_replayed_and_malformed_records_change_nothing(
     for run in (a, b):  # both woke to the forged request and refused it
         await run.stderr.expect(r"ignored the rendezvous record at 'r\d+/request#4'")
     for run, node in ((a, "a"), (b, "b")):
-        assert events(run, node, "cluster_request") == []
+        assert events_in(run_dir(run, node), "cluster_request") == []
         assert json.loads((run_dir(run, node) / "status.json").read_text())["state"] == "running"
     code, view = await api(a, "a", "GET", "/v1/cluster")  # a malformed status, shown as unknown
     assert code == 200 and {n["node_id"] for n in view["nodes"]} == {"a", "b"}  # type: ignore[index, union-attr]

@@ -26,11 +26,6 @@ def assert_resumed_from_newest_checkpoint(run: Serve) -> None:
     assert "[attempt 1] finished" in run.stdout.text
 
 
-def events(run: Serve, kind: str) -> list[dict[str, object]]:
-    lines = (run.run_dir / "events.jsonl").read_text().splitlines()
-    return [e["data"] for e in map(json.loads, lines) if e["kind"] == kind]
-
-
 async def train(serve: ServeFactory, tmp_path: Path, fault: str, *extra: str) -> Serve:
     return await serve(
         "--nproc-per-node", "2", "--max-restarts", "2", *TIMEOUTS,
@@ -48,11 +43,11 @@ async def test_simulated_hang_is_caught_in_its_step_and_training_resumes(
 ) -> None:
     run = await train(serve, tmp_path, "hang:1:5")
     assert await run.wait(timeout=110) == 0, run.stderr.text[-2000:]
-    [armed] = events(run, "fault_armed")
+    [armed] = run.event_data("fault_armed")
     assert armed["kind"] == "hang" and armed["global_rank"] == 1
-    [injected] = events(run, "fault_injected")
+    [injected] = run.event_data("fault_injected")
     assert injected["global_rank"] == 1
-    hung = events(run, "rank_hung")[0]
+    hung = run.event_data("rank_hung")[0]
     # Charged to the section the rank was in when the fault struck (on a loaded machine it may
     # still be in setup), or to out-of-section time.
     section = (injected["open_sections"] or [None])[-1]  # type: ignore[index]
@@ -70,11 +65,11 @@ async def test_simulated_kill_restarts_from_the_newest_checkpoint(
 ) -> None:
     run = await train(serve, tmp_path, "kill:random:4-5")
     assert await run.wait(timeout=110) == 0, run.stderr.text[-2000:]
-    [armed] = events(run, "fault_armed")
-    failed = [e for e in events(run, "rank_exited") if e["state"] == "failed"]
+    [armed] = run.event_data("fault_armed")
+    failed = [e for e in run.event_data("rank_exited") if e["state"] == "failed"]
     assert failed[0]["global_rank"] == armed["global_rank"] and failed[0]["exit_code"] == -9
     assert_resumed_from_newest_checkpoint(run)
-    assert not events(run, "rank_hung")
+    assert not run.event_data("rank_hung")
 
 
 async def test_learned_timeouts_persist_and_reload(serve: ServeFactory, tmp_path: Path) -> None:

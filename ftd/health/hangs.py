@@ -24,7 +24,7 @@ from ftd.ranks.workers import WorkerGroup
 from ftd.status.event_kind import EventKind
 from ftd.status.events import EventLog
 from ftd.status.model import Failure
-from ftd.tasks import within
+from ftd.tasks import Background, within
 
 log = logging.getLogger("ftd.health")
 
@@ -41,11 +41,10 @@ class HangHandler:
         self.termination_signal = termination_signal
         self.group: WorkerGroup | None = None
         """The attempt's group (set by the health service when it attaches one)."""
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._background = Background()
 
     def close(self) -> None:
-        for task in self._tasks:
-            task.cancel()
+        self._background.cancel()
 
     def fail(self, reason: str) -> None:
         """A part of the health service failed (containment): the attempt ends with it."""
@@ -60,9 +59,7 @@ class HangHandler:
         reason = _verdict_reason(verdict, culprit)
         log.error("%s", reason)
         others = [item.rank for item in overdue if item.rank is not culprit]
-        task = asyncio.create_task(self._explain_and_kill(culprit, others, reason))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._background.spawn(self._explain_and_kill(culprit, others, reason), "explain-and-kill")
 
     async def _explain_and_kill(
         self, rank: RankHealth, others: list[RankHealth], reason: str

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ftd_client import protocol
+from ftd_client.protocol import WorkloadAction
 
 from ftd.health.links import Link, RankHealth
 from ftd.health.monitor import STALL_THRESHOLD_S, Monitor
@@ -90,3 +91,17 @@ def sent_at(sent_ns: object, now: float, reading_since: float | None = None) -> 
         return now
     earliest = now - STALL_THRESHOLD_S if reading_since is None else reading_since
     return min(now, max(sent_ns / 1e9, earliest, now - MAX_BACKLOG_S))
+
+
+class WorkloadRequest:
+    def __init__(self, action: WorkloadAction, global_rank: int, description: str) -> None:
+        self.action, self.global_rank, self.description = action, global_rank, description
+
+    def reason(self) -> str:
+        what = {
+            WorkloadAction.SHUTDOWN_WORKLOAD: "asked to shut the workload down",
+            WorkloadAction.EXCLUDE_THIS_NODE: "asked to exclude its node",
+            WorkloadAction.CONTINUE: "asked to continue",
+        }[self.action]
+        detail = f": {self.description}" if self.description else ""
+        return f"rank {self.global_rank} {what}{detail}"

@@ -34,7 +34,7 @@ from ftd.health.learning import (
     load_learned,
 )
 from ftd.health.links import Link, RankHealth
-from ftd.health.messages import deliver
+from ftd.health.messages import WorkloadRequest, deliver
 from ftd.health.monitor import Monitor
 from ftd.health.nvrx.host import NvrxRankHost
 from ftd.health.nvrx.server import NvrxServer
@@ -48,20 +48,6 @@ from ftd.status.persist import Persistence
 log = logging.getLogger("ftd.health")
 
 MAX_ANCESTRY = 16
-
-
-class WorkloadRequest:
-    def __init__(self, action: WorkloadAction, global_rank: int, description: str) -> None:
-        self.action, self.global_rank, self.description = action, global_rank, description
-
-    def reason(self) -> str:
-        what = {
-            WorkloadAction.SHUTDOWN_WORKLOAD: "asked to shut the workload down",
-            WorkloadAction.EXCLUDE_THIS_NODE: "asked to exclude its node",
-            WorkloadAction.CONTINUE: "asked to continue",
-        }[self.action]
-        detail = f": {self.description}" if self.description else ""
-        return f"rank {self.global_rank} {what}{detail}"
 
 
 class HealthService:

@@ -55,7 +55,7 @@ from ftd.ranks.workers_store import STORE_OP_TIMEOUT_S
 from ftd.status.event_kind import EventKind
 from ftd.status.events import EventLog
 from ftd.status.model import Failure
-from ftd.tasks import within
+from ftd.tasks import Background, within
 
 log = logging.getLogger("ftd.inprocess")
 
@@ -123,7 +123,7 @@ class InprocessRounds:
         )
         self._ops = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ftd-inproc")
         self._waits = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="ftd-inproc-wait")
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._background = Background()
         self._leading: asyncio.Task[None] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -151,7 +151,7 @@ class InprocessRounds:
         self._closing.set()
         if self._group is not None:
             self._group.failure_handler = None
-        tasks = [*self._tasks, *([self._leading] if self._leading else [])]
+        tasks = [self._leading] if self._leading else []
         if self._store.connected and self.leader:
             try:  # wakes the leader's waits
                 await self._op(self._store.stop_waits, self._store.round)
@@ -159,7 +159,7 @@ class InprocessRounds:
                 log.debug("could not stop the fault watch: %s", error)
         for task in tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, self._background.close(), return_exceptions=True)
         self._ops.shutdown(wait=False, cancel_futures=True)
         self._waits.shutdown(wait=False, cancel_futures=True)
         await asyncio.to_thread(self._store.disconnect)
@@ -172,9 +172,7 @@ class InprocessRounds:
     # -- every node: a local rank failed -----------------------------------------------------
 
     def _on_failure(self, failure: Failure) -> None:
-        task = asyncio.create_task(self._rank_failed(failure))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._background.spawn(self._rank_failed(failure), f"rank-failed-{failure.local_rank}")
 
     async def _rank_failed(self, failure: Failure) -> None:
         assert failure.local_rank is not None

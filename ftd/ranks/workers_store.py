@@ -13,6 +13,8 @@ import asyncio
 import contextlib
 import logging
 
+from ftd.coordination import CoordinationError
+from ftd.tasks import within
 from ftd.tcpstore.server import TcpStoreServer
 
 log = logging.getLogger("ftd.store")
@@ -50,6 +52,27 @@ class AttemptStores:
         self._prepare_next()
         log.debug("workers' store for this attempt listens on %s:%d", self._host, store.port)
         return self._host, store.port
+
+    async def fresh_port(self, stop: asyncio.Event, timeout_s: float) -> int | None:
+        """`fresh()`'s port. A machine out of ports (or any bind failure) is said in one line
+        and retried, with a growing wait, until it works, `stop` is set (None), or `timeout_s`
+        passes (CoordinationError)."""
+        delay, waited = 0.5, 0.0
+        while True:
+            try:
+                _, port = await self.fresh()
+                return port
+            except OSError as error:
+                why = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
+                if waited >= timeout_s:
+                    raise CoordinationError(f"cannot host the workers' store: {why}") from None
+                log.error("cannot host the workers' store (%s); trying again in %.1fs", why, delay)
+            with contextlib.suppress(TimeoutError):
+                await within(stop.wait(), delay)
+            if stop.is_set():
+                return None
+            waited += delay
+            delay = min(delay * 2, 10.0)
 
     async def close(self) -> None:
         stores = [self._current]

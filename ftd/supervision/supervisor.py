@@ -137,12 +137,12 @@ class Supervisor:
         try:
             request = await self._until_request(rnd, attempt, ended)
         except CoordinationError:
-            await attempt.stop(self.force)
+            await self._end(attempt, recovering=False)
             raise
         except Exception as error:  # a bug of ours: this attempt fails, supervision goes on
             reason = containment.record("attempt", error)
             with contextlib.suppress(Exception):
-                await attempt.stop(self.force)
+                await self._end(attempt, recovering=False)
             failure = Failure(kind="internal", reason=reason, timestamp=time.time())
             request = await self._failed(rnd, failure)
         return attempt, request, time.monotonic() - started
@@ -197,9 +197,8 @@ class Supervisor:
 
     async def _ready_to_spawn(self) -> bool:
         """Wait for the start method to be ready (the zygote's preload), unless stopped first:
-        a signal then starts no rank at all. In-process rounds need torch's store client in the
-        daemon: it is imported here, beside the preload, not on the attempt's start, where the
-        import's seconds of held GIL would delay the daemon's answer to a rank's first fault."""
+        a signal then starts no rank at all. In-process rounds need torch's store client: it is
+        imported beside the preload, not as the ranks start (seconds of a held GIL)."""
         steps: list[Awaitable[object]] = [asyncio.to_thread(self.tools.spawner.prepare)]
         if self.config.restart_mode is RestartMode.INPROCESS:
             steps.append(asyncio.to_thread(importlib.import_module, "torch.distributed"))
@@ -208,25 +207,8 @@ class Supervisor:
         return not self.stop.is_set()
 
     async def _workers_store(self) -> int | None:
-        """A fresh workers' store for the next attempt: its port. A machine out of ports (or
-        any bind failure) is said in one line and retried, with a growing wait, until it works,
-        the daemon is stopped (None), or --rdzv-join-timeout passes (CoordinationError)."""
-        delay, waited = 0.5, 0.0
-        while True:
-            try:
-                _, port = await self.tools.stores.fresh()
-                return port
-            except OSError as error:
-                why = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
-                if waited >= self.config.rdzv_join_timeout_s:
-                    raise CoordinationError(f"cannot host the workers' store: {why}") from None
-                log.error("cannot host the workers' store (%s); trying again in %.1fs", why, delay)
-            with contextlib.suppress(TimeoutError):
-                await within(self.stop.wait(), delay)
-            if self.stop.is_set():
-                return None
-            waited += delay
-            delay = min(delay * 2, 10.0)
+        """A fresh workers' store for the next attempt: its port (None: stopped)."""
+        return await self.tools.stores.fresh_port(self.stop, self.config.rdzv_join_timeout_s)
 
     async def _until_request(
         self, rnd: Round, attempt: Attempt, ended: asyncio.Future[RequestRecord]
@@ -239,7 +221,7 @@ class Supervisor:
         containment.inject("attempt")
         if stop.is_set():
             self.board.set_state(DaemonState.STOPPING, "received a signal")
-            await attempt.stop(self.force)
+            await self._end(attempt, recovering=False)
             if self.config.multi_node:
                 me = self.config.node_id
                 request = new_request("restart", f"node {me} was stopped by a signal", me)
@@ -248,7 +230,7 @@ class Supervisor:
             return None
         if lost.is_set() or (first is ended and ended.exception() is not None):
             log.error("%s: stopping the workers", coordinator.lost_reason or "store lost")
-            await attempt.stop(self.force)
+            await self._end(attempt, recovering=False)
             raise CoordinationError(coordinator.lost_reason or "store lost", "store_lost")
         if first is ended:
             request = ended.result()
@@ -258,8 +240,7 @@ class Supervisor:
             )
             self.recovery.begin(request.reason, None)
             self._ending(request)
-            await attempt.stop(self.force)
-            self.recovery.stopped()
+            await self._end(attempt)
             return request
         outcome: Failure | None = first.result()
         health.detach(attempt.group)
@@ -267,7 +248,7 @@ class Supervisor:
             # If learning fails, the timeouts in force stay.
             containment.call("learning", health.learn, by="ftd (calc_timeouts)")
         if outcome is None:
-            await attempt.stop(self.force)
+            await self._end(attempt, recovering=False)
             await coordinator.succeeded(rnd)
             if self.config.multi_node:
                 log.info(
@@ -287,8 +268,7 @@ class Supervisor:
             and workload.action is WorkloadAction.EXCLUDE_THIS_NODE
             and self.config.multi_node
         ):
-            await attempt.stop(self.force)
-            self.recovery.stopped()
+            await self._end(attempt)
             reason = f"node {me} excluded: {workload.reason()}"
             await coordinator.exclude(me, reason)
             return await coordinator.request(rnd, new_request("restart", reason, me))
@@ -299,8 +279,7 @@ class Supervisor:
         if asks_the_healthy_first(decision, self.config.restart_policy):
             healthy = await coordinator.unhealthy(rnd, me)
             if healthy >= self.config.nnodes_min:
-                await attempt.stop(self.force)
-                self.recovery.stopped()
+                await self._end(attempt)
                 self.board.set_state(
                     DaemonState.RESTARTING,
                     f"{outcome.reason}; {healthy} healthy nodes left (min-healthy): "
@@ -313,9 +292,15 @@ class Supervisor:
             mine = new_request("fail", decision.reason, me)
         request = await coordinator.request(rnd, mine)
         self._ending(request)
-        await attempt.stop(self.force)
-        self.recovery.stopped()
+        await self._end(attempt)
         return request
+
+    async def _end(self, attempt: Attempt, recovering: bool = True) -> None:
+        """The one way an attempt ends (Attempt.stop: stopped, unwatched, recorded); with
+        `recovering`, the stop is the current recovery's."""
+        await attempt.stop(self.force)
+        if recovering:
+            self.recovery.stopped()
 
     async def _not_started(self, rnd: Round, error: Exception) -> RequestRecord:
         """The ranks could not be started (their log directory on a full disk, fork failing):
