@@ -1,5 +1,6 @@
 """TCPStore operations through torch's C++ client: torch 2.13's own server against ftd's
-(ftd/tcpstore, on an asyncio loop in a thread, as the daemon runs it), in the same run.
+(ftd/tcpstore, as `ftd store` runs it: an asyncio loop of its own), in the same run, each
+server in a process of its own (as in a daemon, away from the clients' GIL).
 
 Per server: `--ops` round trips of each of set, get, add and check on one connection, the
 wake-up of a blocked wait after another client's set, and a barrier of `--clients` clients
@@ -12,17 +13,55 @@ maxima in microseconds (the barrier in milliseconds); one JSON line per server w
 from __future__ import annotations
 
 import argparse
-import asyncio
+import contextlib
 import json
+import socket
 import statistics
+import subprocess
+import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from ftd_client.store import tcp_store_client, tcp_store_server
+from ftd_client.store import tcp_store_client
 
-from ftd.tcpstore.server import TcpStoreServer
+TORCH_SERVER = (
+    "import sys, time\n"
+    "from ftd_client.store import tcp_store_server\n"
+    "server = tcp_store_server('127.0.0.1', int(sys.argv[1]))\n"
+    "time.sleep(1e9)\n"
+)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def server(kind: str) -> Iterator[int]:
+    """A store server of `kind` ("torch" or "ftd") in a process of its own: its port."""
+    port = free_port()
+    command = (
+        [sys.executable, "-c", TORCH_SERVER, str(port)]
+        if kind == "torch"
+        else [sys.executable, "-m", "ftd", "store", "--host", "127.0.0.1", "--port", str(port)]
+    )
+    process = subprocess.Popen(command, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port)):
+                break
+            if time.monotonic() > deadline or process.poll() is not None:
+                raise RuntimeError(f"the {kind} store did not start")
+            time.sleep(0.05)
+        yield port
+    finally:
+        process.terminate()
+        process.wait(10)
 
 
 def timed(fn: Callable[[], object], repeats: int) -> list[float]:
@@ -94,6 +133,7 @@ def measure(name: str, port: int, args: argparse.Namespace) -> dict[str, Any]:
     for op, samples in ops.items():
         result[op] = {
             "median_us": round(statistics.median(samples) * 1e6, 1),
+            "p99_us": round(statistics.quantiles(samples, n=100)[98] * 1e6, 1),
             "max_us": round(max(samples) * 1e6, 1),
         }
     barrier = barriers(port, args.clients, args.barriers)
@@ -113,22 +153,20 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    ours = asyncio.run_coroutine_threadsafe(TcpStoreServer.start("127.0.0.1"), loop).result()
-    theirs = tcp_store_server("127.0.0.1")
-    results = [measure("torch", theirs.port, args), measure("ftd", ours.port, args)]
+    results = []
+    for kind in ("torch", "ftd"):
+        with server(kind) as port:
+            results.append(measure(kind, port, args))
     for result in results:
         if args.json:
             print(json.dumps(result))
         else:
             cells = ", ".join(
-                f"{op} {v.get('median_us', v.get('median_ms'))}/{v.get('max_us', v.get('max_ms'))}"
+                f"{op} " + "/".join(str(value) for value in v.values())
                 for op, v in result.items()
                 if isinstance(v, dict)
             )
-            print(f"{result['server']:>5}: {cells}  (median/max; µs, barrier ms)")
+            print(f"{result['server']:>5}: {cells}  (median/p99/max µs; barrier median/max ms)")
 
 
 if __name__ == "__main__":

@@ -111,6 +111,8 @@ def _run_store(host: str, port: int) -> int:
     import asyncio
     import signal
 
+    import uvloop
+
     from ftd.tcpstore.server import TcpStoreServer
 
     _configure_logging("INFO")
@@ -130,7 +132,7 @@ def _run_store(host: str, port: int) -> int:
         await store.close()
         return 0
 
-    return asyncio.run(serve())
+    return uvloop.run(serve())  # the daemon's loop: its stores run on uvloop too
 
 
 def _unknown_ft_parameter(unknown: list[str]) -> str | None:
