@@ -145,3 +145,26 @@ async def test_a_stopped_daemon_holds_an_nvrx_call_only_while_it_is_stopped(
     print(re.findall(r"calls \d+: .*", run.stdout.text))
     assert len(re.findall(r"slow call", run.stdout.text)) == 1
     assert not hangs(run)
+
+
+async def test_nvrxs_sockets_know_the_last_attempts_ranks_after_a_detach(tmp_path: Path) -> None:
+    """A rank of the attempt just stopped that reaches NVRx's socket on its way out is counted
+    `previous_attempt`, as on ftd's socket, not refused as `not_a_rank` (seen beside two CPU
+    hogs: detach gave the rank socket a new set and left NVRx's sockets the first one)."""
+    from ftd.config.ft import FaultToleranceConfig
+    from ftd.health.service import HealthService
+    from ftd.status.events import EventLog
+    from ftd.status.persist import Persistence
+
+    health = HealthService(
+        FaultToleranceConfig(),
+        tmp_path / "ftd.sock",
+        tmp_path / "ft_state.json",
+        EventLog(None),
+        Persistence(),
+    )
+    health.monitor.attach([(0, 0, 4242)])
+    health.detach()
+    assert health.server.previous_pids == {4242}
+    for server in health.nvrx._servers:
+        assert server._previous_pids is health.server.previous_pids

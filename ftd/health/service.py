@@ -136,7 +136,10 @@ class HealthService:
         # before their connections are forgotten: the exit may be seen before the messages.
         self.server.drain()
         self._group = self.hangs.group = None
-        self.server.previous_pids = self.monitor.pids()
+        # In place: NVRx's sockets share the set (a new one left them refusing as not_a_rank).
+        previous = self.server.previous_pids
+        previous.clear()
+        previous.update(self.monitor.pids())
         self.server.forget_connections()
         self.monitor.detach()
         if self._first_steps is not None and not self._first_steps.done():
