@@ -147,10 +147,14 @@ async def test_a_stopped_daemon_holds_an_nvrx_call_only_while_it_is_stopped(
     assert not hangs(run)
 
 
-async def test_nvrxs_sockets_know_the_last_attempts_ranks_after_a_detach(tmp_path: Path) -> None:
-    """A rank of the attempt just stopped that reaches NVRx's socket on its way out is counted
-    `previous_attempt`, as on ftd's socket, not refused as `not_a_rank` (seen beside two CPU
-    hogs: detach gave the rank socket a new set and left NVRx's sockets the first one)."""
+async def test_an_ended_attempts_nvrx_connections_are_closed_with_it(tmp_path: Path) -> None:
+    """When an attempt ends, its ranks' connections to NVRx's sockets close, as those to ftd's
+    socket do: a message a stopping rank sends later is no refusal of the next attempt's (seen
+    beside two CPU hogs: rank 0, on its way out, counted as `not_a_rank`). And a rank of it
+    that connects afterwards is counted `previous_attempt`, as on ftd's socket."""
+    import os
+    import socket as sockets
+
     from ftd.config.ft import FaultToleranceConfig
     from ftd.health.service import HealthService
     from ftd.status.events import EventLog
@@ -163,8 +167,20 @@ async def test_nvrxs_sockets_know_the_last_attempts_ranks_after_a_detach(tmp_pat
         EventLog(None),
         Persistence(),
     )
-    health.monitor.attach([(0, 0, 4242)])
-    health.detach()
-    assert health.server.previous_pids == {4242}
-    for server in health.nvrx._servers:
-        assert server._previous_pids is health.server.previous_pids
+    health.start()
+    try:
+        health.monitor.attach([(0, 0, os.getpid())])  # this process plays the rank
+        with sockets.socket(sockets.AF_UNIX, sockets.SOCK_STREAM) as rank:
+            rank.connect(str(health.nvrx.rank_monitor_path))
+            rank.setblocking(False)
+            health.nvrx.drain()  # accepts it now
+            assert any(server._connections for server in health.nvrx._servers)
+            health.detach()
+            loop = asyncio.get_running_loop()
+            assert await asyncio.wait_for(loop.sock_recv(rank, 1), 5) == b""  # hung up
+        assert health.server.previous_pids == {os.getpid()}
+        for server in health.nvrx._servers:
+            assert server._previous_pids is health.server.previous_pids
+        assert not {k: v for k, v in health.server.dropped.items() if k != "nvrx_previous_attempt"}
+    finally:
+        health.close()

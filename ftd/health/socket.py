@@ -64,6 +64,8 @@ class Follower(Protocol):
 
     def drain(self) -> None: ...
 
+    def forget_connections(self) -> None: ...
+
 
 @dataclasses.dataclass(slots=True)
 class _Connection:
@@ -184,6 +186,8 @@ class RankSocketServer:
         stray children) lose their connections; their messages are not this attempt's."""
         for fd in list(self._connections):
             self._hang_up(fd)
+        for follower in self.followers:
+            follower.forget_connections()
 
     def _hang_up(self, fd: int) -> None:
         entry = self._connections.pop(fd, None)

@@ -114,9 +114,12 @@ class _StreamServer:
             if connection.sock.fileno() in self._connections:
                 self._on_readable(connection)
 
-    def close(self) -> None:
+    def forget_connections(self) -> None:
         for fd in list(self._connections):
             self._hang_up(fd)
+
+    def close(self) -> None:
+        self.forget_connections()
         if self._listener is not None:
             if not self._paused:
                 self._remove(self._listener.fileno())
@@ -280,6 +283,12 @@ class NvrxServer:
     def drain(self) -> None:
         for server in self._servers:
             server.drain()
+
+    def forget_connections(self) -> None:
+        """The attempt ended: its ranks' connections are closed, as on ftd's socket (their
+        messages are no later attempt's, and would be refused as no rank's)."""
+        for server in self._servers:
+            server.forget_connections()
 
     def close(self) -> None:
         for server in self._servers:
