@@ -10,17 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import logging
 import signal
 import time
-from collections.abc import Awaitable
 from typing import Any
 
 from ftd_client.protocol import WorkloadAction
 
 from ftd import containment
-from ftd.config.serve import RestartMode
 from ftd.coordination import CoordinationError, Round
 from ftd.coordination.base import new_request
 from ftd.coordination.records import Member, RequestRecord
@@ -197,12 +194,8 @@ class Supervisor:
 
     async def _ready_to_spawn(self) -> bool:
         """Wait for the start method to be ready (the zygote's preload), unless stopped first:
-        a signal then starts no rank at all. In-process rounds need torch's store client: it is
-        imported beside the preload, not as the ranks start (seconds of a held GIL)."""
-        steps: list[Awaitable[object]] = [asyncio.to_thread(self.tools.spawner.prepare)]
-        if self.config.restart_mode is RestartMode.INPROCESS:
-            steps.append(asyncio.to_thread(importlib.import_module, "torch.distributed"))
-        ready = asyncio.ensure_future(asyncio.gather(*steps))
+        a signal then starts no rank at all."""
+        ready = asyncio.ensure_future(asyncio.to_thread(self.tools.spawner.prepare))
         await first_of(ready, self.stop.wait())
         return not self.stop.is_set()
 
