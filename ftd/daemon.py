@@ -30,6 +30,7 @@ from pathlib import Path
 from types import TracebackType
 
 from ftd.api import ApiServer, start_api_server
+from ftd.api.control import NodeControl
 from ftd.config.rundir import prepare_run_dir
 from ftd.config.serve import RestartMode, ServeConfig
 from ftd.coordination import CoordinationError, Coordinator, create_coordinator
@@ -48,7 +49,6 @@ from ftd.status.events import EventLog
 from ftd.status.model import NodeStatus
 from ftd.status.persist import Persistence
 from ftd.supervision.attempt import AttemptTools, Running
-from ftd.supervision.node_control import NodeControl
 from ftd.supervision.supervisor import Supervisor
 from ftd.tasks import Background, first_of, within
 

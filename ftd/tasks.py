@@ -40,6 +40,17 @@ class Background:
         task.add_done_callback(self._done)
         return task
 
+    def adopt(self, coro: Coroutine[Any, Any, T], name: str) -> asyncio.Task[T]:
+        """A task its caller awaits or drops: owned here, so that closing cancels and awaits
+        it; its error is the caller's to read, never logged here (once closed: cancelled)."""
+        task = asyncio.create_task(coro, name=name)
+        if self._closed:
+            task.cancel()
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(lambda done: done.cancelled() or done.exception())
+        return task
+
     def _done(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)
         if task.cancelled():

@@ -1,5 +1,5 @@
 """The API in this test's own event loop, with short limits: the real server (`start_api_server`,
-real sockets on 127.0.0.1 and the admin socket) in front of a small DaemonControl, for the
+real sockets on 127.0.0.1 and the admin socket) in front of a small NodeControl, for the
 attacks whose bounds are timeouts and caps. Plus raw-socket and log helpers."""
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def private_registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 class LocalControl:
-    """A DaemonControl with real state and events and no ranks: requests are recorded as
+    """A NodeControl with real state and events and no ranks: requests are recorded as
     the daemon would announce them."""
 
     def __init__(self, run_dir: Path, events_file: bool = True) -> None:

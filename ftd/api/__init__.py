@@ -31,7 +31,7 @@ from ftd.api.connections import (
     same_user_peer,
     tcp_peer,
 )
-from ftd.api.control import DaemonControl
+from ftd.api.control import NodeControl
 from ftd.api.middlewares import METRICS, STREAMS
 from ftd.api.security import TOKEN_ENV, HostPolicy, load_token
 from ftd.api.stats import ApiCollector
@@ -103,7 +103,7 @@ class ApiServer:
                     log.warning("closing the API: cannot remove %s: %s", what, error)
 
 
-async def start_api_server(control: DaemonControl, limits: ApiLimits | None = None) -> ApiServer:
+async def start_api_server(control: NodeControl, limits: ApiLimits | None = None) -> ApiServer:
     """Bind the API (the default port falls back to a free one when taken; an explicitly
     requested port that is taken raises ApiStartupError) and its admin socket, write
     `<run dir>/api.json` and the registry entry."""

@@ -21,7 +21,7 @@ from aiohttp import web
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from ftd.api.connections import ApiLimits, Connections
-from ftd.api.control import DaemonControl
+from ftd.api.control import NodeControl
 from ftd.api.dashboard import add_dashboard_routes
 from ftd.api.metrics import build_registry, exposition
 from ftd.api.middlewares import (
@@ -199,7 +199,7 @@ def _int_query(request: web.Request, name: str, default: int, low: int, high: in
     return value
 
 
-def status_document(control: DaemonControl, started: float) -> dict[str, Any]:
+def status_document(control: NodeControl, started: float) -> dict[str, Any]:
     """`/v1/status`: the node's status, its restart policy and the timeouts in force."""
     doc: dict[str, Any] = control.status_snapshot()
     doc.setdefault("round", doc["attempt"])
@@ -341,7 +341,7 @@ async def get_metrics(request: web.Request) -> web.Response:
 
 
 def build_app(
-    control: DaemonControl,
+    control: NodeControl,
     token: str,
     hosts: HostPolicy,
     limits: ApiLimits | None = None,

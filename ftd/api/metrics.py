@@ -30,7 +30,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
 from ftd import containment
-from ftd.api.control import DaemonControl
+from ftd.api.control import NodeControl
 from ftd.refusals import INPUT_REFUSED
 from ftd.status.event_kind import EventKind
 from ftd.status.instruments import (
@@ -55,7 +55,7 @@ class _FailureTally:
     by_reason: Tally[str] = field(default_factory=Tally)
     hangs: int = 0
 
-    def update(self, control: DaemonControl) -> None:
+    def update(self, control: NodeControl) -> None:
         for event in control.events.since(self.cursor):
             self.cursor = event.id
             if event.kind == EventKind.RANK_HUNG:
@@ -68,7 +68,7 @@ class _FailureTally:
 
 
 class DaemonCollector(Collector):
-    def __init__(self, control: DaemonControl) -> None:
+    def __init__(self, control: NodeControl) -> None:
         self._control = control
         self._started = time.time()
         self._failures = _FailureTally(cursor=control.events.last_id)
@@ -188,7 +188,7 @@ class ApiMetrics:
     """The API server's registry: the daemon collector, the store histogram and the API's
     own request counters."""
 
-    def __init__(self, control: DaemonControl) -> None:
+    def __init__(self, control: NodeControl) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(DaemonCollector(control))
         self.registry.register(STORE_OPERATION_SECONDS)
@@ -216,7 +216,7 @@ class ApiMetrics:
         self.latency.labels(route).observe(seconds)
 
 
-def build_registry(control: DaemonControl) -> ApiMetrics:
+def build_registry(control: NodeControl) -> ApiMetrics:
     return ApiMetrics(control)
 
 

@@ -15,7 +15,7 @@ from typing import Any
 from aiohttp import web
 
 from ftd.api.connections import ApiLimits, Connections, Peer, tcp_peer
-from ftd.api.control import DaemonControl
+from ftd.api.control import NodeControl
 from ftd.api.metrics import ApiMetrics
 from ftd.api.security import HostPolicy, bearer_token
 from ftd.api.sse import StreamHub
@@ -29,7 +29,7 @@ UNAUTHENTICATED = frozenset({"/healthz", "/readyz"})
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 MAX_BODY_BYTES = 64 * 1024
 
-CONTROL: web.AppKey[DaemonControl] = web.AppKey("control")
+CONTROL: web.AppKey[NodeControl] = web.AppKey("control")
 TOKEN: web.AppKey[bytes] = web.AppKey("token")
 HOSTS: web.AppKey[HostPolicy] = web.AppKey("hosts")
 LIMITS: web.AppKey[ApiLimits] = web.AppKey("limits")

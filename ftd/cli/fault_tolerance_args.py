@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 
+from ftd.config.serve import RestartPolicy
+
 FT_HELP = {
     "initial_rank_heartbeat_timeout": "seconds from a rank's start to its first heartbeat",
     "rank_heartbeat_timeout": "seconds allowed between heartbeats",
@@ -61,10 +63,10 @@ def add_fault_tolerance(serve: argparse.ArgumentParser) -> None:
         "--ft_restart_policy",
         "--ft-param-restart_policy",
         dest="restart_policy",
-        choices=["any-failed", "min-healthy"],
+        choices=[policy.value for policy in RestartPolicy],
         default=None,
-        help="any-failed: restart every node's workers; min-healthy: only below MIN nodes "
-        "(default: any-failed)",
+        help="; ".join(f"{policy}: {policy.help}" for policy in RestartPolicy)
+        + f" (default: {RestartPolicy.ANY_FAILED})",
     )
     add(
         "--ft-state-file",

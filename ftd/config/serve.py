@@ -23,12 +23,21 @@ StartMethod = Literal["spawn", "fork", "forkserver", "subprocess", "zygote"]
 
 
 class RestartPolicy(StrEnum):
-    """--restart-policy: whose failure restarts whom (ft_launcher's names)."""
+    """--restart-policy: whose failure restarts whom (ft_launcher's names). Its decisions are
+    supervision/policy.py's; the flag's choices and help come from here."""
 
     ANY_FAILED = "any-failed"
-    """Any failure restarts every node's workers."""
     MIN_HEALTHY = "min-healthy"
-    """A lost node restarts the others only when fewer than MIN healthy nodes are left."""
+
+    @property
+    def help(self) -> str:
+        return _RESTART_POLICY_HELP[self]
+
+
+_RESTART_POLICY_HELP = {
+    RestartPolicy.ANY_FAILED: "any failure restarts every node's workers",
+    RestartPolicy.MIN_HEALTHY: "a lost node restarts the others only below MIN healthy nodes",
+}
 
 
 class RestartMode(StrEnum):

@@ -138,19 +138,17 @@ class InprocessRounds:
         before its failure would reach the rounds."""
         await self._op(self._store.connect)
 
-    def attach(self, group: WorkerGroup) -> None:
-        """Take the attempt's ranks, at once after they started (no await between: their
-        exits are callbacks of the loop, so none is seen before this)."""
+    def lead(self, group: WorkerGroup) -> None:
+        """Take the attempt's ranks (started with `rank_failed` as their failure handler), at
+        once after they started: no await between, and their exits are callbacks of the loop,
+        so no failure reaches `rank_failed` before this."""
         self._group = group
-        group.failure_handler = self._on_failure
         if self.leader:
             self._leading = asyncio.create_task(self._lead(), name="ftd-inprocess-rounds")
 
     async def close(self) -> None:
         """Stop the rounds (the workers are stopped by the daemon); bounded."""
         self._closing.set()
-        if self._group is not None:
-            self._group.failure_handler = None
         tasks = [self._leading] if self._leading else []
         if self._store.connected and self.leader:
             try:  # wakes the leader's waits
@@ -171,7 +169,11 @@ class InprocessRounds:
 
     # -- every node: a local rank failed -----------------------------------------------------
 
-    def _on_failure(self, failure: Failure) -> None:
+    def rank_failed(self, failure: Failure) -> None:
+        """A local rank failed: its round decides (the group's failure handler)."""
+        if self._closing.is_set():  # the rounds are over: the failure ends the attempt
+            self.group.fail(failure)
+            return
         self._background.spawn(self._rank_failed(failure), f"rank-failed-{failure.local_rank}")
 
     async def _rank_failed(self, failure: Failure) -> None:

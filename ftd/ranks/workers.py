@@ -56,6 +56,9 @@ class WorkerGroup:
         spawner: Spawner | None = None,
         spec: LaunchSpec | None = None,
         output: OutputDrain | None = None,
+        *,
+        failure_handler: FailureHandler | None = None,
+        on_exit: ExitListener | None = None,
     ) -> None:
         self._started = started
         self.statuses = statuses
@@ -79,9 +82,9 @@ class WorkerGroup:
         self._dropped: set[int] = set()
         self._last_failure: Failure | None = None
         self.respawns: dict[int, int] = {}
-        self.exit_listeners: list[ExitListener] = []
-        self.failure_handler: FailureHandler | None = None
-        """When set, a failed rank is handed to it and the attempt goes on (in-process mode)."""
+        self.on_exit = on_exit
+        self.failure_handler = failure_handler
+        """When given, a failed rank is handed to it and the attempt goes on (in-process mode)."""
         self.output = output if output is not None else OutputDrain(0)
         self.output.attach(started.streams)
         for local_rank in started.ranks:
@@ -111,9 +114,23 @@ class WorkerGroup:
         on_unregister: Callable[[int], None],
         daemon_id: str,
         output: OutputDrain | None = None,
+        *,
+        failure_handler: FailureHandler | None = None,
+        on_exit: ExitListener | None = None,
     ) -> WorkerGroup:
         started = await within(asyncio.to_thread(spawner.start, spec), SPAWN_TIMEOUT_S)
-        return cls(started, statuses, on_register, on_unregister, daemon_id, spawner, spec, output)
+        return cls(
+            started,
+            statuses,
+            on_register,
+            on_unregister,
+            daemon_id,
+            spawner,
+            spec,
+            output,
+            failure_handler=failure_handler,
+            on_exit=on_exit,
+        )
 
     @property
     def attempt_log_dir(self) -> str:
@@ -147,11 +164,11 @@ class WorkerGroup:
         try:
             self._resolve(local_rank, status, code)
         finally:  # a listener that fails (a full disk under the event log) loses nothing
-            for listener in self.exit_listeners:
+            if self.on_exit is not None:
                 try:
-                    listener(status)
+                    self.on_exit(status)
                 except Exception:
-                    log.exception("an exit listener failed for local rank %d", local_rank)
+                    log.exception("the exit listener failed for local rank %d", local_rank)
 
     def _resolve(self, local_rank: int, status: RankStatus, code: int) -> None:
         """A rank's exit decides the attempt's outcome (the first failure, or every rank 0)."""

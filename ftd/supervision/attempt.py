@@ -155,9 +155,13 @@ class Attempt:
                         EventKind.OUTPUT_DROPPED, attempt=number, **data
                     ),
                 ),
+                failure_handler=rounds.rank_failed if rounds is not None else None,
+                on_exit=lambda rank: tools.events.emit(
+                    EventKind.RANK_EXITED, attempt=number, **rank.to_dict()
+                ),
             )
             if rounds is not None:
-                rounds.attach(group)
+                rounds.lead(group)
             health.attach(group, status.ranks)
         except BaseException:
             if rounds is not None:
@@ -165,9 +169,6 @@ class Attempt:
             raise
         finally:
             health.server.resume()
-        group.exit_listeners.append(
-            lambda rank: tools.events.emit(EventKind.RANK_EXITED, attempt=number, **rank.to_dict())
-        )
         tools.events.emit(
             EventKind.ATTEMPT_STARTED,
             attempt=number,

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import logging
 
-from ftd.config.serve import RestartPolicy, ServeConfig
+from ftd.config.serve import ServeConfig
 from ftd.coordination import Coordinator, Round
 from ftd.coordination.base import new_request
-from ftd.supervision.policy import Action, after_node_lost
+from ftd.supervision.policy import Action, after_node_lost, counts_healthy_nodes
 
 log = logging.getLogger("ftd.daemon")
 
@@ -18,7 +18,7 @@ async def ask_after_node_lost(
 ) -> None:
     """Round `rnd` lost `node_id`: request its restart unless the policy lets it go on."""
     healthy = len(rnd.members) - 1
-    if config.restart_policy is RestartPolicy.MIN_HEALTHY:
+    if counts_healthy_nodes(config.restart_policy):
         healthy = await coordinator.unhealthy(rnd, node_id)
     decision = after_node_lost(reason, config.restart_policy, healthy, config.nnodes_min)
     if decision.action is Action.CONTINUE:

@@ -52,6 +52,12 @@ def after_attempt(
     )
 
 
+def counts_healthy_nodes(restart_policy: RestartPolicy) -> bool:
+    """Whether a lost node's round asks the coordinator how many healthy nodes are left
+    before `after_node_lost` decides (else every other member counts as healthy)."""
+    return restart_policy is RestartPolicy.MIN_HEALTHY
+
+
 def after_node_lost(
     reason: str, restart_policy: RestartPolicy, healthy_left: int, nnodes_min: int
 ) -> Decision:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 from ftd.config.serve import ServeConfig
@@ -39,7 +39,7 @@ from ftd.coordination.records import (
     RoundRecord,
 )
 from ftd.coordination.shared_rounds import Late, excluded_error, key
-from ftd.tasks import within
+from ftd.tasks import Background, within
 from ftd.tcpstore.server import TcpStoreServer
 
 log = logging.getLogger("ftd.rendezvous")
@@ -72,7 +72,7 @@ class EtcdCoordinator:
         self._rounds = EtcdRounds(config, self._kv)
         self._liveness: EtcdLiveness | None = None
         self._opened = False
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks = Background()
         self._members = MemberWatch(
             lambda endpoint: self._etcd.transport.probe(endpoint, self.conf.timeout_s), report
         )
@@ -119,9 +119,7 @@ class EtcdCoordinator:
 
     async def close(self) -> None:
         self._kv.closing = True
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, self._members.close(), return_exceptions=True)
+        await asyncio.gather(self._tasks.close(), self._members.close(), return_exceptions=True)
         await self._availability.close()
         if self._liveness is not None:
             if not self.lost.is_set() and not self._finished:
@@ -140,13 +138,9 @@ class EtcdCoordinator:
             log.error("%s", why)
             self.lost.set()
 
-    def _spawn(self, coro: Awaitable[T]) -> asyncio.Task[T]:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        # The caller may drop it (a round that ended otherwise): never an unretrieved error.
-        task.add_done_callback(lambda done: done.cancelled() or done.exception())
-        return task
+    def _spawn(self, coro: Coroutine[Any, Any, T], name: str) -> asyncio.Task[T]:
+        """A task the caller awaits or drops (a round that ended otherwise)."""
+        return self._tasks.adopt(coro, f"ftd-etcd-{name}")
 
     # -- rounds ------------------------------------------------------------------------------
 
@@ -202,7 +196,8 @@ class EtcdCoordinator:
         the MAX-th joiner, after the last call once MIN joined, at the join deadline."""
         cfg = self.config
         closed = self._spawn(
-            self._kv.await_decided(key(number, "closed"), RoundRecord, MAX_ROUND_RECORD_BYTES)
+            self._kv.await_decided(key(number, "closed"), RoundRecord, MAX_ROUND_RECORD_BYTES),
+            f"round-{number}-closed",
         )
 
         async def close(abort: bool) -> None:
@@ -220,12 +215,13 @@ class EtcdCoordinator:
             await asyncio.sleep(max(0.0, deadline - loop.time()))
             await close(True)
 
-        closer = self._spawn(close_when_due())
+        closer = self._spawn(close_when_due(), f"round-{number}-closer")
         previous = self.round.node_ids if self.round is not None else []
         progress = self._spawn(
             report_progress(
                 cfg, number, previous, lambda: self._rounds.joined_ids(number), deadline
-            )
+            ),
+            f"round-{number}-progress",
         )
         try:
             await asyncio.wait({closed, closer}, return_when=asyncio.FIRST_COMPLETED)
@@ -262,7 +258,7 @@ class EtcdCoordinator:
             record, _ = await self._kv.await_decided(key(rnd.number, "request"), RequestRecord)
             return record
 
-        return self._spawn(request())
+        return self._spawn(request(), f"round-{rnd.number}-request")
 
     async def request(self, rnd: Round, request: RequestRecord) -> RequestRecord:
         decided = await self._call(
@@ -374,7 +370,7 @@ class EtcdCoordinator:
             await self._call("publish the in-process store", lambda: self._kv.put(slot, me))
             return host, port
         leader = rnd.members[0].node_id
-        published = self._spawn(self._kv.await_decided(slot, Member))
+        published = self._spawn(self._kv.await_decided(slot, Member), "member-published")
         ended = self.ended(rnd)
         timeout_s = self.config.rdzv_join_timeout_s
         found = await leaders_store(published, ended, leader, rnd.number, timeout_s)

@@ -36,7 +36,7 @@ from ftd.coordination.etcd.client import (
 from ftd.coordination.etcd.kv import RecordKv
 from ftd.coordination.records import AliveRecord
 from ftd.status.event_kind import EventKind
-from ftd.tasks import within
+from ftd.tasks import Background, within
 
 log = logging.getLogger("ftd.coordination.liveness")
 
@@ -74,7 +74,7 @@ class EtcdLiveness:
         self._watched: set[str] = set()
         self._since = 0
         self._declared: set[str] = set()
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks = Background()
         self._stopping = False
 
     @property
@@ -85,10 +85,8 @@ class EtcdLiveness:
     async def start(self) -> None:
         """Grant the lease and write this node's alive key (the caller bounds and retries)."""
         await self._grant()
-        self._tasks = [
-            asyncio.create_task(self._keep(), name="ftd-etcd-lease"),
-            asyncio.create_task(self._watch_alive(), name="ftd-etcd-alive"),
-        ]
+        self._tasks.spawn(self._keep(), "ftd-etcd-lease")
+        self._tasks.spawn(self._watch_alive(), "ftd-etcd-alive")
 
     async def _grant(self) -> None:
         lease = await self.kv.etcd.grant_lease(self.ttl_s, outlast_silence=True)
@@ -112,9 +110,7 @@ class EtcdLiveness:
 
     async def close(self, revoke: bool) -> None:
         self._stopping = True
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._tasks.close()
         lease, self._lease = self._lease, None
         if lease is None:
             return
@@ -157,9 +153,8 @@ class EtcdLiveness:
         self._watched = {node for node in nodes if node != self.node_id}
         self._declared = set()
         self._since = since_revision
-        self._tasks = [task for task in self._tasks if not task.done()]
         if self._watched:
-            self._tasks.append(asyncio.create_task(self._confirm(set(self._watched))))
+            self._tasks.spawn(self._confirm(set(self._watched)), "ftd-etcd-confirm")
 
     async def _confirm(self, nodes: set[str]) -> None:
         """A member without an alive key when its round closed is gone: read to make sure

@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 
 from ftd.coordination.base import Report
 from ftd.status.event_kind import EventKind
+from ftd.tasks import Background
 
 log = logging.getLogger("ftd.rendezvous")
 
@@ -27,19 +28,18 @@ class MemberWatch:
         self._probe = probe
         """None when the member answers a health check, else why not."""
         self._report = report
-        self._down: dict[str, asyncio.Task[None]] = {}
-        self._closing = False
+        self._down: set[str] = set()
+        """The endpoints being watched until they answer again."""
+        self._watches = Background()
 
     def failed(self, endpoint: str, reason: str) -> None:
-        if endpoint not in self._down and not self._closing:
-            self._down[endpoint] = asyncio.create_task(self._watch(endpoint, reason))
+        if endpoint not in self._down and self._watches.spawn(
+            self._watch(endpoint, reason), f"ftd-etcd-member-{endpoint}"
+        ):
+            self._down.add(endpoint)
 
     async def close(self) -> None:
-        self._closing = True
-        tasks = list(self._down.values())
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._watches.close()
 
     async def _watch(self, endpoint: str, reason: str) -> None:
         try:
@@ -59,4 +59,4 @@ class MemberWatch:
                 EventKind.COORDINATION_ENDPOINT_UP, {"endpoint": endpoint, "after_s": after_s}
             )
         finally:
-            self._down.pop(endpoint, None)
+            self._down.discard(endpoint)
