@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from tests import fuzzing
-from tests.etcd_cluster import (
+from tests.support import fuzzing
+from tests.support.etcd_cluster import (
     ClusterFactory,
     EtcdCluster,
     etcd,  # noqa: F401  (the fixture: real etcd clusters)
