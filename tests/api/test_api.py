@@ -21,7 +21,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.conftest import BIN, ROOT, ServeFactory, await_api_event
+from tests.conftest import BIN, ROOT, Serve, ServeFactory, await_api_event
 from tests.support.api import (
     CONTRACT,
     PROBLEM,
@@ -350,14 +350,22 @@ async def test_restart_through_the_api(serve: ServeFactory, tmp_path: Path) -> N
     assert all(r["by"].startswith("api ") for r in requested)
 
 
-async def test_admin_cli_and_client(serve: ServeFactory) -> None:
-    from ftd_client import AdminClient, ApiError, ApiUnreachable
+# -- the admin command line and the Python client ------------------------------------------------
 
+
+@contextlib.asynccontextmanager
+async def admin_job(serve: ServeFactory) -> AsyncIterator[tuple[Serve, Api, tuple[str, str]]]:
+    """A job of two hanging ranks (up to 5 restarts), its attempt 0 up: (the daemon, its API,
+    the CLI's `--run-dir` arguments). SIGTERM ends it once the test's body is done."""
     run = await serve("--nproc-per-node", "2", "--max-restarts", "5", script_args=("--hang",))
     async with api_of(run) as api:
         await api.ready(0, 2)
-        where = ("--run-dir", str(run.run_dir))
+        yield run, api, ("--run-dir", str(run.run_dir))
+        assert await stop(run) == 128 + signal.SIGTERM
 
+
+async def test_admin_cli_status(serve: ServeFactory) -> None:
+    async with admin_job(serve) as (run, api, where):
         done = cli("status", *where)
         assert done.returncode == 0, done.stderr
         lines = done.stdout.splitlines()
@@ -385,6 +393,9 @@ async def test_admin_cli_and_client(serve: ServeFactory) -> None:
         done = python("-c", probe, str(run.run_dir))
         assert done.returncode == 0, done.stderr
 
+
+async def test_admin_cli_restart_and_events(serve: ServeFactory) -> None:
+    async with admin_job(serve) as (_run, api, where):
         async with event_stream(api) as stream:
             follow = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "ftd", "events", "--follow", *where,
@@ -416,6 +427,9 @@ async def test_admin_cli_and_client(serve: ServeFactory) -> None:
         done = cli("events", "--json", "--since", str(event_id - 1), *where)
         assert json.loads(done.stdout.splitlines()[0])["id"] == event_id
 
+
+async def test_admin_cli_timeouts(serve: ServeFactory) -> None:
+    async with admin_job(serve) as (_run, _api, where):
         done = cli(
             "timeouts", "set", "rank_heartbeat_timeout=30", "rank_out_of_section_timeout=none",
             "rank_section_timeouts=setup:600,step:none", *where,
@@ -430,6 +444,9 @@ async def test_admin_cli_and_client(serve: ServeFactory) -> None:
         done = cli("status", *where)
         assert "timeouts: " in done.stdout and "rank_heartbeat_timeout=30" in done.stdout
 
+
+async def test_admin_cli_errors_are_one_line(serve: ServeFactory) -> None:
+    async with admin_job(serve) as (run, api, where):
         # errors: one line on stderr, non-zero exit
         node = api.info["node_id"]
         for args, code, message in (
@@ -457,6 +474,17 @@ async def test_admin_cli_and_client(serve: ServeFactory) -> None:
         assert done.stderr.startswith("ftd status: error: no ftd daemon answers at")
         done = cli("status", "--run-dir", str(run.run_dir / "missing"))
         assert done.returncode == 1 and "api.json" in done.stderr
+
+
+async def test_admin_python_client(serve: ServeFactory) -> None:
+    from ftd_client import AdminClient, ApiError, ApiUnreachable
+
+    async with admin_job(serve) as (run, api, where):
+        # set-up: one restart through the CLI first (the client then finds attempt 1)
+        done = cli("restart", "--no-count", "--reason", "from the cli", *where)
+        assert done.returncode == 0, done.stderr
+        await api.ready(1, 2)
+        node = api.info["node_id"]
 
         # the Python client: the same operations
         def client_flow() -> None:
@@ -497,7 +525,6 @@ async def test_admin_cli_and_client(serve: ServeFactory) -> None:
 
         await asyncio.to_thread(client_flow)
         await api.ready(2, 2)
-        assert await stop(run) == 128 + signal.SIGTERM
 
 
 @pytest.mark.skipif(shutil.which("curl") is None, reason="the curl binary is not installed")
