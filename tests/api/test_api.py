@@ -122,10 +122,26 @@ def test_timeouts_match_the_daemons_model() -> None:
 # -- a running daemon -------------------------------------------------------------------------
 
 
-async def test_read_endpoints_auth_and_error_shapes(serve: ServeFactory) -> None:
+@contextlib.asynccontextmanager
+async def hanging_job(serve: ServeFactory) -> AsyncIterator[tuple[Serve, Api]]:
+    """A job of two hanging ranks, its attempt 0 up: (the daemon, its API). Once the test's body
+    is done: the ranks were never touched by its calls, SIGTERM ends the daemon, which removes
+    its api.json and printed no traceback."""
     run = await serve("--nproc-per-node", "2", script_args=("--hang",))
     async with api_of(run) as api:
         await api.ready(0, 2)
+        yield run, api
+        # the ranks were never touched by all this
+        pids = {json.loads((run.out / f"ready_a0_r{r}").read_text()) for r in (0, 1)}
+        _, after, _ = await api.call("GET", "/v1/status")
+        assert after["attempt"] == 0 and {r["pid"] for r in after["ranks"]} == pids
+        assert await stop(run) == 128 + signal.SIGTERM
+    assert not (run.run_dir / "api.json").exists()
+    assert "Traceback" not in run.stderr.text
+
+
+async def test_api_json_and_the_token_file(serve: ServeFactory) -> None:
+    async with hanging_job(serve) as (run, api):
         # api.json and the token file
         assert api.info["pid"] == run.proc.pid and api.info["host"] == "127.0.0.1"
         assert api.url == f"http://127.0.0.1:{api.info['port']}"
@@ -134,6 +150,9 @@ async def test_read_endpoints_auth_and_error_shapes(serve: ServeFactory) -> None
         assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
         assert len(api.token) >= 32
 
+
+async def test_probes_and_reads_need_no_token_on_loopback(serve: ServeFactory) -> None:
+    async with hanging_job(serve) as (run, api):
         # probes and reads: no token needed on loopback
         status, body, _ = await api.call("GET", "/healthz", token=None)
         assert (status, body) == (200, {"status": "ok", "state": "running"})
@@ -151,6 +170,10 @@ async def test_read_endpoints_auth_and_error_shapes(serve: ServeFactory) -> None
         status, cluster, _ = await api.call("GET", "/v1/cluster", token=None)
         assert status == 200 and cluster["nodes"][0]["node_id"] == doc["node_id"]
         assert cluster["round"]["members"] == [doc["node_id"]] and cluster["excluded"] == []
+
+
+async def test_event_pages_and_the_jsonl_file(serve: ServeFactory) -> None:
+    async with hanging_job(serve) as (run, api):
         status, page, _ = await api.call("GET", "/v1/events", token=None)
         kinds = [event["kind"] for event in page["events"]]
         assert kinds[:2] == ["daemon_started", "state_changed"] and "attempt_started" in kinds
@@ -167,6 +190,12 @@ async def test_read_endpoints_auth_and_error_shapes(serve: ServeFactory) -> None
         for query, field in (("since=x", "since"), ("since=-1", "since"), ("limit=0", "limit")):
             status, problem, _ = await api.call("GET", f"/v1/events?{query}", "/v1/events")
             assert status == 400 and problem["detail"].startswith(f"{field}:"), problem
+
+
+async def test_metrics_need_no_token_on_loopback(serve: ServeFactory) -> None:
+    async with hanging_job(serve) as (_run, api):
+        # set-up: one status read, counted below
+        await api.call("GET", "/v1/status", token=None)
         status, text, response = await api.call("GET", "/metrics", token=None)
         assert status == 200 and response.content_type == "text/plain"
         for line in (
@@ -183,6 +212,9 @@ async def test_read_endpoints_auth_and_error_shapes(serve: ServeFactory) -> None
             assert line in text.splitlines(), line
         assert "# TYPE ftd_store_operation_seconds histogram" in text
 
+
+async def test_changes_need_the_token(serve: ServeFactory) -> None:
+    async with hanging_job(serve) as (_run, api):
         # auth: changes need the token; 401 without, 403 with a wrong one
         status, problem, response = await api.call("POST", "/v1/restart", token=None, body={})
         assert status == 401 and response.headers["WWW-Authenticate"].startswith("Bearer")
@@ -194,6 +226,9 @@ async def test_read_endpoints_auth_and_error_shapes(serve: ServeFactory) -> None
         )
         assert status == 401
 
+
+async def test_invalid_bodies_are_400_naming_the_field(serve: ServeFactory) -> None:
+    async with hanging_job(serve) as (_run, api):
         # invalid bodies: 400 naming the field
         for body, field in (
             ({"scope": "galaxy"}, "scope"),
@@ -210,6 +245,9 @@ async def test_read_endpoints_auth_and_error_shapes(serve: ServeFactory) -> None
         status, problem, _ = await api.call("PATCH", "/v1/timeouts", body={})
         assert status == 400 and problem["detail"].startswith("body:")
 
+
+async def test_413_404_405_are_problems(serve: ServeFactory) -> None:
+    async with hanging_job(serve) as (_run, api):
         # 413, 404, 405: problem bodies too
         status, problem, _ = await api.call("POST", "/v1/restart", data=b" " * (65 * 1024))
         assert status == 413 and "65536" in problem["detail"]
@@ -219,6 +257,13 @@ async def test_read_endpoints_auth_and_error_shapes(serve: ServeFactory) -> None
         assert status == 405 and response.headers["Allow"] == "GET"
         status, problem, _ = await api.call("DELETE", "/v1/restart", None, token=None)
         assert status == 405  # before auth: a wrong method reveals nothing
+
+
+async def test_timeouts_read_and_tuned_live(serve: ServeFactory) -> None:
+    async with hanging_job(serve) as (_run, api):
+        # set-up: the status and the events so far
+        _, doc, _ = await api.call("GET", "/v1/status", token=None)
+        _, page, _ = await api.call("GET", "/v1/events", token=None)
 
         # timeouts: read, tuned live (validated, announced, persisted)
         status, timeouts, _ = await api.call("GET", "/v1/timeouts", token=None)
@@ -249,6 +294,12 @@ async def test_read_endpoints_auth_and_error_shapes(serve: ServeFactory) -> None
         _, still, _ = await api.call("GET", "/v1/timeouts")
         assert still == changed
 
+
+async def test_a_single_node_offers_no_exclusion(serve: ServeFactory) -> None:
+    async with hanging_job(serve) as (_run, api):
+        # set-up: the node's id
+        _, doc, _ = await api.call("GET", "/v1/status", token=None)
+
         # what a single node does not offer: 409 problems of their own type; unknown nodes 404
         template = "/v1/nodes/{node_id}/exclude"
         node = doc["node_id"]
@@ -261,13 +312,6 @@ async def test_read_endpoints_auth_and_error_shapes(serve: ServeFactory) -> None
         assert status == 404 and "nope" in problem["detail"]
         status, problem, _ = await api.call("DELETE", f"/v1/nodes/{node}/exclude", template)
         assert status == 404
-
-        # the ranks were never touched by all this
-        status, after, _ = await api.call("GET", "/v1/status")
-        assert after["attempt"] == 0 and {r["pid"] for r in after["ranks"]} == pids
-        assert await stop(run) == 128 + signal.SIGTERM
-    assert not (run.run_dir / "api.json").exists()
-    assert "Traceback" not in run.stderr.text
 
 
 async def test_restart_through_the_api(serve: ServeFactory, tmp_path: Path) -> None:
