@@ -358,14 +358,15 @@ async def backend(
     return C10D
 
 
-# -- the fuzz targets' long run (tests/fuzzing.py) ------------------------------------------------
+# -- the fuzz targets' long run (tests/support/fuzzing.py) -----------------------------------------
 
 _TARGETS_OF: Counter[str] = Counter()
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
-        "markers", "fuzz(decoder, examples): a fuzz target of one decoder (tests/fuzzing.py)"
+        "markers",
+        "fuzz(decoder, examples): a fuzz target of one decoder (tests/support/fuzzing.py)",
     )
 
 

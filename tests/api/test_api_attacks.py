@@ -1,6 +1,6 @@
 """The API under attack: what was seen on live daemons, as tests. Each waits on the server's
 own reaction (a closed socket, a log line, an answer), never on a guessed duration; bounds
-that are timeouts run in process with short limits (tests/api_local.py), the rest against a
+that are timeouts run in process with short limits (tests/support/api_local.py), the rest against a
 real `ftd serve`."""
 
 from __future__ import annotations

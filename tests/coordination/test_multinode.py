@@ -1,9 +1,10 @@
 """Multi-node: several `ftd serve` daemons on 127.0.0.1 meeting through one backend.
 
 Tests that take the `backend` fixture run twice: through a c10d TCPStore and through a real
-etcd member (tests/etcd_cluster.py). The others are specific to the TCPStore backend (the
-store's host, `ftd store`, its operation count) and say so. tests/test_etcd_coordinator.py has
-what only etcd does (its members failing, quorum, leases).
+etcd member (tests/support/etcd_cluster.py). The others are specific to the TCPStore backend (the
+store's host, `ftd store`, its operation count) and say so.
+tests/coordination/etcd/test_etcd_coordinator.py has what only etcd does (its members failing,
+quorum, leases).
 """
 
 from __future__ import annotations

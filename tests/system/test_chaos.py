@@ -7,7 +7,7 @@ task error lost), no rank was killed by mistake, no restart was lost, no process
 job, every line of events.jsonl parses, and every refusal said why.
 
 Rows 11 (a squatter on the API port) and 14 (the suite on a busy machine) are covered
-elsewhere: tests/test_api_admin.py::test_the_cli_finds_its_daemon_and_never_guesses, and the
+elsewhere: tests/api/test_api_admin.py::test_the_cli_finds_its_daemon_and_never_guesses, and the
 lead's full runs.
 """
 

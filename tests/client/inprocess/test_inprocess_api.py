@@ -1,6 +1,6 @@
 """NVRx's in-process API surface in ftd_client.inprocess: health checks, finalize, initialize,
 the Wrapper's NVRx arguments and CallWrapper.atomic (the rounds themselves run in
-tests/test_inprocess.py and tests/test_inprocess_ddp.py)."""
+tests/client/inprocess/test_inprocess.py and tests/client/inprocess/test_inprocess_ddp.py)."""
 
 from __future__ import annotations
 

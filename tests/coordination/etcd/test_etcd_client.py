@@ -1,6 +1,5 @@
-"""ftd.coordination.etcd.client against real etcd members (tests/etcd_cluster.py), and against a
-hostile
-endpoint that answers garbage, too much, or nothing."""
+"""ftd.coordination.etcd.client against real etcd members (tests/support/etcd_cluster.py), and
+against a hostile endpoint that answers garbage, too much, or nothing."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """What only the etcd backend does: its members failing (the leader, a quorum), leases as node
 liveness, node rank 0 dying without taking the store along, hostile values under the job's
-prefix, and its --rdzv-conf. Real etcd members (tests/etcd_cluster.py), real daemons.
+prefix, and its --rdzv-conf. Real etcd members (tests/support/etcd_cluster.py), real daemons.
 
-The behaviours both backends share are tests/test_multinode.py's, run through both.
+The behaviours both backends share are tests/coordination/test_multinode.py's, run through both.
 """
 
 from __future__ import annotations

@@ -172,7 +172,7 @@ async def test_attacks_are_refused_and_counted_and_the_daemon_goes_on(
 def test_socket_paths_are_beside_ftds_socket() -> None:
     short = socket_paths(Path("/tmp/r/ftd.sock"))
     assert short == (Path("/tmp/r/ftd-nvrx-rmon.sock"), Path("/tmp/r/ftd-nvrx-launcher.sock"))
-    # A long run dir: tests/test_local_secrets.py (a private directory, never a shared name).
+    # A long run dir: tests/system/test_local_secrets.py (a private directory, never a shared name).
 
 
 @needs_nvrx
