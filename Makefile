@@ -31,7 +31,7 @@ $(DEMO_STAMP): $(VENV_STAMP) pyproject.toml constraints.txt
 $(STAMP): $(VENV_STAMP) pyproject.toml constraints.txt
 	@echo "=== installing ftd, torch 2.13 (CPU), the test tools and nvidia-resiliency-ext into $(VENV): a few minutes the first time ==="
 	$(PIP) -e '.[test,nvrx]' \
-		|| { echo "nvidia-resiliency-ext not installed: its tests in tests/test_nvrx_compat.py are skipped"; \
+		|| { echo "nvidia-resiliency-ext not installed: its tests in tests/health/nvrx/test_nvrx_compat.py are skipped"; \
 		     $(PIP) -e '.[test]'; }
 	touch $(STAMP)
 

@@ -97,7 +97,7 @@ def backend_flags(backend: str, work: Path) -> tuple[list[str], list[subprocess.
 def start_etcd(work: Path) -> tuple[subprocess.Popen[bytes], str]:
     """One etcd member on loopback ports: the process and its host:port."""
     sys.path.insert(0, str(ROOT))
-    from tests.etcd_cluster import READY, etcd_binary, free_ports
+    from tests.support.etcd_cluster import READY, etcd_binary, free_ports
 
     binary = etcd_binary()
     if binary is None:

@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from tests import fuzzing
-from tests.etcd_cluster import (
+from tests.support import fuzzing
+from tests.support.etcd_cluster import (
     ClusterFactory,
     EtcdCluster,
     etcd,  # noqa: F401  (the fixture: real etcd clusters)
@@ -358,14 +358,15 @@ async def backend(
     return C10D
 
 
-# -- the fuzz targets' long run (tests/fuzzing.py) ------------------------------------------------
+# -- the fuzz targets' long run (tests/support/fuzzing.py) -----------------------------------------
 
 _TARGETS_OF: Counter[str] = Counter()
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
-        "markers", "fuzz(decoder, examples): a fuzz target of one decoder (tests/fuzzing.py)"
+        "markers",
+        "fuzz(decoder, examples): a fuzz target of one decoder (tests/support/fuzzing.py)",
     )
 
 

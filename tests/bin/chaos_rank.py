@@ -1,5 +1,5 @@
-"""A rank for the chaos suite (tests/test_chaos.py): heartbeats through ftd_client, and on the
-attempts its flags name, the misbehaviour the suite needs; speaks raw packets where a real
+"""A rank for the chaos suite (tests/system/test_chaos.py): heartbeats through ftd_client, and
+on the attempts its flags name, the misbehaviour the suite needs; speaks raw packets where a real
 client never would."""
 
 from __future__ import annotations

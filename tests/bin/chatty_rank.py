@@ -1,4 +1,4 @@
-"""A rank that prints a lot (tests/test_rank_output.py, bench/rank_output.py).
+"""A rank that prints a lot (tests/ranks/test_rank_output.py, bench/rank_output.py).
 
 Each line is `r<rank> a<attempt> <n> <fill>`, whole and checkable. `--crash-first`: local rank
 0 of the first attempt exits 1 once it printed, the others wait to be stopped. `--report DIR`:
