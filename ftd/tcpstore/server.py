@@ -3,7 +3,8 @@
 Every store the daemon hosts (the workers' store of each attempt, the rendezvous store, the
 in-process rounds' store) is one of these. torch's own server needs `import torch` (2.2 CPU-s
 and ~300 MB per daemon) for a few hundred lines of protocol; this one speaks the same protocol
-to torch 2.13's C++ client (tests/test_tcpstore.py holds it to torch's server, query by query).
+to torch 2.13's C++ client (tests/tcpstore/test_tcpstore.py holds it to torch's server, query
+by query).
 
 Per connection, input is decoded by `QueryDecoder` (bounded, linear), replies are written with
 flow control (a client that does not read its replies is not read from until it does), and any

@@ -14,18 +14,19 @@ Under ftd (rank_assignment's docstring) every member places the whole job from t
 layout and the initial ranks missing from the round: activation, one restart with no loss
 (NVRx's first call, where a branch that starts below its min_ranks is terminated), then, if
 ranks are missing, one restart with all of them. NVRx's Tree instead keeps its tree between
-restarts and applies each restart's new losses to the tree the last one left. The two give
-the same placement whenever NVRx sees every loss at one restart, the first loss in particular,
-since NVRx then runs exactly those steps (tests/test_inprocess_rank_assignment.py compares
-both on random trees). After losses at several restarts, the terminated ranks are the same
-(termination is a closure of the lost set: its order does not matter), and so is the active
-world size without a world_size_filter; but which reserve replaced whom, and who backfilled,
-depends in NVRx on the order of the losses and here only on their set, so the active ranks may
-be held by other ranks (and, with a filter, the active world size may differ). What ftd gains:
-every member, a respawned process included (it knows no history), computes one placement from
-what the round says (and the keys in the store), with no history to agree on, and a respawned
-rank that rejoins takes back the place it had, which NVRx's Tree (its terminated ranks never
-come back) cannot express.
+restarts and applies each restart's new losses to the tree the last one left. The two give the
+same placement whenever NVRx sees every loss at one restart, the first loss in particular,
+since NVRx then runs exactly those steps
+(tests/client/inprocess/test_inprocess_rank_assignment.py compares both on random trees). After
+losses at several restarts, the terminated ranks are the same (termination is a closure of the
+lost set: its order does not matter), and so is the active world size without a
+world_size_filter; but which reserve replaced whom, and who backfilled, depends in NVRx on the
+order of the losses and here only on their set, so the active ranks may be held by other ranks
+(and, with a filter, the active world size may differ). What ftd gains: every member, a
+respawned process included (it knows no history), computes one placement from what the round
+says (and the keys in the store), with no history to agree on, and a respawned rank that
+rejoins takes back the place it had, which NVRx's Tree (its terminated ranks never come back)
+cannot express.
 
 Function keys are exchanged through the store (the Wrapper gives one under the attempt's key
 prefix): each member publishes its keys once, under `ftd_tree/<name>/key/<initial rank>` (the
