@@ -8,8 +8,17 @@ import signal
 from pathlib import Path
 
 import pytest
+from ftd_client import protocol
+from hypothesis import assume, given
+from hypothesis import strategies as st
 
+from ftd.config.ft import RankTimeouts
+from ftd.health.links import RESYNC_GRACE_S, Link
+from ftd.health.messages import MAX_BACKLOG_S, deliver
+from ftd.health.monitor import Monitor
+from ftd.health.verdict import Verdict
 from tests.conftest import BIN, Serve, ServeFactory
+from tests.support.clock import FakeClock
 
 BURST = BIN / "burst_rank.py"
 TIMEOUTS = ("--ft-param-rank_heartbeat_timeout=30", "--ft-param-rank_section_timeouts=step:3")
@@ -77,8 +86,47 @@ async def test_a_rank_that_hangs_in_step_after_a_burst_is_judged_by_step(
     assert isinstance(data, dict) and data["section"] == "step"
     hung_at = float(run.stdout.text.split("hanging in step at ")[1].split()[0])
     judged_after = float(hung["time"]) - hung_at  # type: ignore[arg-type]
-    # bench/HEALTH.md measures this to the millisecond; here: not early, and not a backlog late.
-    assert 3.0 <= judged_after < 3.5, judged_after
+    # Not early. How late is bench/HEALTH.md's measure (to the millisecond); that the clock
+    # runs from the send time, not the read, is the fake-clock test below: on a busy machine
+    # the loop's own lateness and a backlog's cannot be told apart by a wall clock.
+    assert 3.0 <= judged_after < 10.0, judged_after
+
+
+@given(
+    backlog_s=st.floats(0.0, 40.0),
+    paused_for_s=st.floats(0.0, 40.0),
+    timeout_s=st.floats(0.5, 10.0),
+)
+def test_a_section_read_late_is_timed_from_its_send(
+    backlog_s: float, paused_for_s: float, timeout_s: float
+) -> None:
+    """The `step` a rank opened `backlog_s` before the daemon read it is due `timeout_s` after
+    it was sent: as far back as the daemon has read without a pause (`paused_for_s` ago), at
+    most MAX_BACKLOG_S; never later than from the read."""
+    clock, verdicts = FakeClock(), list[Verdict]()
+    monitor = Monitor(
+        RankTimeouts(rank_heartbeat_timeout=1000, rank_section_timeouts={"step": timeout_s}),
+        verdicts.append,
+        clock,
+    )
+    monitor.attach([(0, 0, 7)])
+    rank = monitor.rank_of(7)
+    assert rank is not None
+    read_at = 100.0
+    clock.advance_to(read_at)
+    monitor.on_hello(rank, None, read_at)
+    sent = read_at - backlog_s
+    start = {"v": 1, "t": protocol.SECTION_START, "n": "step", "m": int(sent * 1e9)}
+    deliver(monitor, rank, Link(1, 7), start, read_at, reading_since=read_at - paused_for_s)
+    opened = max(sent, read_at - paused_for_s, read_at - MAX_BACKLOG_S)
+    due = opened + timeout_s
+    assume(due > read_at + RESYNC_GRACE_S)  # already due when read: a grace of its own
+    clock.advance_to(due - 1e-3)
+    assert verdicts == []
+    clock.advance_to(read_at + timeout_s)  # where a clock from the read would judge it
+    [verdict] = verdicts
+    assert verdict.first.deadline.kind == "section"
+    assert abs(verdict.at - due) < 1e-3
 
 
 async def test_three_hundred_section_names_with_learning(serve: ServeFactory) -> None:
