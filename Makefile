@@ -6,10 +6,21 @@ PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3; do \
 	2>/dev/null && { echo $$p; break; }; done)
 VENV := .venv
 PY := $(VENV)/bin/python
-PIP := $(PY) -m pip install -q --disable-pip-version-check -c constraints.txt
+# pip shows what it downloads (torch alone is hundreds of MB): no -q.
+PIP := $(PY) -m pip install --disable-pip-version-check --progress-bar on -c constraints.txt
 VENV_STAMP := $(VENV)/.created
+TORCH_STAMP := $(VENV)/.torch
 DEMO_STAMP := $(VENV)/.demo
 STAMP := $(VENV)/.installed
+
+# Which torch build: PyPI's torch for Linux is the CUDA build (gigabytes of CUDA libraries a
+# machine without a GPU never uses), so without an NVIDIA GPU (`nvidia-smi -L` lists none) the CPU
+# build comes from PyTorch's CPU index. Where that index cannot be reached (a machine that
+# reaches only PyPI or a mirror), pip's own configuration chooses, as it did before.
+# `make TORCH_INDEX=URL ...` names another index; `make TORCH_INDEX= ...` takes PyPI's default.
+TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
+GPU := $(shell nvidia-smi -L 2>/dev/null | head -n 1)
+TORCH_INDEX ?= $(if $(GPU),,$(TORCH_CPU_INDEX))
 
 .PHONY: demo test lint typecheck unit fuzz-long clean
 
@@ -19,17 +30,35 @@ $(VENV_STAMP):
 	$(PYTHON) -m venv $(VENV)
 	touch $(VENV_STAMP)
 
-# What the demo needs: ftd and torch (CPU).
-$(DEMO_STAMP): $(VENV_STAMP) pyproject.toml constraints.txt
-	@echo "=== installing ftd and torch 2.13 (CPU) into $(VENV): a few minutes the first time ==="
+# torch 2.13.0 (constraints.txt) and numpy, without which torch prints "Failed to initialize
+# NumPy" at every import (each daemon start, each rank).
+$(TORCH_STAMP): $(VENV_STAMP) constraints.txt
+ifeq ($(TORCH_INDEX),)
+	@echo "=== installing torch 2.13.0 ($(if $(GPU),an NVIDIA GPU is here,TORCH_INDEX is empty): PyPI's default build, CUDA on Linux) and numpy into $(VENV): a few minutes the first time ==="
+	$(PIP) torch numpy
+else
+	@echo "=== installing torch 2.13.0 ($(if $(GPU),from $(TORCH_INDEX),CPU build: no NVIDIA GPU here)) and numpy from $(TORCH_INDEX) into $(VENV): a few minutes the first time ==="
+	if $(PY) -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=10)' \
+		'$(TORCH_INDEX)/torch/' 2>/dev/null; then \
+		$(PIP) --index-url '$(TORCH_INDEX)' torch numpy; \
+	else \
+		echo "$(TORCH_INDEX) cannot be reached from here: torch and numpy from pip's configured indexes instead (see pip config list)"; \
+		$(PIP) torch numpy; \
+	fi
+endif
+	touch $(TORCH_STAMP)
+
+# What the demo needs: ftd, torch and numpy.
+$(DEMO_STAMP): $(TORCH_STAMP) pyproject.toml constraints.txt
+	@echo "=== installing ftd into $(VENV) ==="
 	$(PIP) -e .
 	touch $(DEMO_STAMP)
 
-# What the tests need, in one pip run: ftd, torch, the test tools and NVIDIA's
+# What the tests need, in one pip run after torch's: ftd, the test tools and NVIDIA's
 # nvidia-resiliency-ext (for the drop-in tests); where the latter cannot be installed, the rest
 # without it, and its tests skip.
-$(STAMP): $(VENV_STAMP) pyproject.toml constraints.txt
-	@echo "=== installing ftd, torch 2.13 (CPU), the test tools and nvidia-resiliency-ext into $(VENV): a few minutes the first time ==="
+$(STAMP): $(TORCH_STAMP) pyproject.toml constraints.txt
+	@echo "=== installing ftd, the test tools and nvidia-resiliency-ext into $(VENV): a few minutes the first time ==="
 	$(PIP) -e '.[test,nvrx]' \
 		|| { echo "nvidia-resiliency-ext not installed: its tests in tests/health/nvrx/test_nvrx_compat.py are skipped"; \
 		     $(PIP) -e '.[test]'; }

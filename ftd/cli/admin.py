@@ -18,7 +18,7 @@ from typing import Any
 from ftd_client.admin import AdminClient, AdminError, AmbiguousDaemon, DaemonNotFound
 
 from ftd.cli.event_lines import MAX_VALUE_CHARS, describe_event
-from ftd.cli.formatting import EXIT_USAGE, UsageParser
+from ftd.cli.formatting import EXIT_USAGE, UsageParser, parse_or_exit
 from ftd.cli.top import add_top_command, run_top
 from ftd.text import escape
 
@@ -93,7 +93,7 @@ def admin_main(argv: list[str]) -> int:
     parser = UsageParser(prog="ftd", description="ftd: operate a running job over its REST API")
     subparsers = parser.add_subparsers(dest="command", required=True, parser_class=UsageParser)
     add_admin_commands(subparsers)
-    args = parser.parse_args(argv)
+    args = parse_or_exit(parser, argv)
     return run_admin(args)
 
 

@@ -6,9 +6,10 @@ Standard library only (the CLI's `--help` must not import pydantic or torch).
 from __future__ import annotations
 
 import argparse
+import difflib
 import shutil
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import NoReturn
 
 EXIT_USAGE = 2
@@ -21,6 +22,43 @@ class UsageParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         print(f"{self.prog}: error: {message}", file=sys.stderr)
         raise SystemExit(EXIT_USAGE)
+
+
+def unrecognized(unknown: Sequence[str], options: Iterable[str]) -> str:
+    """`unrecognized arguments: ...`, naming the closest option for each unknown one that looks
+    like a typo of it (`--nproc-per-nod`: did you mean --nproc-per-node?)."""
+    known = sorted(option for option in options if option.startswith("--"))
+    hints: list[str] = []
+    several = sum(word.startswith("--") for word in unknown) > 1
+    for word in unknown:
+        name = word.partition("=")[0]
+        if not name.startswith("--") or name in known:
+            continue
+        close = difflib.get_close_matches(name, known, n=1)
+        if close:
+            hints.append(f"{close[0]} for {name}" if several else close[0])
+    hint = f" (did you mean {', '.join(hints)}?)" if hints else ""
+    return f"unrecognized arguments: {' '.join(unknown)}{hint}"
+
+
+def parse_or_exit(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
+    """`parser.parse_args(argv)`, where an unknown option's error suggests the closest of the
+    chosen subcommand's options."""
+    namespace, unknown = parser.parse_known_args(argv)
+    if unknown:
+        parser.error(unrecognized(unknown, options_in_use(parser, namespace)))
+    return namespace
+
+
+def options_in_use(parser: argparse.ArgumentParser, namespace: argparse.Namespace) -> list[str]:
+    """The option strings of `parser` and of the subcommands `namespace` chose."""
+    options = list(parser._option_string_actions)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            chosen = action.choices.get(getattr(namespace, action.dest, None) or "")
+            if isinstance(chosen, argparse.ArgumentParser):
+                options += options_in_use(chosen, namespace)
+    return options
 
 
 class HelpFormatter(argparse.HelpFormatter):

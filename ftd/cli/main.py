@@ -10,10 +10,11 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from ftd.cli.formatting import EXIT_USAGE, UsageParser
+from ftd.cli.formatting import EXIT_USAGE, UsageParser, options_in_use, unrecognized
 from ftd.cli.serve_args import (
     ServeArgs,
     add_serve_arguments,
+    misplaced_warning,
     parse_serve_argv,
     parser_options,
 )
@@ -68,12 +69,18 @@ def _run_serve(served: ServeArgs) -> int:
         if args.log_level.upper() not in logging.getLevelNamesMapping():
             raise UsageError(f"--log-level: unknown level {args.log_level!r}")
         if args.print_config:
-            print(format_config(config, args, detected, sources))
+            from ftd.cli.serve_notes import print_config_notes
+
+            notes = print_config_notes(config, sources, os.environ)
+            print(format_config(config, args, detected, sources, notes))
             return 0
     except UsageError as error:
         print(f"ftd serve: error: {error}", file=sys.stderr)
         return EXIT_USAGE
     _configure_logging(args.log_level)
+    from ftd.cli.serve_notes import log_start_notes
+
+    log_start_notes(config, sources)
     import uvloop
 
     from ftd.daemon import Daemon
@@ -161,13 +168,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             isolate()
         served = parse_serve_argv(words[1:])
-        if message := _unknown_options(served.unknown):
+        if message := _unknown_options(served.unknown, served.options):
             print(f"ftd serve: error: {message}", file=sys.stderr)
             return EXIT_USAGE
+        if served.after_script:
+            script = served.namespace.training_script
+            print(misplaced_warning(served.after_script, script), file=sys.stderr)
         return _run_serve(served)
     parser = build_parser()
     args, unknown = parser.parse_known_args(words)
-    if message := _unknown_options(unknown):
+    if message := _unknown_options(unknown, options_in_use(parser, args)):
         print(f"ftd {args.command}: error: {message}", file=sys.stderr)
         return EXIT_USAGE
     if args.command == "store":
@@ -175,7 +185,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.error(f"unknown command {args.command!r}")
 
 
-def _unknown_options(unknown: list[str]) -> str | None:
+def _unknown_options(unknown: list[str], options: list[str]) -> str | None:
     if not unknown:
         return None
-    return _unknown_ft_parameter(unknown) or f"unrecognized arguments: {' '.join(unknown)}"
+    return _unknown_ft_parameter(unknown) or unrecognized(unknown, options)

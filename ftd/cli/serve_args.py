@@ -48,8 +48,10 @@ def parser_options() -> dict[str, Any]:
 SERVE_DESCRIPTION = (
     "Run this node's ranks like torchrun does, restart them on failure, and supervise their "
     "health. Any script that runs under torchrun runs unchanged: everything after the script's "
-    "path is passed to it verbatim. Every long flag is also accepted in snake_case "
-    "(--nproc_per_node). Under Slurm and Kubernetes (and with torchrun's PET_* variables) the "
+    "path is passed to it verbatim (one of ftd's own long flags there is the script's too, with "
+    "a warning; `--` before the script says that is meant). Every long flag is also accepted in "
+    "snake_case (--nproc_per_node), never abbreviated; a mistyped one is an error naming the "
+    "closest. Under Slurm and Kubernetes (and with torchrun's PET_* variables) the "
     "node count, node rank, rendezvous endpoint and job id come from the scheduler; explicit "
     "flags win, and --print-config shows where each value came from."
 )
@@ -213,7 +215,9 @@ def _add_ftd(serve: argparse.ArgumentParser) -> None:
         "--print_config",
         action="store_true",
         help="print the configuration and where each value came from (flag, scheduler "
-        "variable, default), then exit without starting anything",
+        "variable, default), who hosts the rendezvous store, whether the daemons' records are "
+        "signed, and what looks wrong (a loopback endpoint for several nodes, an unnamed run), "
+        "then exit without starting anything",
     )
     add(*_flag("--node-id"), default=None, metavar="NAME", help="default: the host name")
     add(
@@ -288,6 +292,11 @@ class ServeArgs:
     namespace: argparse.Namespace
     explicit: set[str] = field(default_factory=set)
     unknown: list[str] = field(default_factory=list)
+    options: list[str] = field(default_factory=list)
+    """Every option string of `ftd serve` (for "did you mean")."""
+    after_script: list[str] = field(default_factory=list)
+    """ftd's own long flags among the script's arguments: they go to the script, as under
+    torchrun, with a warning (none when `--` marked where the script starts)."""
 
 
 _UNSET: Any = object()
@@ -330,4 +339,25 @@ def parse_serve_argv(argv: Sequence[str]) -> ServeArgs:
             setattr(namespace, action.dest, action.default)
     namespace.training_script_args = list(argv[script_at + 1 :])
     explicit.discard("training_script")
-    return ServeArgs(namespace, explicit, unknown)
+    options = list(parser._option_string_actions)
+    marked = 0 < script_at <= len(argv) and argv[script_at - 1] == "--"
+    after = [] if marked else ftd_flags(options, namespace.training_script_args)
+    return ServeArgs(namespace, explicit, unknown, options, after)
+
+
+def ftd_flags(options: Sequence[str], script_args: Sequence[str]) -> list[str]:
+    """The script's arguments that are one of ftd's long flags (`--nproc-per-node`,
+    `--max-restarts=3`), as written before any `=`."""
+    flags = {option for option in options if option.startswith("--") and option != "--help"}
+    return [name for word in script_args if (name := word.partition("=")[0]) in flags]
+
+
+def misplaced_warning(flags: Sequence[str], script: str) -> str:
+    """One line for ftd flags the operator put after the script."""
+    named = ", ".join(flags)
+    return (
+        f"ftd serve: warning: {named} after the script {script!r} "
+        f"{'go' if len(flags) > 1 else 'goes'} to the script (as under torchrun), not to ftd: "
+        "put ftd's flags before the script (`--` before the script says its arguments are "
+        "meant as they are and silences this)"
+    )

@@ -8,7 +8,7 @@ import json
 import logging
 import os
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from ftd.config.scheduler import Detected, SchedulerError, detect
@@ -236,9 +236,14 @@ def run_dir(config: ServeConfig) -> str:
 
 
 def format_config(
-    config: ServeConfig, args: argparse.Namespace, detected: Detected, sources: dict[str, str]
+    config: ServeConfig,
+    args: argparse.Namespace,
+    detected: Detected,
+    sources: dict[str, str],
+    notes: Sequence[str] = (),
 ) -> str:
-    """`--print-config`: one line per value, `name = value  # source`."""
+    """`--print-config`: one line per value, `name = value  # source`, after the header's `#`
+    lines (and `notes`, more of them)."""
     rows = [
         (name, json.dumps(value, default=str), source)
         for name, value, source in config_sources(config, args, sources)
@@ -258,6 +263,7 @@ def format_config(
         f"# scheduler: {detected.scheduler}",
         f"# multi-node: {config.multi_node}",
         f"# run directory: {run_dir(config)}",
+        *notes,
     ]
     lines += [f"{name.ljust(width)} = {value}  # {source}" for name, value, source in rows]
     return "\n".join(lines)
