@@ -6,6 +6,7 @@ expression is parsed by Prometheus itself and the alerts' unit tests run."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -219,6 +220,14 @@ def test_the_dashboard_is_complete() -> None:
             assert 'job=~"$job"' in target["expr"], panel["title"]
         grid = panel["gridPos"]
         assert grid["x"] + grid["w"] <= 24, panel["title"]
+    taken: dict[tuple[int, int], str] = {}  # no panel drawn over another
+    for panel in board["panels"]:
+        grid = panel["gridPos"]
+        for cell in itertools.product(
+            range(grid["x"], grid["x"] + grid["w"]), range(grid["y"], grid["y"] + grid["h"])
+        ):
+            assert cell not in taken, f"{panel['title']!r} overlaps {taken[cell]!r}"
+            taken[cell] = panel["title"]
     quantiles = [
         expr
         for expr in dashboard_exprs().values()
