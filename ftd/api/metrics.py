@@ -48,30 +48,58 @@ KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPT
 
 
 @dataclass
-class _FailureTally:
-    """Rank failures by reason, folded in from the event log at scrape time."""
+class _EventTally:
+    """What the event log says happened (failures by reason, hangs by rank, back-off waits,
+    nodes lost, files not written), folded in from the log at scrape time."""
 
     cursor: int
     by_reason: Tally[str] = field(default_factory=Tally)
     hangs: int = 0
+    hangs_by_rank: Tally[int] = field(default_factory=Tally)
+    backoff_waited_s: float = 0.0
+    nodes_lost: int = 0
+    exclusions: int = 0
+    round_nodes: int | None = None
+    persist_failures: int = 0
+    failing_files: set[str] = field(default_factory=set)
 
     def update(self, control: NodeControl) -> None:
         for event in control.events.since(self.cursor):
             self.cursor = event.id
-            if event.kind == EventKind.RANK_HUNG:
+            kind, data = event.kind, event.data
+            if kind == EventKind.RANK_HUNG:
                 self.hangs += 1
-            elif event.kind == EventKind.ATTEMPT_FAILED:
-                failure = event.data.get("failure")
-                kind = failure.get("kind") if isinstance(failure, dict) else None
-                if isinstance(kind, str) and kind != "request":
-                    self.by_reason[kind] += 1
+                local_rank = data.get("local_rank")
+                if isinstance(local_rank, int):
+                    self.hangs_by_rank[local_rank] += 1
+            elif kind == EventKind.ATTEMPT_FAILED:
+                failure = data.get("failure")
+                reason = failure.get("kind") if isinstance(failure, dict) else None
+                if isinstance(reason, str) and reason != "request":
+                    self.by_reason[reason] += 1
+            elif kind == EventKind.RESTART_BACKOFF:
+                delay = data.get("delay_s")
+                if isinstance(delay, int | float) and delay > 0:
+                    self.backoff_waited_s += delay
+            elif kind == EventKind.NODE_LOST:
+                self.nodes_lost += 1
+            elif kind == EventKind.NODE_EXCLUDED:
+                self.exclusions += 1
+            elif kind == EventKind.ROUND_CLOSED:
+                members = data.get("members")
+                self.round_nodes = len(members) if isinstance(members, list) else None
+            elif kind == EventKind.PERSIST_FAILED:
+                self.persist_failures += 1
+                self.failing_files.add(str(data.get("path")))
+            elif kind == EventKind.PERSIST_RECOVERED:
+                self.failing_files.discard(str(data.get("path")))
 
 
 class DaemonCollector(Collector):
     def __init__(self, control: NodeControl) -> None:
         self._control = control
         self._started = time.time()
-        self._failures = _FailureTally(cursor=control.events.last_id)
+        self._tally = _EventTally(cursor=control.events.last_id)
 
     def collect(self) -> Iterable[Metric]:
         """A scrape's boundary: an error of ours ends this scrape's families, nothing else."""
@@ -126,17 +154,18 @@ class DaemonCollector(Collector):
         for rank_state in RankState:
             ranks.add_metric([rank_state.value], counts[rank_state])
         yield ranks
-        self._failures.update(control)
+        self._tally.update(control)
         failures = CounterMetricFamily(
             "ftd_rank_failures",
             "Failed attempts by the reason of the first failure",
             labels=["reason"],
         )
-        reasons = {"exit", "signal", "hang", "fatal", "internal", *self._failures.by_reason}
+        reasons = {"exit", "signal", "hang", "fatal", "internal", *self._tally.by_reason}
         for reason in sorted(reasons):
-            failures.add_metric([reason], self._failures.by_reason[reason])
+            failures.add_metric([reason], self._tally.by_reason[reason])
         yield failures
-        yield CounterMetricFamily("ftd_hangs", "Ranks found hung", value=self._failures.hangs)
+        yield CounterMetricFamily("ftd_hangs", "Ranks found hung", value=self._tally.hangs)
+        yield from self._tallied()
         if status.last_failure is not None:
             yield GaugeMetricFamily(
                 "ftd_last_failure_timestamp_seconds",
@@ -178,6 +207,44 @@ class DaemonCollector(Collector):
             refused = by_budget.get(budget) if isinstance(by_budget, dict) else None
             refusals.add_metric([budget], _count(refused))
         yield refusals
+
+    def _tallied(self) -> Iterable[Metric]:
+        tally = self._tally
+        hangs = CounterMetricFamily(
+            "ftd_rank_hangs", "Hang verdicts by local rank", labels=["local_rank"]
+        )
+        for local_rank in range(self._control.config.nproc_per_node):
+            hangs.add_metric([str(local_rank)], tally.hangs_by_rank[local_rank])
+        yield hangs
+        yield CounterMetricFamily(
+            "ftd_restart_backoff_waited_seconds",
+            "Back-off waits before attempts, added up (restart_backoff: a crash loop)",
+            value=tally.backoff_waited_s,
+        )
+        yield CounterMetricFamily(
+            "ftd_nodes_lost", "Nodes this daemon saw lost (node_lost)", value=tally.nodes_lost
+        )
+        yield CounterMetricFamily(
+            "ftd_node_exclusions",
+            "Node exclusions requested through this daemon (node_excluded)",
+            value=tally.exclusions,
+        )
+        if tally.round_nodes is not None:
+            yield GaugeMetricFamily(
+                "ftd_round_nodes",
+                "Nodes in the last round this node joined",
+                value=tally.round_nodes,
+            )
+        yield CounterMetricFamily(
+            "ftd_persist_failures",
+            "Files the daemon could not write (persist_failed: once per file and cause)",
+            value=tally.persist_failures,
+        )
+        yield GaugeMetricFamily(
+            "ftd_persist_failing_files",
+            "Files whose last write failed (status.json, events.jsonl, ...)",
+            value=len(tally.failing_files),
+        )
 
 
 def _count(value: object) -> float:
