@@ -23,11 +23,11 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from ftd.api.metrics import ApiMetrics
-from tests.api_local import (
+from tests.conftest import BIN, ROOT, ServeFactory, await_api_event
+from tests.support.api_local import (
     LocalControl,
     private_registry,  # noqa: F401 (an autouse fixture)
 )
-from tests.conftest import BIN, ROOT, ServeFactory, await_api_event
 
 MONITORING = ROOT / "monitoring"
 DASHBOARD = MONITORING / "grafana-dashboard.json"
