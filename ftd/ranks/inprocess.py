@@ -124,7 +124,6 @@ class InprocessRounds:
         self._ops = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ftd-inproc")
         self._waits = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="ftd-inproc-wait")
         self._background = Background()
-        self._leading: asyncio.Task[None] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -144,20 +143,17 @@ class InprocessRounds:
         so no failure reaches `rank_failed` before this."""
         self._group = group
         if self.leader:
-            self._leading = asyncio.create_task(self._lead(), name="ftd-inprocess-rounds")
+            self._background.spawn(self._lead(), "ftd-inprocess-rounds")
 
     async def close(self) -> None:
         """Stop the rounds (the workers are stopped by the daemon); bounded."""
         self._closing.set()
-        tasks = [self._leading] if self._leading else []
         if self._store.connected and self.leader:
             try:  # wakes the leader's waits
                 await self._op(self._store.stop_waits, self._store.round)
             except Exception as error:
                 log.debug("could not stop the fault watch: %s", error)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, self._background.close(), return_exceptions=True)
+        await self._background.close()
         self._ops.shutdown(wait=False, cancel_futures=True)
         self._waits.shutdown(wait=False, cancel_futures=True)
         await asyncio.to_thread(self._store.disconnect)
