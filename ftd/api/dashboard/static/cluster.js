@@ -35,10 +35,11 @@ function rankCounts(node) {
 // or newer cluster summary.
 function selfSummary(node, s) {
   const ranks = s.ranks || [];
+  const known = state.final || state.reachable; // else: its last known state, greyed
   return {
     ...node,
     node_id: s.node_id,
-    state: s.state,
+    state: known ? s.state : `${s.state}?`,
     attempt: s.attempt,
     round: s.round ?? node.round,
     ranks_running: ranks.filter((r) => r.state === "running").length,

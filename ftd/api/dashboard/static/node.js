@@ -127,6 +127,7 @@ function renderRanks(s) {
   const running = ranks.filter((r) => r.state === "running").length;
   $("ranks-summary").textContent = `${running}/${ranks.length} running`;
   const live = !state.final && state.reachable;
+  $("ranks").classList.toggle("last-known", !state.final && !state.reachable);
   const body = $("ranks").tBodies[0];
   body.replaceChildren(...ranks.map((rank) => {
     const row = el("tr");
