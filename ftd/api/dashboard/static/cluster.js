@@ -91,6 +91,10 @@ function excludedOf(c) {
 }
 
 function renderSelfTile(s) {
+  if (state.cluster) {
+    renderCluster(); // the counts too; unchanged tiles are not touched
+    return;
+  }
   const id = String(s.node_id);
   const fragment = document.createDocumentFragment();
   const known = state.cluster && (state.cluster.nodes || []).find((n) => n && String(n.node_id) === id);

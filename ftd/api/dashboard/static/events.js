@@ -136,13 +136,14 @@ async function loadBacklog() {
   renderTimeline();
 }
 
-// Each node's failed attempts and each rank's hangs, from the events: flaky hardware shows.
+// Each node's failed attempts (an operator's restart request is none) and each rank's hangs,
+// from the events: flaky hardware shows.
 function renderHistory() {
   const byNode = new Map();
   const byRank = new Map();
   for (const event of state.events) {
     const data = event.data || {};
-    if (event.kind === "attempt_failed") {
+    if (event.kind === "attempt_failed" && (data.failure || {}).kind !== "request") {
       const node = nodeOf(event);
       byNode.set(node, (byNode.get(node) || 0) + 1);
     } else if (event.kind === "rank_hung" && data.global_rank !== undefined) {
