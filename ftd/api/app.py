@@ -37,6 +37,7 @@ from ftd.api.middlewares import (
     TOKEN,
     peer_of,
 )
+from ftd.api.rank_files import add_rank_file_routes, root_exception
 from ftd.api.security import HostPolicy
 from ftd.api.sse import StreamHub, stream_events
 from ftd.errors import FeatureUnavailable, InvalidRequest, RequestTimeout
@@ -204,6 +205,9 @@ def status_document(control: NodeControl, started: float) -> dict[str, Any]:
     doc: dict[str, Any] = control.status_snapshot()
     doc.setdefault("round", doc["attempt"])
     doc["pid"] = os.getpid()
+    failure = doc.get("last_failure")
+    if isinstance(failure, dict) and failure.get("error_file"):
+        failure["exception"] = root_exception(failure["error_file"], failure["timestamp"])
     doc["uptime_s"] = round(time.monotonic() - started, 3)
     doc["policy"] = {
         "restart_policy": control.config.restart_policy,
@@ -211,6 +215,7 @@ def status_document(control: NodeControl, started: float) -> dict[str, Any]:
         "restarts_left": max(0, control.config.max_restarts - control.status.restart_count),
         "nnodes_min": control.config.nnodes_min,
         "nnodes_max": control.config.nnodes_max,
+        "multi_node": control.config.multi_node,
     }
     try:
         doc["timeouts"] = control.get_timeouts()
@@ -372,5 +377,6 @@ def build_app(
     app.router.add_get("/v1/timeouts", get_timeouts, allow_head=False)
     app.router.add_patch("/v1/timeouts", patch_timeouts)
     app.router.add_get("/v1/events", get_events, allow_head=False)
+    add_rank_file_routes(app)
     add_dashboard_routes(app)
     return app

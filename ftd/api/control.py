@@ -11,7 +11,7 @@ import logging
 import random
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from ftd.config.serve import ServeConfig
 from ftd.coordination import CoordinationError, Coordinator
@@ -25,6 +25,9 @@ from ftd.supervision.attempt import Running
 from ftd.tasks import Background
 
 log = logging.getLogger("ftd.control")
+
+RankFileName = Literal["stacks.txt", "stderr.log"]
+"""The rank files the front ends may read (the daemon wrote where they are)."""
 
 
 class NodeControl:
@@ -97,6 +100,20 @@ class NodeControl:
         )
         attempt.inject_fault(target.local_rank, target.pid, kind, delay_s)
         return event
+
+    def rank_file(self, global_rank: int, attempt: int | None, name: RankFileName) -> Path:
+        """The path of one of this node's ranks' files (`stacks.txt`, `stderr.log`) in an
+        attempt's log directory (None: the current attempt), built from the daemon's own
+        records only. NotFound for a rank that is not on this node or an attempt not run."""
+        current = self.status.attempt
+        if attempt is None:
+            attempt = current
+        if not 0 <= attempt <= current:
+            raise NotFound(f"no attempt {attempt} on node {self.config.node_id} (0 to {current})")
+        local = {rank.global_rank: rank.local_rank for rank in self.status.ranks}.get(global_rank)
+        if local is None:
+            raise NotFound(f"rank {global_rank} does not run on node {self.config.node_id}")
+        return self.run_dir / f"attempt_{attempt}" / str(local) / name
 
     def cluster(self) -> dict[str, Any] | Awaitable[dict[str, Any]]:
         """Every node's summary, the current round's membership, the excluded nodes (a

@@ -59,10 +59,16 @@ class HangHandler:
         reason = _verdict_reason(verdict, culprit)
         log.error("%s", reason)
         others = [item.rank for item in overdue if item.rank is not culprit]
-        self._background.spawn(self._explain_and_kill(culprit, others, reason), "explain-and-kill")
+        # The last sign of life as of the verdict: a stopped rank resumed for its stacks speaks
+        # again before the kill, and the fault began when it fell silent, not then.
+        silent = culprit.last_seen if culprit.last_seen is not None else culprit.connected_at
+        origin = time.time() - (time.monotonic() - silent) if silent is not None else None
+        self._background.spawn(
+            self._explain_and_kill(culprit, others, reason, origin), "explain-and-kill"
+        )
 
     async def _explain_and_kill(
-        self, rank: RankHealth, others: list[RankHealth], reason: str
+        self, rank: RankHealth, others: list[RankHealth], reason: str, origin: float | None
     ) -> None:
         """Stacks of every overdue rank first (bounded), then the kill and the attempt's end.
         Nothing a rank sent or did can stop the kill: every step's error is a note."""
@@ -77,7 +83,7 @@ class HangHandler:
             containment.record("hangs", error)
             notes.append(f"stacks not collected ({error!r})")
         finally:
-            self._kill(group, rank, others, reason, notes)
+            self._kill(group, rank, others, reason, notes, origin)
 
     async def explain_ranks(self, local_ranks: list[int]) -> list[str]:
         """Write these local ranks' stacks (in-process mode: the stragglers that make the
@@ -143,6 +149,7 @@ class HangHandler:
         others: list[RankHealth],
         reason: str,
         notes: list[str],
+        origin: float | None,
     ) -> None:
         section = max(rank.open_sections, key=rank.open_sections.__getitem__, default=None)
         signal_name = self.termination_signal
@@ -166,7 +173,6 @@ class HangHandler:
         except Exception as error:
             containment.record("hangs", error)
         full_reason = f"{reason}; {'; '.join(notes)}; terminated with {signal_name}"
-        silent = rank.last_seen if rank.last_seen is not None else rank.connected_at
         group.fail(
             Failure(
                 kind="hang",
@@ -175,7 +181,7 @@ class HangHandler:
                 global_rank=rank.global_rank,
                 pid=rank.pid,
                 timestamp=timestamp,
-                origin=time.time() - (time.monotonic() - silent) if silent is not None else None,
+                origin=origin,
             )
         )
 

@@ -1,5 +1,6 @@
-"""A restart, stage by stage: how long detection, stopping, rendezvous, spawning and the ranks'
-first step took. Marks are wall-clock seconds; the stages add up to fault → resumed."""
+"""A restart, stage by stage: how long detection, stopping, the crash-loop back-off, rendezvous,
+spawning and the ranks' first step took. Marks are wall-clock seconds; the stages add up to
+fault → resumed."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
 
-STAGES = ("detect", "stop", "rendezvous", "spawn", "first_step")
+STAGES = ("detect", "stop", "backoff", "rendezvous", "spawn", "first_step")
 
 
 @dataclass
@@ -19,6 +20,9 @@ class Recovery:
     decided: float
     """When the daemon knew the attempt had to end (exit seen, hang judged, request read)."""
     stopped: float | None = None
+    backed_off: float | None = None
+    """The crash-loop back-off (--restart-backoff) was over (at once when there was none):
+    its wait is not the rendezvous's."""
     rendezvous: float | None = None
     """The next round closed: the placement is known."""
     spawned: float | None = None
@@ -26,8 +30,11 @@ class Recovery:
     """Every rank of the next attempt took its first step (heartbeat, section or resumed())."""
 
     def stages(self) -> dict[str, float | None]:
-        marks = [self.origin, self.decided, self.stopped, self.rendezvous, self.spawned]
-        marks.append(self.resumed)
+        backed_off = self.backed_off
+        if backed_off is None and self.stopped is not None and self.rendezvous is not None:
+            backed_off = self.stopped  # no back-off marked (a round ended elsewhere): none
+        marks = [self.origin, self.decided, self.stopped, backed_off, self.rendezvous]
+        marks += [self.spawned, self.resumed]
         return {
             name: round(end - start, 6) if start is not None and end is not None else None
             for name, (start, end) in zip(STAGES, pairwise(marks), strict=True)

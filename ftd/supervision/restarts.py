@@ -48,6 +48,11 @@ class RecoveryTimeline:
         if self._recovery is not None:
             self._recovery.stopped = time.time()
 
+    def backed_off(self) -> None:
+        """The crash-loop back-off is over (or there was none): the rendezvous starts now."""
+        if self._recovery is not None and self._recovery.stopped is not None:
+            self._recovery.backed_off = time.time()
+
     def round_closed(self) -> None:
         if self._recovery is not None:
             self._recovery.rendezvous = time.time()

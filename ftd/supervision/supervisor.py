@@ -98,6 +98,7 @@ class Supervisor:
             if request.action == "restart":
                 self.board.set_state(DaemonState.RESTARTING, request.reason)
                 await self.crash_loop.back_off(rnd.number, ran_s)
+                self.recovery.backed_off()
                 continue
             if request.action == "succeed":
                 self.board.set_state(DaemonState.SUCCEEDED, request.reason)

@@ -789,7 +789,7 @@ async def test_hang_shows_in_status_and_metrics(serve: ServeFactory) -> None:
         assert all(0 <= rank["last_heartbeat_age_s"] < 30 for rank in doc["ranks"])
         recovery = await stream.next("recovery")
         stages = recovery["data"]["stages"]
-        assert list(stages) == ["detect", "stop", "rendezvous", "spawn", "first_step"]
+        assert list(stages) == ["detect", "stop", "backoff", "rendezvous", "spawn", "first_step"]
         assert all(seconds is not None and seconds >= 0 for seconds in stages.values()), stages
         _, text, _ = await api.call("GET", "/metrics")
         lines = text.splitlines()

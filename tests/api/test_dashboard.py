@@ -210,13 +210,11 @@ async def test_dashboard_shows_the_live_job_and_acts_only_with_the_token(
         await page.locator("#timeouts", has_text="heartbeat 45").wait_for()
         await page.locator("#events li.k-timeouts_changed").wait_for()
 
-        # Exclusion needs several nodes: the daemon's problem (not a page error) is shown.
-        await page.fill("#exclude-node", str(status["node_id"]))
-        await page.click("#exclude-button")
-        await confirm(page)
-        await result.filter(has_text=re.compile(r"exclude .*: (409|501)")).wait_for()
+        # Exclusion needs several nodes: a single node's page offers no form that always fails.
+        assert await page.locator("#exclude-form").is_hidden()
+        assert "single node" in await page.locator("#exclude-note").inner_text()
         await shot(page, "dashboard-actions")
-        assert console.unexpected(allowed=(403, 409, 501)) == []
+        assert console.unexpected(allowed=(403,)) == []
 
         # Filters: by kind.
         await page.select_option("#filter-kind", "timeouts_changed")
@@ -455,8 +453,8 @@ async def test_a_512_node_job_and_recovery_stages() -> None:
             "spawn",
             "first_step",
         ]
-        assert stages[0] == "detect 4 ms" and stages[-1] == "first_step 1.80 s"
-        assert "3.00 s" in await row.locator(".total").inner_text()
+        assert stages[0] == "detect 4 ms" and stages[-1] == "first_step 1.8 s"
+        assert "3.0 s" in await row.locator(".total").inner_text()
         await page.locator('.attempt[data-attempt="0"].s-failed').wait_for()
         # A recovery arriving on the stream is drawn as it happens.
         now = time.time()

@@ -11,8 +11,10 @@ from importlib import resources
 
 from aiohttp import web
 
+SCRIPTS = ("core.js", "node.js", "cluster.js", "events.js", "app.js")
+"""The page's scripts, in their order of loading (one global scope, core.js first)."""
 ASSETS = {
-    "app.js": "text/javascript",
+    **dict.fromkeys(SCRIPTS, "text/javascript"),
     "style.css": "text/css",
 }
 PAGE = "index.html"

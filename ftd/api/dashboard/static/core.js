@@ -1,0 +1,143 @@
+// ftd dashboard: plain JavaScript, no dependencies. Reads the REST API of the daemon that
+// served this page; acts with the bearer token typed into the page (sessionStorage only).
+// Everything from the daemon is shown with textContent, never parsed as HTML.
+"use strict";
+
+const TOKEN_KEY = "ftd-token";
+const STAGES = ["detect", "stop", "backoff", "rendezvous", "spawn", "first_step"];
+const TERMINAL = ["succeeded", "failed", "stopped"];
+const NEAR_DEADLINE = 0.7;
+const STATUS_EVERY_MS = 1000;
+const CLUSTER_EVERY_MS = 2000;
+const BACKLOG = 2000;
+const EVENTS_KEPT = 5000;
+const EVENTS_SHOWN = 400;
+const RETRY_MS = 2000;
+
+const $ = (id) => document.getElementById(id);
+const state = {
+  status: null,
+  statusAt: 0,
+  cluster: null,
+  tiles: new Map(),
+  events: [],
+  lastId: 0,
+  kinds: new Set(),
+  nodes: new Set(),
+  timeoutsDirty: false,
+  reachable: true,
+  reachableAt: 0,
+  sincePoll: [],
+  final: null,
+  causeFor: "",
+};
+// For tests and the curious: render times, counters.
+const probe = { clusterRenderMs: [], eventsSeen: 0, streamLive: false, loaded: false };
+window.__ftd = probe;
+
+// -- the API --------------------------------------------------------------------------------
+
+class Problem extends Error {
+  constructor(status, title, detail) {
+    super(detail ? `${status} ${title}: ${detail}` : `${status} ${title}`);
+    this.status = status;
+  }
+}
+
+function token() {
+  return sessionStorage.getItem(TOKEN_KEY) || "";
+}
+
+function headers(extra) {
+  const out = { Accept: "application/json", ...extra };
+  if (token()) out.Authorization = `Bearer ${token()}`;
+  return out;
+}
+
+async function problemOf(response) {
+  const text = await response.text();
+  try {
+    const body = JSON.parse(text);
+    return new Problem(response.status, body.title || response.statusText, body.detail || "");
+  } catch (_) {
+    return new Problem(response.status, response.statusText, text.slice(0, 200));
+  }
+}
+
+async function api(method, path, body) {
+  const init = { method, headers: headers(), cache: "no-store" };
+  if (body !== undefined) {
+    init.headers["Content-Type"] = "application/json";
+    init.body = JSON.stringify(body);
+  }
+  const response = await fetch(path, init);
+  if (!response.ok) throw await problemOf(response);
+  return response.json();
+}
+
+// -- small helpers --------------------------------------------------------------------------
+
+function el(tag, className, text) {
+  const node = document.createElement(tag);
+  if (className) node.className = className;
+  if (text !== undefined && text !== null) node.textContent = String(text);
+  return node;
+}
+
+function clock(seconds) {
+  const d = new Date(seconds * 1000);
+  const pad = (n, w = 2) => String(n).padStart(w, "0");
+  return `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;
+}
+
+function clockMs(seconds) {
+  return `${clock(seconds)}.${String(Math.floor((seconds % 1) * 1000)).padStart(3, "0")}`;
+}
+
+// The one duration formatter (ftd/cli has its Python twin, same rules): each band is chosen
+// after rounding, so a carry moves to the next band ("1.0 s", never "1000 ms"; "1 min 0 s",
+// never "60 s" inside minutes; "1 d 0 h", never "1440 min").
+function duration(seconds) {
+  if (seconds === null || seconds === undefined || typeof seconds !== "number" ||
+    !Number.isFinite(seconds)) return "–";
+  if (seconds < 0) return `-${duration(-seconds)}`;
+  if (seconds < 0.9995) return `${Math.round(seconds * 1000)} ms`;
+  if (seconds < 59.95) return `${seconds.toFixed(1)} s`;
+  const wholeSeconds = Math.round(seconds);
+  if (wholeSeconds < 3600) return `${Math.floor(wholeSeconds / 60)} min ${wholeSeconds % 60} s`;
+  const minutes = Math.round(seconds / 60);
+  if (minutes < 1440) return `${Math.floor(minutes / 60)} h ${minutes % 60} min`;
+  const hours = Math.round(seconds / 3600);
+  return `${Math.floor(hours / 24)} d ${hours % 24} h`;
+}
+probe.duration = duration;
+
+function seconds(value) {
+  if (value === null || value === undefined) return "off";
+  if (typeof value === "object") {
+    const parts = Object.entries(value).map(([k, v]) => `${k}:${seconds(v)}`);
+    return parts.join(",") || "none";
+  }
+  return String(value);
+}
+
+function stateClass(name) {
+  const known = ["init", "rendezvous", "running", "restarting", "stopping", "succeeded",
+    "failed", "stopped"];
+  return known.includes(name) ? `s-${name}` : "s-init";
+}
+
+function showBanner(text) {
+  const banner = $("banner");
+  banner.hidden = !text;
+  banner.textContent = text || "";
+}
+
+function explain(error) {
+  if (error instanceof Problem && error.status === 401) {
+    return "this daemon needs the API token for reads too (it listens on a non-loopback " +
+      "address): enter it above";
+  }
+  if (error instanceof Problem) return error.message;
+  return `cannot reach the daemon: ${error.message}`;
+}

@@ -1,0 +1,292 @@
+// ftd dashboard, this node: the snapshot, its header, ranks and last failure (the scripts share one global scope; core.js is loaded first).
+"use strict";
+
+// -- this node ------------------------------------------------------------------------------
+// Header, this node's tile and its ranks are drawn from one snapshot: the last poll while the
+// daemon answers; once it said it stopped (`daemon_stopped` on the stream), that poll with the
+// events that came after it, shown as final.
+
+function snapshot() {
+  return state.final ? state.final.status : state.status;
+}
+
+async function pollStatus() {
+  if (state.final) return; // the daemon stopped: its last picture stays
+  setTimeout(pollStatus, STATUS_EVERY_MS);
+  let doc;
+  try {
+    doc = await api("GET", "/v1/status");
+  } catch (error) {
+    if (state.final) return;
+    if (state.reachable) state.reachableAt = Date.now() / 1000;
+    state.reachable = false;
+    showBanner(explain(error));
+    if (state.status) renderStatus();
+    return;
+  }
+  if (state.final) return;
+  state.status = doc;
+  state.sincePoll = [];
+  state.reachable = true;
+  state.statusAt = performance.now();
+  showBanner("");
+  renderStatus();
+}
+
+// The last poll with what the stream said after it: the job's last picture.
+function finalStatus(stopped) {
+  const s = JSON.parse(JSON.stringify(state.status || { ranks: [] }));
+  for (const event of state.sincePoll) {
+    const d = event.data || {};
+    if (event.kind === "state_changed" && typeof d.state === "string") {
+      s.state = d.state;
+      s.state_reason = d.reason;
+    } else if (event.kind === "attempt_failed" && d.failure) {
+      s.last_failure = d.failure;
+    } else if (event.kind === "rank_exited") {
+      const rank = (s.ranks || []).find((r) => r.global_rank === d.global_rank);
+      if (rank) {
+        rank.state = d.state ?? rank.state;
+        rank.exit_code = d.exit_code ?? rank.exit_code;
+      }
+    }
+  }
+  if (typeof stopped.data.state === "string") s.state = stopped.data.state;
+  for (const rank of s.ranks || []) {
+    if (rank.state === "running" || rank.state === "starting") rank.state = "stopped";
+  }
+  return s;
+}
+
+function lastEvent(kind, test) {
+  for (let i = state.events.length - 1; i >= 0; i -= 1) {
+    const event = state.events[i];
+    if (event.kind === kind && (!test || test(event))) return event;
+  }
+  return null;
+}
+
+function becameFinal(event) {
+  if (state.final) return;
+  const s = finalStatus(event);
+  const failure = s.last_failure;
+  const change = lastEvent("state_changed", (e) => (e.data || {}).state === s.state);
+  const cause = (TERMINAL.includes(s.state) && s.state !== "succeeded" && failure && failure.reason) ||
+    (change && change.data.reason) || "";
+  state.final = { status: s, time: event.time, cause };
+  showBanner("");
+  setStream(`the daemon stopped at ${clock(event.time)}`, false);
+  renderStatus();
+}
+
+function renderStatus() {
+  const s = snapshot();
+  if (!s) return;
+  $("job").textContent = `node ${s.node_id} · run ${s.run_id}`;
+  const badge = $("state");
+  const final = state.final;
+  const stale = !final && !state.reachable;
+  badge.textContent = final ? String(s.state).toUpperCase() : stale ? `${s.state}?` : s.state;
+  badge.className = `badge ${stale ? "s-init" : stateClass(s.state)}`;
+  badge.dataset.final = final ? "1" : "";
+  const note = $("final");
+  if (final) {
+    note.textContent = `final: the daemon stopped at ${clock(final.time)}` +
+      (final.cause ? ` · ${final.cause}` : "");
+  } else if (stale) {
+    note.textContent = `last known state: the daemon has not answered since ${clock(state.reachableAt)}`;
+  }
+  note.hidden = !final && !stale;
+  note.className = final ? `final ${stateClass(s.state)}` : "final";
+  const policy = s.policy || {};
+  const facts = [
+    ["attempt", s.attempt],
+    ["round", s.round],
+    ["restarts", `${s.restart_count}/${policy.max_restarts ?? s.max_restarts}`],
+    ["nodes", `${policy.nnodes_min}–${policy.nnodes_max}`],
+    ["uptime", duration(s.uptime_s)],
+    ["pid", s.pid],
+  ];
+  const box = $("facts");
+  box.replaceChildren(...facts.map(([k, v]) => {
+    const span = el("span", null, `${k} `);
+    span.appendChild(el("b", null, v));
+    return span;
+  }), $("backoff"));
+  state.nodes.add(String(s.node_id));
+  renderFailure(s);
+  renderRanks(s);
+  renderSelfTile(s);
+  renderExcludeForm(s);
+  renderTimeouts();
+  renderTimeline();
+}
+
+function renderRanks(s) {
+  const ranks = s.ranks || [];
+  const running = ranks.filter((r) => r.state === "running").length;
+  $("ranks-summary").textContent = `${running}/${ranks.length} running`;
+  const live = !state.final && state.reachable;
+  $("ranks").classList.toggle("last-known", !state.final && !state.reachable);
+  const body = $("ranks").tBodies[0];
+  body.replaceChildren(...ranks.map((rank) => {
+    const row = el("tr");
+    row.dataset.rank = rank.global_rank;
+    row.append(
+      el("td", null, rank.local_rank),
+      el("td", null, rank.global_rank),
+      el("td", null, rank.pid ?? "–"),
+      el("td", `state ${stateClass(rank.state)}`, rank.state),
+      el("td", null, rank.exit_code ?? ""),
+    );
+    const alive = live && rank.state === "running";
+    const heartbeat = el("td", "age heartbeat");
+    heartbeat.dataset.base = alive || rank.state === "running" ? rank.last_heartbeat_age_s ?? "" : "";
+    heartbeat.dataset.live = alive ? "1" : "";
+    const section = el("td", null, rank.section ?? "–");
+    const open = el("td", "age section");
+    open.dataset.base = rank.section && heartbeat.dataset.base !== "" ? rank.section_age_s ?? "" : "";
+    open.dataset.live = heartbeat.dataset.live;
+    open.dataset.section = rank.section ?? "";
+    row.append(heartbeat, section, open);
+    return row;
+  }));
+  tickAges();
+}
+
+// The deadline an age runs against: the heartbeat timeout, or the open section's.
+function deadlineOf(cell, timeouts) {
+  if (cell.classList.contains("heartbeat")) return timeouts.rank_heartbeat_timeout;
+  const sections = timeouts.rank_section_timeouts || {};
+  return sections[cell.dataset.section];
+}
+
+// Ages move between polls: the polled age plus the time since the poll.
+function tickAges() {
+  tickBackoff();
+  const s = snapshot();
+  if (!s) return;
+  const since = (performance.now() - state.statusAt) / 1000;
+  const timeouts = s.timeouts || {};
+  for (const cell of document.querySelectorAll("#ranks td.age")) {
+    if (cell.dataset.base === "") {
+      cell.textContent = "–";
+      cell.classList.remove("near", "stale");
+      continue;
+    }
+    const age = Number(cell.dataset.base) + (cell.dataset.live ? since : 0);
+    cell.textContent = `${age.toFixed(1)} s`;
+    const limit = deadlineOf(cell, timeouts);
+    const share = typeof limit === "number" && limit > 0 ? age / limit : 0;
+    cell.classList.toggle("stale", share > 1);
+    cell.classList.toggle("near", share > NEAR_DEADLINE && share <= 1);
+    cell.title = typeof limit === "number" ? `${Math.round(share * 100)} % of its ${duration(limit)} deadline` : "";
+  }
+}
+
+// The crash-loop back-off in progress: the time left before the next attempt.
+function tickBackoff() {
+  const box = $("backoff");
+  const s = snapshot();
+  const wait = lastEvent("restart_backoff");
+  const started = lastEvent("attempt_started");
+  let left = null;
+  if (!state.final && s && s.state === "restarting" && wait && (!started || started.id < wait.id)) {
+    left = wait.time + Number(wait.data.delay_s) - Date.now() / 1000;
+  }
+  box.hidden = left === null;
+  if (left !== null) {
+    box.textContent = `back-off: next attempt in ${duration(Math.max(0, left))} ` +
+      `(${wait.data.fast_failures} fast failure${wait.data.fast_failures === 1 ? "" : "s"} in a row)`;
+  }
+}
+
+// The last failure: its reason, the exception the rank's error file names, and its stacks and
+// stderr one click away (read through the API, shown as text).
+function renderFailure(s) {
+  const box = $("failure");
+  const failure = s.last_failure;
+  box.hidden = !failure;
+  if (!failure) return;
+  const key = `${failure.timestamp}|${failure.reason}`;
+  if (box.dataset.key === key) return;
+  box.dataset.key = key;
+  // The attempt that failed, read at the click: the events may come after the status.
+  const attemptOf = () => {
+    const failed = lastEvent("attempt_failed", (e) => ((e.data || {}).failure || {}).timestamp === failure.timestamp);
+    return failed ? failed.data.attempt : s.attempt;
+  };
+  const parts = [el("b", null, "last failure "), el("span", "reason", failure.reason)];
+  if (failure.exception) parts.push(el("div", "exception", failure.exception));
+  const rank = failure.global_rank;
+  if (Number.isInteger(rank)) {
+    const links = el("div", "links");
+    for (const [what, path] of [["stacks", "stacks"], ["stderr", "stderr?tail_bytes=16384&"]]) {
+      const button = el("button", `show-${what}`, `rank ${rank} ${what}`);
+      button.type = "button";
+      const sep = path.includes("?") ? "" : "?";
+      button.addEventListener("click", () => {
+        const attempt = attemptOf();
+        showCause(`/v1/ranks/${rank}/${path}${sep}attempt=${attempt}`, `rank ${rank} ${what} (attempt ${attempt})`);
+      });
+      links.appendChild(button);
+    }
+    parts.push(links);
+  }
+  box.replaceChildren(...parts);
+}
+
+async function showCause(path, title) {
+  const pre = $("cause-text");
+  pre.hidden = false;
+  pre.textContent = `${title}: loading…`;
+  try {
+    const response = await fetch(path, { headers: headers({ Accept: "text/plain" }), cache: "no-store" });
+    if (!response.ok) throw await problemOf(response);
+    const text = await response.text();
+    pre.textContent = `${title}\n\n${text || "(empty)"}`;
+  } catch (error) {
+    pre.textContent = `${title}: ${error instanceof Problem ? error.message : explain(error)}`;
+  }
+}
+
+// Exclusion needs the multi-node rendezvous: no form where it always fails.
+function renderExcludeForm(s) {
+  const policy = s.policy || {};
+  const multi = policy.multi_node ?? (Number(policy.nnodes_max) > 1);
+  $("exclude-form").hidden = !multi;
+  $("exclude-note").hidden = Boolean(multi);
+}
+
+function renderTimeouts() {
+  const t = state.status.timeouts;
+  const box = $("timeouts");
+  if (!t) {
+    box.textContent = "timeouts: rank health is off";
+    return;
+  }
+  const names = {
+    initial_rank_heartbeat_timeout: "first heartbeat",
+    rank_heartbeat_timeout: "heartbeat",
+    rank_section_timeouts: "sections",
+    rank_out_of_section_timeout: "out of section",
+  };
+  box.replaceChildren(el("span", null, "timeouts in force: "), ...Object.entries(t).map(
+    ([k, v]) => {
+      const span = el("span", null, `${names[k] || k} `);
+      span.appendChild(el("b", null, seconds(v)));
+      span.append("  ");
+      return span;
+    },
+  ));
+  if (!state.timeoutsDirty) {
+    for (const [name, value] of Object.entries(t)) {
+      const input = $(`t-${name}`);
+      if (input && document.activeElement !== input) {
+        if (value === null) input.value = "";
+        else if (typeof value === "object") input.value = Object.keys(value).length ? seconds(value) : "";
+        else input.value = value;
+      }
+    }
+  }
+}
