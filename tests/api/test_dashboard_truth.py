@@ -19,7 +19,7 @@ import aiohttp
 import pytest
 
 from tests.conftest import BIN, ServeFactory, await_api_event
-from tests.truth_page import (
+from tests.support.truth_page import (
     DASH,
     Stub,
     browser,
