@@ -406,3 +406,40 @@ def test_a_timeout_that_is_off_reads_off_in_status_and_top() -> None:
     assert expected in "\n".join(render(_snapshot(status), 0, 0, False, 0))
     assert "none" not in format_status(status, CLUSTER).split("timeouts:")[1].splitlines()[0]
     assert "rank_section_timeouts=step:60,setup:off" in format_status(status, CLUSTER)
+
+
+# -- item 1: `ftd top` watching a job whose daemon exits shows its end as final ---------------
+
+
+class _GoneDaemon:
+    """A client whose daemon has exited: every request fails."""
+
+    def status(self) -> dict[str, Any]:
+        from ftd_client.admin import ApiUnreachable
+
+        raise ApiUnreachable("connection refused")
+
+    cluster = events = status
+
+
+def test_top_shows_the_end_once_the_daemon_is_gone(tmp_path: Path) -> None:
+    from ftd.cli.top import Feed
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir(mode=0o700)
+    last = _status(state="failed", last_failure={"kind": "exit", "reason": "exit code 3"})
+    (run_dir / "status.json").write_text(json.dumps(last))
+    os.chmod(run_dir / "status.json", 0o600)
+    stopped = {"id": 12, "time": time.time(), "kind": "daemon_stopped", "data": {"state": "failed"}}
+    (run_dir / "events.jsonl").write_text(json.dumps(stopped) + "\n")
+
+    feed = Feed(_GoneDaemon(), str(run_dir))  # type: ignore[arg-type]
+    feed.last = _snapshot(_status())  # what it showed while the job ran
+    picture = render(feed.refresh(), 0, 0, False, 3)
+    assert "FAILED (final)" in picture[0]
+    assert "(its daemon stopped)" in picture[1] and "unreachable" not in "\n".join(picture)
+
+    # Without the run directory there is nothing to read: the last picture, with the error.
+    blind = Feed(_GoneDaemon())  # type: ignore[arg-type]
+    blind.last = _snapshot(_status())
+    assert "daemon unreachable" in "\n".join(render(blind.refresh(), 0, 0, False, 3))

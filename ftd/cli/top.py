@@ -20,9 +20,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from ftd_client.admin import AdminClient, AdminError
+from ftd_client.admin import AdminClient, AdminError, DaemonNotFound, read_api_file
 
 from ftd.cli.event_lines import MAX_VALUE_CHARS, describe_event, stages_text, timeout_text
+from ftd.cli.run_files import RunDirError, read_run
 from ftd.cli.status_view import (
     RANK_HEADER,
     Ending,
@@ -99,10 +100,12 @@ class Snapshot:
 
 
 class Feed:
-    """Fetches snapshots, keeping the recent events and the last recovery between refreshes."""
+    """Fetches snapshots, keeping the recent events and the last recovery between refreshes.
+    With `run_dir`, a daemon that has gone leaves the run's last picture, said to be final."""
 
-    def __init__(self, client: AdminClient) -> None:
+    def __init__(self, client: AdminClient, run_dir: str | None = None) -> None:
         self.client = client
+        self.run_dir = run_dir
         self.events: collections.deque[dict[str, Any]] = collections.deque(maxlen=EVENTS_KEPT)
         self.recovery: dict[str, Any] | None = None
         self.cursor: int | None = None
@@ -128,10 +131,35 @@ class Feed:
         except AdminError as error:
             if self.last is None:
                 raise
+            final = self._final()
+            if final is not None:
+                self.last = final
+                return final
             self.last.error = str(error)
             return self.last
         self.last = Snapshot(status, cluster, list(self.events), self.recovery)
         return self.last
+
+    def _final(self) -> Snapshot | None:
+        """The run's last picture from its files once its daemon is gone (not merely slow to
+        answer); None while it may still run or its files cannot be read."""
+        if self.run_dir is None:
+            return None
+        try:
+            read_api_file(self.run_dir)
+            return None  # its daemon still runs: the last picture stays, with the error
+        except DaemonNotFound:
+            pass
+        except AdminError:
+            return None
+        try:
+            record = read_run(self.run_dir)
+        except RunDirError:
+            return None
+        events = record.events[-EVENTS_KEPT:] or list(self.events)
+        recoveries = [e for e in events if e.get("kind") == "recovery"]
+        recovery = recoveries[-1] if recoveries else self.recovery
+        return Snapshot(record.status, record.cluster, events, recovery, ending=record.ending)
 
 
 def _paint(text: str, state: str, colour: bool) -> str:
@@ -311,7 +339,7 @@ def _wait_for_key(seconds: float) -> str:
 
 
 def run_top(client: AdminClient, args: argparse.Namespace) -> int:
-    feed = Feed(client)
+    feed = Feed(client, args.run_dir if args.url is None else None)
     out = sys.stdout
     if args.once or not out.isatty():
         print("\n".join(render(feed.refresh(), 0, 0, False, args.events)))
