@@ -542,8 +542,8 @@ async def test_admin_cli_and_client(serve: ServeFactory) -> None:
         assert done.returncode == 0, done.stderr
         shown = dict(line.split(" = ") for line in done.stdout.splitlines())
         assert shown["rank_heartbeat_timeout"] == "30"
-        assert shown["rank_out_of_section_timeout"] == "none"
-        assert shown["rank_section_timeouts"] == "setup:600,step:none"
+        assert shown["rank_out_of_section_timeout"] == "off"  # `none` in, `off` out as everywhere
+        assert shown["rank_section_timeouts"] == "setup:600,step:off"
         done = cli("timeouts", "--json", *where)
         assert json.loads(done.stdout)["rank_section_timeouts"] == {"setup": 600, "step": None}
         done = cli("status", *where)
@@ -575,7 +575,8 @@ async def test_admin_cli_and_client(serve: ServeFactory) -> None:
         assert done.returncode == 1
         assert done.stderr.startswith("ftd status: error: no ftd daemon answers at")
         done = cli("status", "--run-dir", str(run.run_dir / "missing"))
-        assert done.returncode == 1 and "api.json" in done.stderr
+        # no daemon and no run's record there: a bad --run-dir, exit 2 (tests/test_cli_truth.py)
+        assert done.returncode == 2 and "no ftd daemon, and no run's record" in done.stderr
 
         # the Python client: the same operations
         def client_flow() -> None:

@@ -108,11 +108,11 @@ def run_admin(args: argparse.Namespace) -> int:
     try:
         try:
             client = connect(args)
-        except DaemonNotFound as gone:
+        except DaemonNotFound:
             offline = _OFFLINE.get(command)
             if offline is None or args.run_dir is None or args.url is not None:
                 raise
-            return offline(args, str(gone))
+            return offline(args)
         return _HANDLERS[command](client, args)
     except AmbiguousDaemon as error:
         print(f"ftd {command}: error: {error}", file=sys.stderr)
@@ -142,15 +142,16 @@ def connect(args: argparse.Namespace) -> AdminClient:
 # -- a run whose daemon is gone: its run directory's record ------------------------------------
 
 
-def _gone(command: str, why: str, what: str) -> None:
-    print(f"ftd {command}: {escape(why, 300)}; {what}", file=sys.stderr)
+def _gone(command: str, args: argparse.Namespace, what: str) -> None:
+    where = escape(str(args.run_dir), 300)
+    print(f"ftd {command}: no daemon runs on {where}: {what}", file=sys.stderr)
 
 
-def status_from_files(args: argparse.Namespace, why: str) -> int:
+def status_from_files(args: argparse.Namespace) -> int:
     """`ftd status --run-dir D` when no daemon answers there: the run's last status
     (D/status.json) and how it ended (D/events.jsonl), said to be final."""
     record = read_run(args.run_dir)
-    _gone("status", why, "showing the run's last status (its status.json and events.jsonl)")
+    _gone("status", args, "showing the run's last status (its status.json and events.jsonl)")
     if args.json:
         document = {"status": record.status, "cluster": record.cluster, "final": True}
         print(json.dumps({**document, "ending": vars(record.ending)}, indent=2))
@@ -159,10 +160,10 @@ def status_from_files(args: argparse.Namespace, why: str) -> int:
     return 0
 
 
-def top_from_files(args: argparse.Namespace, why: str) -> int:
+def top_from_files(args: argparse.Namespace) -> int:
     """`ftd top --run-dir D` when no daemon answers there: one picture of the run's end."""
     record = read_run(args.run_dir)
-    _gone("top", why, "showing the run's last picture (its status.json and events.jsonl)")
+    _gone("top", args, "showing the run's last picture (its status.json and events.jsonl)")
     recoveries = [e for e in record.events if e["kind"] == "recovery"]
     snapshot = Snapshot(
         record.status,
@@ -175,13 +176,13 @@ def top_from_files(args: argparse.Namespace, why: str) -> int:
     return 0
 
 
-def events_from_file(args: argparse.Namespace, why: str) -> int:
+def events_from_file(args: argparse.Namespace) -> int:
     """`ftd events --run-dir D` when no daemon runs there: the events it left in
     D/events.jsonl (lines that are no event, or too long, skipped and counted)."""
     path = Path(args.run_dir) / EVENTS_FILE
     events = read_events(Path(args.run_dir))
     following = " (the daemon is gone: not following)" if args.follow else ""
-    _gone("events", why, f"reading {path}{following}")
+    _gone("events", args, f"reading {path}{following}")
     show: Callable[[dict[str, Any]], str] = (lambda e: json.dumps(e)) if args.json else format_event
     skipped = 0
     for event in events:
@@ -194,7 +195,7 @@ def events_from_file(args: argparse.Namespace, why: str) -> int:
     return 0
 
 
-_OFFLINE: dict[str, Callable[[argparse.Namespace, str], int]] = {
+_OFFLINE: dict[str, Callable[[argparse.Namespace], int]] = {
     "status": status_from_files,
     "events": events_from_file,
     "top": top_from_files,

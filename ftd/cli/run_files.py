@@ -162,7 +162,7 @@ def read_run(run_dir: str | os.PathLike[str]) -> Record:
     """The run directory's last status, cluster and events, and how it ended."""
     where = Path(run_dir)
     if not where.is_dir():
-        raise RunDirError(f"{where} is not a directory")
+        raise RunDirError(f"{where} is not a directory (no ftd daemon, and no run's record, there)")
     status = _json_file(where / STATUS_FILE, MAX_STATUS_BYTES, required=True)
     assert status is not None
     cluster = _json_file(where / CLUSTER_FILE, MAX_STATUS_BYTES, required=False) or {}
