@@ -443,3 +443,71 @@ def test_top_shows_the_end_once_the_daemon_is_gone(tmp_path: Path) -> None:
     blind = Feed(_GoneDaemon())  # type: ignore[arg-type]
     blind.last = _snapshot(_status())
     assert "daemon unreachable" in "\n".join(render(blind.refresh(), 0, 0, False, 3))
+
+
+# -- a run's record is hostile: any JSON in it is shown or refused, never a traceback ---------
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
+    max_leaves=10,
+)
+_KEYS = list(_status())
+
+
+@given(
+    st.dictionaries(st.sampled_from(_KEYS), _JSON, max_size=12),
+    st.dictionaries(st.sampled_from(["round", "nodes", "excluded", "members"]), _JSON),
+    st.lists(
+        st.fixed_dictionaries(
+            {
+                "id": st.integers(),
+                "time": st.floats() | st.integers(),
+                "kind": st.sampled_from(
+                    [
+                        "daemon_stopped",
+                        "state_changed",
+                        "rank_hung",
+                        "attempt_failed",
+                        "timeouts_changed",
+                        "recovery",
+                        "restart_backoff",
+                        "odd",
+                    ]
+                ),
+                "data": st.dictionaries(
+                    st.sampled_from(
+                        [
+                            "state",
+                            "reason",
+                            "notes",
+                            "failure",
+                            "timeouts",
+                            "previous",
+                            "stages",
+                            "total_s",
+                            "delay_s",
+                            "by",
+                        ]
+                    ),
+                    _JSON,
+                ),
+            }
+        ),
+        max_size=5,
+    ),
+)
+def test_any_record_is_shown_without_a_traceback(
+    status: dict[str, Any], cluster: dict[str, Any], events: list[dict[str, Any]]
+) -> None:
+    from ftd.cli.run_files import _cluster_view, ending_of, event_record
+
+    parsed = [e for e in (event_record(json.dumps(e, default=str)) for e in events) if e]
+    ending = ending_of(status, parsed, None)
+    format_status(status, cluster, ending)
+    format_status(status, _cluster_view(cluster, status), ending)
+    render(Snapshot(status, cluster, parsed, None, ending=ending), 80, 30, True, 5)
+    for event in parsed:
+        describe_event(event)

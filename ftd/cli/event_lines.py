@@ -128,11 +128,20 @@ def stages_text(data: dict[str, Any]) -> str:
     return " | ".join(parts) + f" = {duration(data.get('total_s'))}"
 
 
-def clock(wall_s: object) -> str:
+def wall_time(wall_s: object, form: str = "%H:%M:%S", millis: bool = True) -> str | None:
+    """A time of day (`12:00:01.250`) for a wall-clock time; None for anything that is not
+    one a clock can show (not a number, NaN, beyond the calendar)."""
     if not isinstance(wall_s, int | float) or isinstance(wall_s, bool):
-        return "??:??:??.???"
-    millis = int((wall_s % 1) * 1000)
-    return time.strftime("%H:%M:%S", time.localtime(wall_s)) + f".{millis:03d}"
+        return None
+    try:
+        shown = time.strftime(form, time.localtime(wall_s))
+        return shown + f".{int((wall_s % 1) * 1000):03d}" if millis else shown
+    except (OverflowError, ValueError, OSError):
+        return None
+
+
+def clock(wall_s: object) -> str:
+    return wall_time(wall_s) or "??:??:??.???"
 
 
 def describe_event(event: dict[str, Any], with_id: bool = True) -> str:

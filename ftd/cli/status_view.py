@@ -5,11 +5,10 @@ is escaped (ftd.text), since ranks and other nodes supply much of it. Standard l
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any
 
-from ftd.cli.event_lines import MAX_VALUE_CHARS, timeout_text
+from ftd.cli.event_lines import MAX_VALUE_CHARS, timeout_text, wall_time
 from ftd.text import NO_VALUE, duration, escape
 
 TERMINAL_STATES = ("succeeded", "failed", "stopped")
@@ -26,6 +25,11 @@ class Ending:
     """When its daemon stopped (its `daemon_stopped` event), else when the status was written."""
     clean: bool
     """Whether the daemon said it stopped (a `daemon_stopped` event after the status)."""
+
+
+def listed(item: object) -> list[Any]:
+    """`item` if it is a list, else none: a record may hold anything where a list belongs."""
+    return item if isinstance(item, list) else []
 
 
 def value(item: object) -> str:
@@ -74,11 +78,7 @@ def round_text(node: dict[str, Any], key: str, fallback: str = "") -> str:
 
 def ending_text(ending: Ending) -> str:
     """`the job failed at 04:43:22 (its daemon stopped): rank 0 ... exit code 3; ...`."""
-    when = (
-        time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ending.at))
-        if ending.at is not None
-        else "an unknown time"
-    )
+    when = wall_time(ending.at, "%Y-%m-%d %H:%M:%S", millis=False) or "an unknown time"
     cause = f": {escape(ending.cause, 1000)}" if ending.cause else ""
     if ending.state in TERMINAL_STATES:
         how = "its daemon stopped" if ending.clean else "its daemon is gone"
@@ -109,7 +109,7 @@ def rank_rows(status: dict[str, Any]) -> list[list[str]]:
             value(rank.get("section")),
             duration(rank.get("section_age_s")) if rank.get("section") else NO_VALUE,
         ]
-        for rank in status.get("ranks") or []
+        for rank in listed(status.get("ranks"))
         if isinstance(rank, dict)
     ]
 
@@ -159,17 +159,17 @@ def format_status(
 
 
 def cluster_lines(status: dict[str, Any], cluster: dict[str, Any]) -> list[str]:
-    nodes = [node for node in cluster.get("nodes") or [] if isinstance(node, dict)]
+    nodes = [node for node in listed(cluster.get("nodes")) if isinstance(node, dict)]
     if not nodes:
         return []
     round_ = cluster.get("round") if isinstance(cluster.get("round"), dict) else {}
     assert isinstance(round_, dict)
     excluded = [
         value(e if isinstance(e, str) else e.get("node_id", "?"))
-        for e in cluster.get("excluded") or []
+        for e in listed(cluster.get("excluded"))
         if isinstance(e, str | dict)
     ]
-    members = [value(m) for m in round_.get("members") or []]
+    members = [value(m) for m in listed(round_.get("members"))]
     policy = status.get("policy") if isinstance(status.get("policy"), dict) else {}
     assert isinstance(policy, dict)
     most = value(policy.get("max_restarts", status.get("max_restarts")))
@@ -179,7 +179,7 @@ def cluster_lines(status: dict[str, Any], cluster: dict[str, Any]) -> list[str]:
             value(node.get("state")),
             value(node.get("attempt")),
             f"{value(node.get('restart_count'))}/{value(node.get('max_restarts', most))}",
-            str(len(node.get("ranks") or [])) if "ranks" in node else NO_VALUE,
+            str(len(listed(node.get("ranks")))) if "ranks" in node else NO_VALUE,
         ]
         for node in nodes
     ]

@@ -29,6 +29,7 @@ from ftd.cli.status_view import (
     Ending,
     backoff_text,
     ending_text,
+    listed,
     rank_rows,
     restarts_text,
     round_text,
@@ -170,10 +171,10 @@ def _paint(text: str, state: str, colour: bool) -> str:
 def _node_rows(cluster: dict[str, Any], limit: int) -> tuple[list[str], list[list[str]], int]:
     excluded = {
         e if isinstance(e, str) else str(e.get("node_id", "?"))
-        for e in cluster.get("excluded") or []
+        for e in listed(cluster.get("excluded"))
         if isinstance(e, str | dict)
     }
-    nodes = [n for n in cluster.get("nodes") or [] if isinstance(n, dict)]
+    nodes = [n for n in listed(cluster.get("nodes")) if isinstance(n, dict)]
     rows = []
     for node in nodes[:limit]:
         ranks = node.get("ranks")
@@ -229,7 +230,7 @@ def render(snapshot: Snapshot, width: int, height: int, colour: bool, events: in
     if isinstance(failure, dict):
         lines.append(f"last failure: {escape(str(failure.get('reason', '?')), 200)}")
     counts = collections.Counter(
-        str(n.get("state")) for n in cluster.get("nodes") or [] if isinstance(n, dict)
+        str(n.get("state")) for n in listed(cluster.get("nodes")) if isinstance(n, dict)
     )
     round_ = cluster.get("round") if isinstance(cluster.get("round"), dict) else {}
     assert isinstance(round_, dict)
