@@ -143,6 +143,8 @@ def test_every_cli_surface_uses_the_one_formatter() -> None:
     )
     backoff = {"id": 1, "time": 0, "kind": "restart_backoff", "data": {"delay_s": 86400}}
     assert "delay_s=1 d 0 h" in describe_event(backoff)
+    lost = {"id": 2, "time": 0, "kind": "messages_lost", "data": {"rate_per_s": 12.5}}
+    assert "rate_per_s=12.5" in describe_event(lost)  # a rate, not a duration
     top = "\n".join(render(_snapshot(_status()), 0, 0, False, 0))
     assert "uptime 1 d 0 h" in top and "1.00 s" in top
     assert "1.00 s" in format_status(_status(), CLUSTER)

@@ -43,8 +43,10 @@ STACKS_NOTE = re.compile(r"^(Python|native) stacks in (.+)$")
 
 
 def value_text(value: object, key: str = "") -> str:
-    """An event field's value; a duration (a key ending in `_s`) by ftd.text.duration."""
-    if key.endswith("_s") and (isinstance(value, int | float) or value is None):
+    """An event field's value; a duration (a key ending in `_s`, not a rate's `_per_s`) by
+    ftd.text.duration."""
+    is_duration = key.endswith("_s") and not key.endswith("_per_s")
+    if is_duration and (isinstance(value, int | float) or value is None):
         return duration(value)
     if isinstance(value, float):
         return f"{value:.3g}" if abs(value) < 1000 else f"{value:.0f}"
