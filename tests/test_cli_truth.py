@@ -392,6 +392,7 @@ def test_top_during_a_rendezvous_and_at_the_terminals_width() -> None:
     assert "None" not in text
     node_row = next(line for line in lines if line.startswith("vm "))
     assert node_row.split()[:4] == ["vm", "rendezvous", "joining", "joining"]
+    assert "round joining" in lines[0] and "round joining" in format_status(status, cluster)
 
     narrow = render(_snapshot(_status()), 50, 0, True, 0)
     cut = [line for line in narrow if "…" in line]

@@ -128,7 +128,7 @@ def format_status(
         f"run {value(status.get('run_id'))}",
         f"state {state}{' (final)' if ending is not None else ''}",
         f"attempt {value(status.get('attempt'))}",
-        f"round {value(status.get('round', status.get('attempt')))}",
+        f"round {round_text(status, 'round', 'attempt')}",
         restarts_text(status),
     ]
     if ending is None:
