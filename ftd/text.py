@@ -11,6 +11,7 @@ screen, retitle the terminal, ring its bell or display as something it is not.
 from __future__ import annotations
 
 import logging
+import math
 import re
 
 _UNSAFE = re.compile(
@@ -49,3 +50,57 @@ def is_decimal(text: str) -> bool:
     """Whether `text` is ASCII digits only, as every number ftd reads must be: `str.isdigit`
     also takes "¹" (which int() refuses) and "٣" (which int() reads as 3)."""
     return text.isascii() and text.isdigit()
+
+
+NO_VALUE = "\u2013"
+"""What every surface shows for a value that is not there (null, missing, not a number)."""
+
+MAX_DAYS = 100_000
+
+
+def _nearest(value: float) -> int:
+    """Half up (floor(x + 0.5)), as JavaScript's Math.round: the dashboard's twin agrees."""
+    return math.floor(value + 0.5)
+
+
+def duration(seconds: object) -> str:
+    """A duration for people, the one formatter of every CLI surface (`ftd status`, `ftd top`,
+    `ftd events`); the dashboard's JavaScript twin follows the same rules:
+
+    - not a finite number (None, NaN, a bool, text): an en dash (NO_VALUE);
+    - each form rounds half up to its last digit, then takes the first form whose rounded
+      value stays below the form's limit, so a carry moves to the next form and no form shows
+      1000 ms, 60 s, 60 min or 24 h;
+    - `0 ms`, `<1 ms` (above 0, rounds to 0 ms), `1 ms` … `999 ms`;
+    - `1.00 s` … `9.99 s` (hundredths); `10.0 s` … `59.9 s` (tenths);
+    - `1 min 0 s` … `59 min 59 s`; `1 h 0 min` … `23 h 59 min`; `1 d 0 h` … `99999 d 23 h`,
+      then `>99999 d`;
+    - a negative duration is the same text after a `-`.
+
+    0.9996 s -> `1.00 s`; 59.9996 s -> `1 min 0 s`; 86400 s -> `1 d 0 h`; 0.0004 s -> `<1 ms`.
+    """
+    if not isinstance(seconds, int | float) or isinstance(seconds, bool):
+        return NO_VALUE
+    if not math.isfinite(seconds):
+        return NO_VALUE
+    if seconds < 0:
+        return "-" + duration(-seconds)
+    if seconds >= MAX_DAYS * 86400 - 1800:
+        return f">{MAX_DAYS - 1} d"
+    millis = _nearest(seconds * 1000)
+    if millis < 1000:
+        return "<1 ms" if millis == 0 and seconds > 0 else f"{millis} ms"
+    hundredths = _nearest(seconds * 100)
+    if hundredths < 1000:
+        return f"{hundredths // 100}.{hundredths % 100:02d} s"
+    tenths = _nearest(seconds * 10)
+    if tenths < 600:
+        return f"{tenths // 10}.{tenths % 10} s"
+    whole_s = _nearest(seconds)
+    if whole_s < 3600:
+        return f"{whole_s // 60} min {whole_s % 60} s"
+    minutes = _nearest(seconds / 60)
+    if minutes < 1440:
+        return f"{minutes // 60} h {minutes % 60} min"
+    hours = _nearest(seconds / 3600)
+    return f"{hours // 24} d {hours % 24} h"

@@ -4,6 +4,9 @@ Standard library only (through `ftd_client.admin`): these commands never import 
 pydantic or aiohttp. They reach the daemon over its admin unix socket (found from --run-dir,
 else from this user's registry of running daemons) or over TCP with --url. Errors print one
 line on stderr and exit 1 (2 for bad usage, or when several daemons run and none was named).
+Where no daemon answers on --run-dir (the job has ended), `status`, `events` and `top` read
+the run's own record instead (ftd.cli.run_files): its last status, said to be final, and its
+events; a directory that holds none exits 2.
 """
 
 from __future__ import annotations
@@ -17,9 +20,11 @@ from typing import Any
 
 from ftd_client.admin import AdminClient, AdminError, AmbiguousDaemon, DaemonNotFound
 
-from ftd.cli.event_lines import MAX_VALUE_CHARS, describe_event
+from ftd.cli.event_lines import describe_event, timeout_text
 from ftd.cli.formatting import EXIT_USAGE, UsageParser, parse_or_exit
-from ftd.cli.top import add_top_command, run_top
+from ftd.cli.run_files import EVENTS_FILE, RunDirError, read_events, read_run
+from ftd.cli.status_view import format_status
+from ftd.cli.top import Snapshot, add_top_command, render, run_top
 from ftd.text import escape
 
 EXIT_ERROR = 1
@@ -38,7 +43,8 @@ def add_admin_commands(subparsers: argparse._SubParsersAction[Any]) -> None:
         "--run-dir",
         "--run_dir",
         help="the job's run directory (<log dir>/<run id>); its daemon is reached over its "
-        "admin socket, no token needed (default: the one daemon this user runs)",
+        "admin socket, no token needed; once the job has ended, status, events and top read "
+        "the run's status.json and events.jsonl (default: the one daemon this user runs)",
     )
     where.add_argument(
         "--token-file",
@@ -103,9 +109,10 @@ def run_admin(args: argparse.Namespace) -> int:
         try:
             client = connect(args)
         except DaemonNotFound:
-            if command == "events" and args.run_dir is not None and args.url is None:
-                return events_from_file(args)
-            raise
+            offline = _OFFLINE.get(command)
+            if offline is None or args.run_dir is None or args.url is not None:
+                raise
+            return offline(args)
         return _HANDLERS[command](client, args)
     except AmbiguousDaemon as error:
         print(f"ftd {command}: error: {error}", file=sys.stderr)
@@ -113,7 +120,7 @@ def run_admin(args: argparse.Namespace) -> int:
     except AdminError as error:
         print(f"ftd {command}: error: {error}", file=sys.stderr)
         return EXIT_ERROR
-    except _Usage as error:
+    except (_Usage, RunDirError) as error:
         print(f"ftd {command}: error: {error}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
@@ -132,53 +139,67 @@ def connect(args: argparse.Namespace) -> AdminClient:
     return AdminClient.from_env(args.url, args.run_dir, args.token_file, args.timeout)
 
 
-EVENTS_FILE = "events.jsonl"
+# -- a run whose daemon is gone: its run directory's record ------------------------------------
 
 
-def _event_record(line: str) -> dict[str, Any] | None:
-    """An event of events.jsonl; None for a line that is not one (torn, edited, foreign)."""
-    try:
-        event = json.loads(line)
-    except ValueError:
-        return None
-    if not isinstance(event, dict):
-        return None
-    shape_ok = (
-        isinstance(event.get("id"), int)
-        and isinstance(event.get("time"), int | float)
-        and isinstance(event.get("kind"), str)
-        and isinstance(event.get("data", {}), dict)
+def _gone(command: str, args: argparse.Namespace, what: str) -> None:
+    where = escape(str(args.run_dir), 300)
+    print(f"ftd {command}: no daemon runs on {where}: {what}", file=sys.stderr)
+
+
+def status_from_files(args: argparse.Namespace) -> int:
+    """`ftd status --run-dir D` when no daemon answers there: the run's last status
+    (D/status.json) and how it ended (D/events.jsonl), said to be final."""
+    record = read_run(args.run_dir)
+    _gone("status", args, "showing the run's last status (its status.json and events.jsonl)")
+    if args.json:
+        document = {"status": record.status, "cluster": record.cluster, "final": True}
+        print(json.dumps({**document, "ending": vars(record.ending)}, indent=2))
+        return 0
+    print(format_status(record.status, record.cluster, record.ending))
+    return 0
+
+
+def top_from_files(args: argparse.Namespace) -> int:
+    """`ftd top --run-dir D` when no daemon answers there: one picture of the run's end."""
+    record = read_run(args.run_dir)
+    _gone("top", args, "showing the run's last picture (its status.json and events.jsonl)")
+    recoveries = [e for e in record.events if e["kind"] == "recovery"]
+    snapshot = Snapshot(
+        record.status,
+        record.cluster,
+        record.events,
+        recoveries[-1] if recoveries else None,
+        ending=record.ending,
     )
-    return event if shape_ok else None
+    print("\n".join(render(snapshot, 0, 0, False, args.events)))
+    return 0
 
 
 def events_from_file(args: argparse.Namespace) -> int:
     """`ftd events --run-dir D` when no daemon runs there: the events it left in
-    D/events.jsonl (malformed lines skipped and counted)."""
+    D/events.jsonl (lines that are no event, or too long, skipped and counted)."""
     path = Path(args.run_dir) / EVENTS_FILE
-    try:
-        lines = path.open(encoding="utf-8", errors="replace")
-    except OSError as error:
-        raise DaemonNotFound(
-            f"no ftd daemon runs on {args.run_dir} and its {EVENTS_FILE} cannot be read "
-            f"({error.strerror})"
-        ) from None
+    events = read_events(Path(args.run_dir))
     following = " (the daemon is gone: not following)" if args.follow else ""
-    print(
-        f"ftd events: no daemon runs on {args.run_dir}: reading {path}{following}", file=sys.stderr
-    )
+    _gone("events", args, f"reading {path}{following}")
     show: Callable[[dict[str, Any]], str] = (lambda e: json.dumps(e)) if args.json else format_event
     skipped = 0
-    with lines:
-        for line in lines:
-            event = _event_record(line)
-            if event is None:
-                skipped += line.strip() != ""
-            elif event["id"] > (args.since or 0):
-                print(show(event), flush=True)
+    for event in events:
+        if event is None:
+            skipped += 1
+        elif event["id"] > (args.since or 0):
+            print(show(event), flush=True)
     if skipped:
         print(f"ftd events: skipped {skipped} malformed lines of {path}", file=sys.stderr)
     return 0
+
+
+_OFFLINE: dict[str, Callable[[argparse.Namespace], int]] = {
+    "status": status_from_files,
+    "events": events_from_file,
+    "top": top_from_files,
+}
 
 
 def _status(client: AdminClient, args: argparse.Namespace) -> int:
@@ -223,7 +244,7 @@ def _timeouts(client: AdminClient, args: argparse.Namespace) -> int:
         print(json.dumps(values, indent=2))
     else:
         for name, value in values.items():
-            print(f"{escape(str(name), 60)} = {_seconds(value)}")
+            print(f"{escape(str(name), 60)} = {timeout_text(value)}")
     return 0
 
 
@@ -284,104 +305,6 @@ _HANDLERS: dict[str, Callable[[AdminClient, argparse.Namespace], int]] = {
 
 
 # -- formatting -------------------------------------------------------------------------------
-
-
-def _value(value: object) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.1f}"
-    return escape(str(value), MAX_VALUE_CHARS)
-
-
-def _seconds(value: object) -> str:
-    """Timeouts for people: `30`, `none`, `setup:600,step:none`."""
-    if isinstance(value, dict):
-        return ",".join(f"{escape(str(k), 60)}:{_seconds(v)}" for k, v in value.items()) or "-"
-    if value is None:
-        return "none"
-    return f"{value:g}" if isinstance(value, float) else escape(str(value), MAX_VALUE_CHARS)
-
-
-def _age(value: object) -> str:
-    return f"{value:.1f}s" if isinstance(value, int | float) else "-"
-
-
-def _table(header: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-    lines = [
-        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
-        for row in [header, *rows]
-    ]
-    return "\n".join(line.rstrip() for line in lines)
-
-
-def format_status(status: dict[str, Any], cluster: dict[str, Any]) -> str:
-    """`ftd status`: every text the daemon reports (names, states, reasons, sections) escaped
-    (ftd.text), since ranks and other nodes supply much of it."""
-    policy = status.get("policy") or {}
-    lines = [
-        f"node {_value(status['node_id'])}  run {_value(status['run_id'])}  state "
-        f"{_value(status['state'])}  attempt {_value(status['attempt'])}  round "
-        f"{_value(status.get('round', status['attempt']))}  restarts "
-        f"{_value(status['restart_count'])}/"
-        f"{_value(policy.get('max_restarts', status['max_restarts']))}"
-        f"  daemon pid {_value(status.get('pid', '-'))}",
-    ]
-    failure = status.get("last_failure")
-    if failure:
-        counted = "" if failure.get("counted", True) else ", not counted"
-        lines.append(
-            f"last failure: {escape(str(failure['reason']), 400)} "
-            f"({_value(failure['kind'])}{counted})"
-        )
-    timeouts = status.get("timeouts")
-    if timeouts:
-        lines.append(
-            "timeouts: "
-            + "  ".join(f"{escape(str(k), 60)}={_seconds(v)}" for k, v in timeouts.items())
-        )
-    lines.append("")
-    rows = [
-        [
-            _value(rank["local_rank"]),
-            _value(rank["global_rank"]),
-            _value(rank.get("pid")),
-            _value(rank["state"]),
-            _value(rank.get("exit_code")),
-            _age(rank.get("last_heartbeat_age_s")),
-            _value(rank.get("section")),
-            _age(rank.get("section_age_s")),
-        ]
-        for rank in status.get("ranks", [])
-    ]
-    header = ["LOCAL", "RANK", "PID", "STATE", "EXIT", "HEARTBEAT", "SECTION", "FOR"]
-    lines.append(_table(header, rows) if rows else "(no ranks)")
-    nodes = cluster.get("nodes") or []
-    if nodes:
-        round_ = cluster.get("round") or {}
-        excluded = [
-            _value(e if isinstance(e, str) else e.get("node_id", "?"))
-            for e in cluster.get("excluded") or []
-        ]
-        members = [_value(m) for m in round_.get("members") or []]
-        lines += [
-            "",
-            f"cluster: round {_value(round_.get('round', '-'))}, members "
-            f"{', '.join(members) or '-'}; excluded {', '.join(excluded) or 'none'}",
-        ]
-        node_rows = [
-            [
-                _value(node.get("node_id")),
-                _value(node.get("state")),
-                _value(node.get("attempt")),
-                f"{_value(node.get('restart_count'))}/{_value(node.get('max_restarts'))}",
-                str(len(node.get("ranks") or [])) if "ranks" in node else "-",
-            ]
-            for node in nodes
-        ]
-        lines.append(_table(["NODE", "STATE", "ATTEMPT", "RESTARTS", "RANKS"], node_rows))
-    return "\n".join(lines)
 
 
 def format_event(event: dict[str, Any]) -> str:

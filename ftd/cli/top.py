@@ -20,10 +20,22 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from ftd_client.admin import AdminClient, AdminError
+from ftd_client.admin import AdminClient, AdminError, DaemonNotFound, read_api_file
 
-from ftd.cli.event_lines import MAX_VALUE_CHARS, describe_event, seconds_text, stages_text
-from ftd.text import escape, is_decimal
+from ftd.cli.event_lines import MAX_VALUE_CHARS, describe_event, stages_text, timeout_text
+from ftd.cli.run_files import RunDirError, read_run
+from ftd.cli.status_view import (
+    RANK_HEADER,
+    Ending,
+    backoff_text,
+    ending_text,
+    listed,
+    rank_rows,
+    restarts_text,
+    round_text,
+    table,
+)
+from ftd.text import duration, escape, is_decimal
 
 EVENTS_KEPT = 200
 STATE_COLOURS = {
@@ -84,13 +96,17 @@ class Snapshot:
     error: str = ""
     """Why the last refresh failed (the picture is then the previous one)."""
     taken_at: float = field(default_factory=time.time)
+    ending: Ending | None = None
+    """How the run ended, for the picture of a run whose daemon is gone (then final)."""
 
 
 class Feed:
-    """Fetches snapshots, keeping the recent events and the last recovery between refreshes."""
+    """Fetches snapshots, keeping the recent events and the last recovery between refreshes.
+    With `run_dir`, a daemon that has gone leaves the run's last picture, said to be final."""
 
-    def __init__(self, client: AdminClient) -> None:
+    def __init__(self, client: AdminClient, run_dir: str | None = None) -> None:
         self.client = client
+        self.run_dir = run_dir
         self.events: collections.deque[dict[str, Any]] = collections.deque(maxlen=EVENTS_KEPT)
         self.recovery: dict[str, Any] | None = None
         self.cursor: int | None = None
@@ -116,10 +132,35 @@ class Feed:
         except AdminError as error:
             if self.last is None:
                 raise
+            final = self._final()
+            if final is not None:
+                self.last = final
+                return final
             self.last.error = str(error)
             return self.last
         self.last = Snapshot(status, cluster, list(self.events), self.recovery)
         return self.last
+
+    def _final(self) -> Snapshot | None:
+        """The run's last picture from its files once its daemon is gone (not merely slow to
+        answer); None while it may still run or its files cannot be read."""
+        if self.run_dir is None:
+            return None
+        try:
+            read_api_file(self.run_dir)
+            return None  # its daemon still runs: the last picture stays, with the error
+        except DaemonNotFound:
+            pass
+        except AdminError:
+            return None
+        try:
+            record = read_run(self.run_dir)
+        except RunDirError:
+            return None
+        events = record.events[-EVENTS_KEPT:] or list(self.events)
+        recoveries = [e for e in events if e.get("kind") == "recovery"]
+        recovery = recoveries[-1] if recoveries else self.recovery
+        return Snapshot(record.status, record.cluster, events, recovery, ending=record.ending)
 
 
 def _paint(text: str, state: str, colour: bool) -> str:
@@ -127,26 +168,13 @@ def _paint(text: str, state: str, colour: bool) -> str:
     return f"\x1b[{code}m{text}\x1b[0m" if colour and code else text
 
 
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-    return [
-        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-        for row in [header, *rows]
-    ]
-
-
-def _age(value: object) -> str:
-    number = isinstance(value, int | float) and not isinstance(value, bool)
-    return f"{value:.1f}s" if number else "-"
-
-
 def _node_rows(cluster: dict[str, Any], limit: int) -> tuple[list[str], list[list[str]], int]:
     excluded = {
         e if isinstance(e, str) else str(e.get("node_id", "?"))
-        for e in cluster.get("excluded") or []
+        for e in listed(cluster.get("excluded"))
         if isinstance(e, str | dict)
     }
-    nodes = [n for n in cluster.get("nodes") or [] if isinstance(n, dict)]
+    nodes = [n for n in listed(cluster.get("nodes")) if isinstance(n, dict)]
     rows = []
     for node in nodes[:limit]:
         ranks = node.get("ranks")
@@ -161,8 +189,8 @@ def _node_rows(cluster: dict[str, Any], limit: int) -> tuple[list[str], list[lis
             [
                 escape(str(node.get("node_id", "?")), 40),
                 escape(str(node.get("state", "?")), 20),
-                escape(str(node.get("round", node.get("attempt", "-"))), MAX_VALUE_CHARS),
-                escape(str(node.get("group_rank", node.get("node_rank", "-"))), MAX_VALUE_CHARS),
+                round_text(node, "round", "attempt"),
+                round_text(node, "group_rank", "node_rank"),
                 up,
                 "excluded" if str(node.get("node_id")) in excluded else "",
             ]
@@ -176,13 +204,18 @@ def render(snapshot: Snapshot, width: int, height: int, colour: bool, events: in
     policy = s.get("policy") if isinstance(s.get("policy"), dict) else {}
     assert isinstance(policy, dict)
     state = escape(str(s.get("state", "?")), 20)
+    final = snapshot.ending is not None
     lines = [
         f"ftd top  node {escape(str(s.get('node_id', '?')), 60)}  run "
-        f"{escape(str(s.get('run_id', '?')), 60)}  {_paint(state.upper(), state, colour)}  "
-        f"attempt {s.get('attempt', '-')}  round {s.get('round', '-')}  restarts "
-        f"{s.get('restart_count', '-')}/{policy.get('max_restarts', s.get('max_restarts', '-'))}"
-        f"  uptime {seconds_text(s.get('uptime_s'))}  {time.strftime('%H:%M:%S')}",
+        f"{escape(str(s.get('run_id', '?')), 60)}  "
+        f"{_paint(state.upper() + (' (final)' if final else ''), state, colour)}  "
+        f"attempt {round_text(s, 'attempt')}  round {round_text(s, 'round', 'attempt')}  "
+        f"{restarts_text(s)}"
+        + ("" if final else f"  uptime {duration(s.get('uptime_s'))}")
+        + f"  {time.strftime('%H:%M:%S')}",
     ]
+    if snapshot.ending is not None:
+        lines.append(ending_text(snapshot.ending))
     if snapshot.error:
         lines.append(
             _paint(
@@ -191,47 +224,35 @@ def render(snapshot: Snapshot, width: int, height: int, colour: bool, events: in
                 colour,
             )
         )
+    if countdown := backoff_text(s):
+        lines.append(_paint(countdown, "restarting", colour))
     failure = s.get("last_failure")
     if isinstance(failure, dict):
         lines.append(f"last failure: {escape(str(failure.get('reason', '?')), 200)}")
     counts = collections.Counter(
-        str(n.get("state")) for n in cluster.get("nodes") or [] if isinstance(n, dict)
+        str(n.get("state")) for n in listed(cluster.get("nodes")) if isinstance(n, dict)
     )
     round_ = cluster.get("round") if isinstance(cluster.get("round"), dict) else {}
     assert isinstance(round_, dict)
     summary = ", ".join(f"{n} {escape(k, 20)}" for k, n in sorted(counts.items()))
     lines += ["", f"NODES {sum(counts.values())} ({summary})  round {round_.get('round', '-')}"]
-    rank_rows = [
-        [
-            str(r.get("local_rank", "?")),
-            str(r.get("global_rank", "?")),
-            str(r.get("pid") or "-"),
-            escape(str(r.get("state", "?")), 20),
-            "" if r.get("exit_code") is None else str(r.get("exit_code")),
-            _age(r.get("last_heartbeat_age_s")),
-            escape(str(r.get("section") or "-"), 30),
-            _age(r.get("section_age_s")) if r.get("section") else "-",
-        ]
-        for r in s.get("ranks") or []
-        if isinstance(r, dict)
-    ]
+    ranks = rank_rows(s)
     event_lines = [describe_event(e, with_id=False) for e in snapshot.events[-events:]][::-1]
     recovery = snapshot.recovery
-    fixed = 10 + len(rank_rows) + len(event_lines) + (2 if recovery else 0)
+    fixed = 10 + len(ranks) + len(event_lines) + (2 if recovery else 0)
     room = max(1, height - fixed) if height else 10_000
     header, node_rows, hidden = _node_rows(cluster, room)
-    lines += _table(header, node_rows)
+    lines += table(header, node_rows)
     if hidden > 0:
         lines.append(f"… {hidden} more nodes (ftd status --json, or the dashboard)")
     lines += ["", f"RANKS of {escape(str(s.get('node_id', '?')), 60)}"]
-    rank_header = ["LOCAL", "RANK", "PID", "STATE", "EXIT", "HEARTBEAT", "SECTION", "FOR"]
-    lines += _table(rank_header, rank_rows) if rank_rows else ["(no ranks)"]
+    lines += table(RANK_HEADER, ranks) if ranks else ["(no ranks)"]
     timeouts = s.get("timeouts")
     if isinstance(timeouts, dict):
         lines.append(
             "timeouts: "
             + "  ".join(
-                f"{escape(str(k), MAX_VALUE_CHARS)}={value_of(v)}" for k, v in timeouts.items()
+                f"{escape(str(k), MAX_VALUE_CHARS)}={timeout_text(v)}" for k, v in timeouts.items()
             )
         )
     if recovery:
@@ -250,21 +271,12 @@ def render(snapshot: Snapshot, width: int, height: int, colour: bool, events: in
     return [_fit(line, width) for line in lines]
 
 
-def value_of(value: object) -> str:
-    if isinstance(value, dict):
-        return (
-            ",".join(f"{escape(str(k), MAX_VALUE_CHARS)}:{value_of(v)}" for k, v in value.items())
-            or "-"
-        )
-    return "off" if value is None else escape(str(value), MAX_VALUE_CHARS)
-
-
 def _fit(line: str, width: int) -> str:
-    """Cut to `width` visible characters, keeping colour codes whole."""
-    if width <= 0 or len(line) <= width:
+    """Cut to `width` visible characters, the last of them `…`, keeping colour codes whole."""
+    if width <= 0 or _visible(line) <= width:
         return line
     out, shown, i = [], 0, 0
-    while i < len(line) and shown < width:
+    while i < len(line) and shown < width - 1:
         if line.startswith("\x1b[", i):
             end = line.index("m", i) + 1
             out.append(line[i:end])
@@ -273,7 +285,21 @@ def _fit(line: str, width: int) -> str:
         out.append(line[i])
         shown += 1
         i += 1
-    return "".join(out) + ("\x1b[0m" if "\x1b[" in line else "")
+    return "".join(out) + "…" + ("\x1b[0m" if "\x1b[" in line else "")
+
+
+def _visible(line: str) -> int:
+    """How many characters `line` shows: its own colour codes (`\x1b[...m`) take none."""
+    if "\x1b[" not in line:
+        return len(line)
+    shown, i = 0, 0
+    while i < len(line):
+        if line.startswith("\x1b[", i):
+            i = line.index("m", i) + 1
+            continue
+        shown += 1
+        i += 1
+    return shown
 
 
 # -- the loop ---------------------------------------------------------------------------------
@@ -314,7 +340,7 @@ def _wait_for_key(seconds: float) -> str:
 
 
 def run_top(client: AdminClient, args: argparse.Namespace) -> int:
-    feed = Feed(client)
+    feed = Feed(client, args.run_dir if args.url is None else None)
     out = sys.stdout
     if args.once or not out.isatty():
         print("\n".join(render(feed.refresh(), 0, 0, False, args.events)))

@@ -93,8 +93,11 @@ class StatusBoard:
         """The last restart's stages, once its ranks resumed."""
         self.status.last_recovery = stages
 
-    def backing_off(self, delay_s: float) -> None:
-        self.status.backoff_s = delay_s
+    def backing_off(self, delay_s: float, fast_failures: int = 0) -> None:
+        """The wait before the next attempt (0: none), after `fast_failures` in a row."""
+        status = self.status
+        status.backoff_s, status.fast_failures = delay_s, fast_failures
+        status.backoff_until = time.time() + delay_s if delay_s > 0 else None
 
     @staticmethod
     def rank_started(rank: RankStatus, pid: int) -> None:

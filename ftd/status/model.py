@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import signal
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -136,6 +137,10 @@ class NodeStatus:
     """The last restart's stages (recovery.py), once its ranks resumed."""
     backoff_s: float = 0.0
     """The delay before the next attempt after attempts that failed fast (crash loop)."""
+    backoff_until: float | None = None
+    """When that wait ends (time.time()); None when there is none."""
+    fast_failures: int = 0
+    """Attempts in a row that failed fast (the back-off's count)."""
 
     def to_dict(
         self,
@@ -160,4 +165,10 @@ class NodeStatus:
             "last_failure": self.last_failure.to_dict() if self.last_failure else None,
             "last_recovery": self.last_recovery,
             "backoff_s": self.backoff_s,
+            "backoff_left_s": (
+                None
+                if self.backoff_until is None
+                else round(max(0.0, self.backoff_until - time.time()), 3)
+            ),
+            "fast_failures": self.fast_failures,
         }

@@ -16,6 +16,12 @@ class Action(enum.StrEnum):
     CONTINUE = "continue"
 
 
+NO_RESTARTS_LEFT = "no restarts left"
+NOT_RESTARTED = "not restarted: "
+"""What a fail decision's reason says when a rank asked for the job's end (its request
+follows), as against running out of restarts: the job's last line names which."""
+
+
 @dataclass(frozen=True)
 class Decision:
     action: Action
@@ -38,13 +44,13 @@ def after_attempt(
     if outcome.kind == "fatal":
         return Decision(Action.FAIL, outcome.reason)
     if workload_stop is not None:
-        return Decision(Action.FAIL, f"{outcome.reason}; not restarted: {workload_stop}")
+        return Decision(Action.FAIL, f"{outcome.reason}; {NOT_RESTARTED}{workload_stop}")
     if not outcome.counted:
         return Decision(Action.RESTART, f"{outcome.reason}; restart not counted")
     if restarts_used >= max_restarts:
         return Decision(
             Action.FAIL,
-            f"{outcome.reason}; no restarts left ({restarts_used}/{max_restarts} used)",
+            f"{outcome.reason}; {NO_RESTARTS_LEFT} ({restarts_used}/{max_restarts} used)",
         )
     return Decision(
         Action.RESTART,

@@ -100,7 +100,7 @@ class CrashLoop:
         delay = restart_backoff(
             self.fast_failures, config.restart_backoff_base_s, config.restart_backoff_cap_s
         )
-        self._board.backing_off(delay)
+        self._board.backing_off(delay, self.fast_failures)
         if delay <= 0:
             return
         log.warning(

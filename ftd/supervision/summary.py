@@ -6,6 +6,7 @@ is named with its reason, never handed to torch."""
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import socket
 import time
@@ -15,6 +16,7 @@ from pathlib import Path
 
 from ftd.ranks.error_file import RankError, Unreadable, read_error_file, read_tail
 from ftd.status.model import Failure, RankStatus
+from ftd.supervision.policy import NO_RESTARTS_LEFT, NOT_RESTARTED
 from ftd.text import escape
 
 log = logging.getLogger("ftd.summary")
@@ -35,17 +37,26 @@ class RankFailure:
     error_file: str
     """The path shown (`<N/A>` when the rank wrote none)."""
     traceback: str
-    timestamp: int
+    timestamp: float
+    """When the rank failed: the moment it wrote its error file (the file's time, to the
+    millisecond, where it agrees with the whole second torch records in it), else when the
+    daemon saw it exit."""
 
 
 def rank_failure(
-    global_rank: int, local_rank: int, pid: int, exit_code: int, error_file: str
+    global_rank: int,
+    local_rank: int,
+    pid: int,
+    exit_code: int,
+    error_file: str,
+    exited_at: float | None = None,
 ) -> RankFailure:
-    """What torch's ProcessFailure would hold, from our decoder instead of json.load."""
+    """What torch's ProcessFailure would hold, from our decoder instead of json.load.
+    `exited_at`: when the daemon saw the rank exit."""
     decoded = read_error_file(error_file)
     shown_file, timestamp, traceback = NOT_AVAILABLE, None, ""
     if isinstance(decoded, RankError):
-        shown_file, timestamp = error_file, decoded.timestamp
+        shown_file, timestamp = error_file, _written_at(error_file, decoded.timestamp)
         traceback = decoded.shown if (decoded.message or decoded.traceback) else ""
     elif isinstance(decoded, Unreadable):
         log.warning(
@@ -66,8 +77,35 @@ def rank_failure(
         exit_code,
         shown_file,
         traceback,
-        int(time.time()) if timestamp is None else timestamp,
+        timestamp if timestamp is not None else exited_at if exited_at else time.time(),
     )
+
+
+def _written_at(error_file: str, recorded: int | None) -> float | None:
+    """When the error file was written: its modification time where that falls in the
+    second torch recorded in it (torch keeps whole seconds, cut down: shown as they are, a
+    failure at 53.9 s reads 53 s while the daemon's log says 54 s), else the recorded
+    second."""
+    if recorded is None:
+        return None
+    try:
+        written = os.stat(error_file).st_mtime
+    except OSError:
+        return float(recorded)
+    return written if recorded <= written < recorded + 1 else float(recorded)
+
+
+def ending_headline(reason: str) -> str:
+    """The job's last line for a failed end whose decision said `reason`: restarts exhausted
+    only when they were; a rank's request to stop (NVRx ShutdownWorkload, a workload-control
+    message) named as such; any other end (a fatal reason, another node's decision) as a
+    failure without a restart."""
+    if NOT_RESTARTED in reason:
+        request = reason.split(NOT_RESTARTED, 1)[1]
+        return f"the job failed and was not restarted, as a rank asked: {escape(request, 300)}"
+    if NO_RESTARTS_LEFT in reason:
+        return "restarts exhausted, the job failed"
+    return "the job failed and was not restarted"
 
 
 def failure_summary(
@@ -83,7 +121,12 @@ def failure_summary(
     root_unreadable = False
     if root.global_rank is not None and root.exit_code is not None and root.pid is not None:
         first = rank_failure(
-            root.global_rank, root.local_rank or 0, root.pid, root.exit_code, root.error_file or ""
+            root.global_rank,
+            root.local_rank or 0,
+            root.pid,
+            root.exit_code,
+            root.error_file or "",
+            root.timestamp or None,
         )
         failures[root.global_rank] = first
         root_unreadable = first.traceback.startswith("error file unreadable")
@@ -96,6 +139,7 @@ def failure_summary(
             status.pid,
             status.exit_code,
             error_files.get(status.local_rank, ""),
+            status.ended_at,
         )
     if not failures:
         bar = "=" * MAX_WIDTH
@@ -148,7 +192,9 @@ def format_failures(name: str, failures: dict[int, RankFailure], root_rank: int)
 def _format_failure(index: int, rank: int, failure: RankFailure, host: str) -> str:
     signal_name = _signal_name(failure.exit_code)
     shown_signal = f" ({signal_name})" if signal_name != NOT_AVAILABLE else ""
-    when = datetime.fromtimestamp(failure.timestamp).isoformat(sep="_")
+    # torch's whole second where that is all there is; else the millisecond we know
+    precision = "milliseconds" if failure.timestamp % 1 else "seconds"
+    when = datetime.fromtimestamp(failure.timestamp).isoformat(sep="_", timespec=precision)
     return "\n".join(
         [
             f"[{index}]:",

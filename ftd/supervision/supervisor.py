@@ -28,6 +28,7 @@ from ftd.supervision.attempt import Attempt, AttemptTools, Running
 from ftd.supervision.node_loss import ask_after_node_lost
 from ftd.supervision.policy import Action, after_attempt, asks_the_healthy_first
 from ftd.supervision.restarts import CrashLoop, RecoveryTimeline
+from ftd.supervision.summary import ending_headline
 from ftd.tasks import Background, first_of, within
 
 log = logging.getLogger("ftd.daemon")
@@ -111,7 +112,7 @@ class Supervisor:
                     summary = containment.call("summary", attempt.failure_summary, failure) or (
                         failure.reason
                     )
-                log.error("restarts exhausted, the job failed:\n%s", summary)
+                log.error("%s:\n%s", ending_headline(request.reason), summary)
             else:
                 log.error("the job failed: %s", request.reason)
             return 1

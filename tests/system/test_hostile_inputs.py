@@ -266,7 +266,10 @@ def test_r02_the_summary_keeps_torchruns_format(
         1: rank_failure(1, 1, 42, 1, str(good)),
         0: rank_failure(0, 0, 41, -9, str(missing)),
     }
-    ours[0] = dataclasses.replace(ours[0], timestamp=torch_failures[0].timestamp)
+    # Times aside: ours is when the error file was written, to the millisecond (torch cuts it
+    # to the second it recorded); tests/test_cli_truth.py checks it.
+    for rank, failure in ours.items():
+        ours[rank] = dataclasses.replace(failure, timestamp=torch_failures[rank].timestamp)
     expected = ChildFailedError("train.py", torch_failures).format_msg()
     assert format_failures("train.py", ours, 1) == expected
 

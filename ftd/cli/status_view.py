@@ -1,0 +1,191 @@
+"""How a node's status reads in a terminal, the same words in `ftd status` and `ftd top`: the
+restarts counted one way, the back-off as a countdown, timeouts `off` when none, a missing
+value an en dash (NO_VALUE), and a finished run's end as final. Every text the daemon reports
+is escaped (ftd.text), since ranks and other nodes supply much of it. Standard library only."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ftd.cli.event_lines import MAX_VALUE_CHARS, timeout_text, wall_time
+from ftd.text import NO_VALUE, duration, escape
+
+TERMINAL_STATES = ("succeeded", "failed", "stopped")
+
+
+@dataclass(frozen=True)
+class Ending:
+    """How a run whose daemon is gone ended, from its run directory's files."""
+
+    state: str
+    cause: str
+    """The reason of its last change of state (else its last failure's), or ""."""
+    at: float | None
+    """When its daemon stopped (its `daemon_stopped` event), else when the status was written."""
+    clean: bool
+    """Whether the daemon said it stopped (a `daemon_stopped` event after the status)."""
+
+
+def listed(item: object) -> list[Any]:
+    """`item` if it is a list, else none: a record may hold anything where a list belongs."""
+    return item if isinstance(item, list) else []
+
+
+def value(item: object) -> str:
+    if item is None:
+        return NO_VALUE
+    if isinstance(item, float):
+        return f"{item:.1f}"
+    return escape(str(item), MAX_VALUE_CHARS)
+
+
+def restarts_text(status: dict[str, Any]) -> str:
+    """`restarts 2/3 used`: the restarts counted against --max-restarts, the one count of
+    restarts every CLI surface shows (a restart not counted, such as `ftd restart --no-count`
+    or a lost node's, is not in it; the attempt number grows with every restart)."""
+    policy = status.get("policy") if isinstance(status.get("policy"), dict) else {}
+    assert isinstance(policy, dict)
+    most = policy.get("max_restarts", status.get("max_restarts"))
+    return f"restarts {value(status.get('restart_count'))}/{value(most)} used"
+
+
+def backoff_text(status: dict[str, Any]) -> str:
+    """`restarting in 3.2 s (back-off after 3 fast failures)` while the daemon waits before
+    the next attempt; "" otherwise."""
+    left = status.get("backoff_left_s")
+    if status.get("state") != "restarting" or not isinstance(left, int | float) or left <= 0:
+        return ""
+    fast = status.get("fast_failures")
+    after = (
+        f"after {fast} fast failures in a row"
+        if isinstance(fast, int) and not isinstance(fast, bool) and fast > 1
+        else "after fast failures"
+    )
+    return (
+        f"restarting in {duration(left)} (back-off {after}; wait "
+        f"{duration(status.get('backoff_s'))}, --restart-backoff)"
+    )
+
+
+def round_text(node: dict[str, Any], key: str, fallback: str = "") -> str:
+    """A node's round or node rank: NO_VALUE while it has none (during a rendezvous: `joining`)."""
+    item = node.get(key, node.get(fallback)) if fallback else node.get(key)
+    if item is None:
+        return "joining" if node.get("state") in ("rendezvous", "init") else NO_VALUE
+    return escape(str(item), MAX_VALUE_CHARS)
+
+
+def ending_text(ending: Ending) -> str:
+    """`the job failed at 04:43:22 (its daemon stopped): rank 0 ... exit code 3; ...`."""
+    when = wall_time(ending.at, "%Y-%m-%d %H:%M:%S", millis=False) or "an unknown time"
+    cause = f": {escape(ending.cause, 1000)}" if ending.cause else ""
+    if ending.state in TERMINAL_STATES:
+        how = "its daemon stopped" if ending.clean else "its daemon is gone"
+        return f"the job {value(ending.state)} at {when} ({how}){cause}"
+    return (
+        f"the daemon is gone without saying it stopped: the last state it recorded was "
+        f"{value(ending.state)} at {when} (killed, or its machine stopped){cause}"
+    )
+
+
+def table(header: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    return [
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in [header, *rows]
+    ]
+
+
+def rank_rows(status: dict[str, Any]) -> list[list[str]]:
+    return [
+        [
+            value(rank.get("local_rank")),
+            value(rank.get("global_rank")),
+            value(rank.get("pid")),
+            value(rank.get("state")),
+            value(rank.get("exit_code")),
+            duration(rank.get("last_heartbeat_age_s")),
+            value(rank.get("section")),
+            duration(rank.get("section_age_s")) if rank.get("section") else NO_VALUE,
+        ]
+        for rank in listed(status.get("ranks"))
+        if isinstance(rank, dict)
+    ]
+
+
+RANK_HEADER = ["LOCAL", "RANK", "PID", "STATE", "EXIT", "HEARTBEAT", "SECTION", "FOR"]
+
+
+def format_status(
+    status: dict[str, Any], cluster: dict[str, Any], ending: Ending | None = None
+) -> str:
+    """`ftd status`: the node, its last failure, its timeouts, its ranks and the cluster;
+    with `ending`, the last status of a run whose daemon is gone, said to be final."""
+    state = value(status.get("state"))
+    head = [
+        f"node {value(status.get('node_id'))}",
+        f"run {value(status.get('run_id'))}",
+        f"state {state}{' (final)' if ending is not None else ''}",
+        f"attempt {value(status.get('attempt'))}",
+        f"round {round_text(status, 'round', 'attempt')}",
+        restarts_text(status),
+    ]
+    if ending is None:
+        head.append(f"daemon pid {value(status.get('pid'))}")
+    lines = ["  ".join(head)]
+    if ending is not None:
+        lines.append(ending_text(ending))
+    if countdown := backoff_text(status):
+        lines.append(countdown)
+    failure = status.get("last_failure")
+    if isinstance(failure, dict):
+        counted = "" if failure.get("counted", True) else ", not counted"
+        lines.append(
+            f"last failure: {escape(str(failure.get('reason')), 400)} "
+            f"({value(failure.get('kind'))}{counted})"
+        )
+    timeouts = status.get("timeouts")
+    if isinstance(timeouts, dict) and timeouts:
+        lines.append(
+            "timeouts: "
+            + "  ".join(f"{escape(str(k), 60)}={timeout_text(v)}" for k, v in timeouts.items())
+        )
+    lines.append("")
+    rows = rank_rows(status)
+    lines += table(RANK_HEADER, rows) if rows else ["(no ranks)"]
+    lines += cluster_lines(status, cluster)
+    return "\n".join(lines)
+
+
+def cluster_lines(status: dict[str, Any], cluster: dict[str, Any]) -> list[str]:
+    nodes = [node for node in listed(cluster.get("nodes")) if isinstance(node, dict)]
+    if not nodes:
+        return []
+    round_ = cluster.get("round") if isinstance(cluster.get("round"), dict) else {}
+    assert isinstance(round_, dict)
+    excluded = [
+        value(e if isinstance(e, str) else e.get("node_id", "?"))
+        for e in listed(cluster.get("excluded"))
+        if isinstance(e, str | dict)
+    ]
+    members = [value(m) for m in listed(round_.get("members"))]
+    policy = status.get("policy") if isinstance(status.get("policy"), dict) else {}
+    assert isinstance(policy, dict)
+    most = value(policy.get("max_restarts", status.get("max_restarts")))
+    rows = [
+        [
+            value(node.get("node_id")),
+            value(node.get("state")),
+            value(node.get("attempt")),
+            f"{value(node.get('restart_count'))}/{value(node.get('max_restarts', most))}",
+            str(len(listed(node.get("ranks")))) if "ranks" in node else NO_VALUE,
+        ]
+        for node in nodes
+    ]
+    return [
+        "",
+        f"cluster: round {value(round_.get('round'))}, members "
+        f"{', '.join(members) or NO_VALUE}; excluded {', '.join(excluded) or 'none'}",
+        *table(["NODE", "STATE", "ATTEMPT", "RESTARTS USED", "RANKS"], rows),
+    ]
