@@ -31,8 +31,9 @@ from types import TracebackType
 
 from ftd.api import ApiServer, start_api_server
 from ftd.api.control import NodeControl
+from ftd.config.restart import RestartMode
 from ftd.config.rundir import prepare_run_dir
-from ftd.config.serve import RestartMode, ServeConfig
+from ftd.config.serve import ServeConfig
 from ftd.coordination import CoordinationError, Coordinator, create_coordinator
 from ftd.errors import StartupError
 from ftd.health.service import HealthService

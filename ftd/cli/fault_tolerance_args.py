@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from ftd.config.serve import RestartPolicy
+from ftd.config.restart import RestartPolicy
 
 FT_HELP = {
     "initial_rank_heartbeat_timeout": "seconds from a rank's start to its first heartbeat",

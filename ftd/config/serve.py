@@ -5,13 +5,13 @@ from __future__ import annotations
 import shutil
 import socket
 import tempfile
-from enum import StrEnum
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ftd.config.ft import FaultToleranceConfig
+from ftd.config.restart import RestartMode, RestartPolicy
 from ftd.text import is_decimal
 
 NO_PRELOAD = "none"
@@ -20,33 +20,6 @@ NO_PRELOAD = "none"
 DEFAULT_API_PORT = 29610
 
 StartMethod = Literal["spawn", "fork", "forkserver", "subprocess", "zygote"]
-
-
-class RestartPolicy(StrEnum):
-    """--restart-policy: whose failure restarts whom (ft_launcher's names). Its decisions are
-    supervision/policy.py's; the flag's choices and help come from here."""
-
-    ANY_FAILED = "any-failed"
-    MIN_HEALTHY = "min-healthy"
-
-    @property
-    def help(self) -> str:
-        return _RESTART_POLICY_HELP[self]
-
-
-_RESTART_POLICY_HELP = {
-    RestartPolicy.ANY_FAILED: "any failure restarts every node's workers",
-    RestartPolicy.MIN_HEALTHY: "a lost node restarts the others only below MIN healthy nodes",
-}
-
-
-class RestartMode(StrEnum):
-    """--restart-mode: what a restart replaces."""
-
-    PROCESS = "process"
-    """Every rank's process (torchrun's way)."""
-    INPROCESS = "inprocess"
-    """Only the failed rank's process; the others re-run their function in place."""
 
 
 STD_VALUES = {"0": 0, "1": 1, "2": 2, "3": 3}

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ftd.config.serve import RestartPolicy
+from ftd.config.restart import RestartPolicy
 
 
 class DaemonState(enum.StrEnum):

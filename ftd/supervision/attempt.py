@@ -22,7 +22,8 @@ from ftd_client import faults
 from ftd_client.inprocess.keys import ENV_KEY_FILE, Seal, prefix_for
 
 from ftd.config.ft import parse_simulated_fault
-from ftd.config.serve import RestartMode, ServeConfig
+from ftd.config.restart import RestartMode
+from ftd.config.serve import ServeConfig
 from ftd.coordination import Coordinator, Round
 from ftd.coordination.base import Placement
 from ftd.coordination.records import RecordCodec

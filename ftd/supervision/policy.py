@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from ftd.config.serve import RestartPolicy
+from ftd.config.restart import RestartPolicy
 from ftd.status.model import Failure
 
 
