@@ -453,8 +453,8 @@ async def test_a_512_node_job_and_recovery_stages() -> None:
             "spawn",
             "first_step",
         ]
-        assert stages[0] == "detect 4 ms" and stages[-1] == "first_step 1.8 s"
-        assert "3.0 s" in await row.locator(".total").inner_text()
+        assert stages[0] == "detect 4 ms" and stages[-1] == "first_step 1.80 s"
+        assert "3.00 s" in await row.locator(".total").inner_text()
         await page.locator('.attempt[data-attempt="0"].s-failed').wait_for()
         # A recovery arriving on the stream is drawn as it happens.
         now = time.time()

@@ -18,6 +18,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from ftd.text import duration
 from tests.conftest import BIN, ServeFactory, await_api_event
 from tests.support.truth_page import (
     DASH,
@@ -38,11 +39,12 @@ pytestmark = [pytest.mark.timeout(240)]
 
 DURATIONS = [
     (None, DASH),
-    (0.0004, "0 ms"),
+    (0.0004, "<1 ms"),
     (0.0123, "12 ms"),
     (0.9994, "999 ms"),
-    (0.9996, "1.0 s"),
-    (1.04, "1.0 s"),
+    (0.9996, "1.00 s"),
+    (1.04, "1.04 s"),
+    (9.996, "10.0 s"),
     (59.94, "59.9 s"),
     (59.9996, "1 min 0 s"),
     (119.6, "2 min 0 s"),
@@ -52,12 +54,17 @@ DURATIONS = [
     (86400, "1 d 0 h"),
     (90000, "1 d 1 h"),
 ]
+EDGE_DURATIONS = [
+    0, 0.0004999, 0.0005, 0.9994999, 0.9995, 1.0, 9.994999, 9.995, 59.94999, 59.95, 59.5,
+    3599.49, 3599.5, 86369.9, 86370, 86399.9, -1.5, 10**10, 123456.789, 0.25, 2.675, 1e-9,
+]  # fmt: skip
 
 
 @in_chromium
 async def test_one_duration_formatter() -> None:
-    """Row 5: 0.9996 s is "1.0 s" (never "1000 ms"), 59.9996 s never "60 s" inside minutes,
-    a day "1 d 0 h" (never "1440 min"), null a dash."""
+    """Row 5: 0.9996 s is "1.00 s" (never "1000 ms"), 59.9996 s never "60 s" inside minutes,
+    a day "1 d 0 h" (never "1440 min"), null a dash; and the page's formatter is the CLI's
+    (ftd.text.duration) on every value, carries and edges included."""
     async with stub_server(Stub(stub_status())) as url, browser() as chromium:
         page, errors = await open_page(chromium, url)
         await page.wait_for_function("() => window.__ftd && window.__ftd.duration")
@@ -65,6 +72,10 @@ async def test_one_duration_formatter() -> None:
             "values => values.map(v => window.__ftd.duration(v))", [v for v, _ in DURATIONS]
         )
         assert shown == [text for _, text in DURATIONS]
+        twins = await page.evaluate(
+            "values => values.map(v => window.__ftd.duration(v))", EDGE_DURATIONS
+        )
+        assert twins == [duration(v) for v in EDGE_DURATIONS]
         assert errors == []
 
 
@@ -88,7 +99,7 @@ async def test_recovery_rows_null_backoff_and_scale(tmp_path: Path) -> None:
         assert await row.locator(".total").inner_text() == DASH
         caption = await row.locator(".stage-values").inner_text()
         assert f"first_step {DASH}" in caption and not re.search(r"\b0 ms", caption), caption
-        assert "backoff 8.0 s" in caption and "rendezvous 30 ms" in caption, caption
+        assert "backoff 8.00 s" in caption and "rendezvous 30 ms" in caption, caption
         assert await row.locator(".stage-first_step").count() == 0
         widths = {
             name: (await row.locator(f".stage-{name}").bounding_box() or {"width": 0})["width"]

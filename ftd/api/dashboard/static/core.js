@@ -97,17 +97,27 @@ function clockMs(seconds) {
 // The one duration formatter (ftd/cli has its Python twin, same rules): each band is chosen
 // after rounding, so a carry moves to the next band ("1.0 s", never "1000 ms"; "1 min 0 s",
 // never "60 s" inside minutes; "1 d 0 h", never "1440 min").
+// The twin of ftd.text.duration (the CLI's): the same forms, rounding and carries, held equal
+// by tests/api/test_dashboard_truth.py over the same values.
+const MAX_DAYS = 100000;
 function duration(seconds) {
-  if (seconds === null || seconds === undefined || typeof seconds !== "number" ||
-    !Number.isFinite(seconds)) return "–";
+  if (typeof seconds !== "number" || !Number.isFinite(seconds)) return "–";
   if (seconds < 0) return `-${duration(-seconds)}`;
-  if (seconds < 0.9995) return `${Math.round(seconds * 1000)} ms`;
-  if (seconds < 59.95) return `${seconds.toFixed(1)} s`;
-  const wholeSeconds = Math.round(seconds);
+  if (seconds >= MAX_DAYS * 86400 - 1800) return `>${MAX_DAYS - 1} d`;
+  const nearest = (value) => Math.floor(value + 0.5);
+  const millis = nearest(seconds * 1000);
+  if (millis < 1000) return millis === 0 && seconds > 0 ? "<1 ms" : `${millis} ms`;
+  const hundredths = nearest(seconds * 100);
+  if (hundredths < 1000) {
+    return `${Math.floor(hundredths / 100)}.${String(hundredths % 100).padStart(2, "0")} s`;
+  }
+  const tenths = nearest(seconds * 10);
+  if (tenths < 600) return `${Math.floor(tenths / 10)}.${tenths % 10} s`;
+  const wholeSeconds = nearest(seconds);
   if (wholeSeconds < 3600) return `${Math.floor(wholeSeconds / 60)} min ${wholeSeconds % 60} s`;
-  const minutes = Math.round(seconds / 60);
+  const minutes = nearest(seconds / 60);
   if (minutes < 1440) return `${Math.floor(minutes / 60)} h ${minutes % 60} min`;
-  const hours = Math.round(seconds / 3600);
+  const hours = nearest(seconds / 3600);
   return `${Math.floor(hours / 24)} d ${hours % 24} h`;
 }
 probe.duration = duration;
