@@ -12,7 +12,7 @@ from typing import Any
 
 from ftd.text import NO_VALUE, duration, escape
 
-STAGES = ("detect", "stop", "rendezvous", "spawn", "first_step")
+STAGES = ("detect", "stop", "backoff", "rendezvous", "spawn", "first_step")
 MAX_VALUE_CHARS = 120
 
 KEY_FIELDS: dict[str, tuple[str, ...]] = {

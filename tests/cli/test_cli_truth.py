@@ -514,3 +514,14 @@ def test_any_record_is_shown_without_a_traceback(
     render(Snapshot(status, cluster, parsed, None, ending=ending), 80, 30, True, 5)
     for event in parsed:
         describe_event(event)
+
+
+def test_a_recovery_line_shows_the_back_off_stage() -> None:
+    """The back-off is its own stage of a recovery (no longer inside rendezvous): one-line
+    events show it in its place."""
+    from ftd.cli.event_lines import describe_event
+
+    stages = {"detect": 0.004, "stop": 0.04, "backoff": 2.0, "rendezvous": 0.01, "spawn": 0.1}
+    event = {"id": 9, "time": 0.0, "kind": "recovery", "data": {"attempt": 2, "stages": stages}}
+    line = describe_event(event)
+    assert "stop 40 ms | backoff 2.00 s | rendezvous 10 ms" in line, line
