@@ -295,3 +295,22 @@ async def test_stacks_of_a_hung_rank_one_click_away(serve: ServeFactory, tmp_pat
         assert errors == []
     run.signal(signal.SIGTERM)
     await run.wait()
+
+
+@in_chromium
+async def test_restarts_are_counted_one_way_and_labelled() -> None:
+    """Row 7: the header's "restarts used 1/3" (charged to --max-restarts, the CLI's count) and
+    the timeline's three restarts no longer disagree unexplained: the timeline says how many
+    of its restarts were counted."""
+    now = time.time()
+    stub = Stub(stub_status(restart_count=1))
+    for attempt in range(4):
+        stub.event("attempt_started", now - 40 + 10 * attempt, attempt=attempt, pids={})
+    async with stub_server(stub) as url, browser() as chromium:
+        page, errors = await open_page(chromium, url)
+        summary = page.locator("#timeline-summary")
+        await summary.filter(has_text="3 restarts").wait_for()
+        assert "(1 counted against --max-restarts)" in await summary.inner_text()
+        facts = await page.locator("#facts").inner_text()
+        assert "restarts used 1/3" in facts, facts
+        assert errors == []

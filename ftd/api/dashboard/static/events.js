@@ -272,8 +272,14 @@ function renderTimeline() {
     axis.replaceChildren(el("span", null, clock(t0)), el("span", null, duration(span)), el("span", null, clock(t1)));
   }
   const restarts = Math.max(0, attempts.length - 1);
+  // Every restart is drawn; the header counts those charged to --max-restarts (the CLI's
+  // "restarts N/M used"): where they differ, say so.
+  const shown = snapshot();
+  const used = shown ? shown.restart_count : null;
+  const uncounted = typeof used === "number" && used < restarts ?
+    ` (${used} counted against --max-restarts)` : "";
   $("timeline-summary").textContent =
-    `${attempts.length} attempt${attempts.length === 1 ? "" : "s"} · ${restarts} restart${restarts === 1 ? "" : "s"}` +
+    `${attempts.length} attempt${attempts.length === 1 ? "" : "s"} · ${restarts} restart${restarts === 1 ? "" : "s"}${uncounted}` +
     (recoveries.length ? ` · last recovery ${duration(recoveries[recoveries.length - 1].data.total_s)}` : "");
   renderRecoveries(recoveries, restarts);
 }

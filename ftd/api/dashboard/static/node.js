@@ -102,7 +102,7 @@ function renderStatus() {
   const facts = [
     ["attempt", s.attempt],
     ["round", s.round],
-    ["restarts", `${s.restart_count}/${policy.max_restarts ?? s.max_restarts}`],
+    ["restarts used", `${s.restart_count}/${policy.max_restarts ?? s.max_restarts}`],
     ["nodes", `${policy.nnodes_min}–${policy.nnodes_max}`],
     ["uptime", duration(s.uptime_s)],
     ["pid", s.pid],
