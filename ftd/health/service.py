@@ -228,17 +228,12 @@ class HealthService:
     def _apply(self, timeouts: RankTimeouts, by: str, learned: bool) -> None:
         if timeouts == self.timeouts:
             return
-        previous = self.timeouts.model_dump()
+        previous, now = self.timeouts.model_dump(), timeouts.model_dump()
         self.monitor.set_timeouts(timeouts)
         self._save_state()
-        self.events.emit(
-            EventKind.TIMEOUTS_CHANGED,
-            timeouts=timeouts.model_dump(),
-            by=by,
-            learned=learned,
-            previous=previous,
-        )
-        log.info("timeouts changed by %s: %s", by, timeouts.model_dump())
+        kind = EventKind.TIMEOUTS_CHANGED
+        self.events.emit(kind, timeouts=now, by=by, learned=learned, previous=previous)
+        log.info("timeouts changed by %s: %s", by, now)
 
     def _save_state(self) -> None:
         state = {"timeouts": self.timeouts.model_dump(), "learned": sorted(self._learned)}
