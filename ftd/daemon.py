@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
-import importlib
 import logging
 import os
 import resource
@@ -31,7 +30,6 @@ from types import TracebackType
 
 from ftd.api import ApiServer, start_api_server
 from ftd.api.control import NodeControl
-from ftd.config.restart import RestartMode
 from ftd.config.rundir import prepare_run_dir
 from ftd.config.serve import ServeConfig
 from ftd.coordination import CoordinationError, Coordinator, create_coordinator
@@ -193,10 +191,6 @@ class Daemon:
         self._on_teardown("closing the orphan guard", self._close_guard)
         self.health.start()
         self._on_teardown("closing the rank socket", lambda: _now(self.health.close))
-        if config.restart_mode is RestartMode.INPROCESS:
-            # The rounds' store client is torch's. Importing it holds the GIL for seconds: done
-            # while the loop still has nothing to keep, never while a lease or keepalive runs.
-            await asyncio.to_thread(importlib.import_module, "torch.distributed")
         try:  # nodes are only lost once rounds run, by when the supervisor exists
             start = asyncio.ensure_future(
                 self.coordinator.start(lambda n, r: self.supervisor.on_node_lost(n, r))

@@ -283,8 +283,8 @@ class InprocessRounds:
                     Failure(kind="inprocess", reason=f"in-process rounds failed: {error}")
                 )
         finally:
-            stores = [barrier, watch]
-            await asyncio.to_thread(stores.clear)
+            barrier.close()
+            watch.close()
 
     async def _decide(self, rnd: int, arrivals: Arrivals) -> Members:
         host, port = self.first_round_store if rnd == 0 else await self.fresh_round_store()

@@ -22,7 +22,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING
 
 from ftd_client.inprocess.keys import (
     DAEMON,
@@ -38,13 +37,10 @@ from ftd_client.inprocess.keys import (
     claim_fault,
     valid_fault,
 )
-from ftd_client.store import tcp_store_client, wait_keys
 
 from ftd.ranks.workers_store import STORE_OP_TIMEOUT_S
 from ftd.refusals import Refusals
-
-if TYPE_CHECKING:
-    from torch.distributed import TCPStore
+from ftd.tcpstore.client import StoreClient, StoreTimeout
 
 log = logging.getLogger("ftd.inprocess")
 
@@ -52,8 +48,9 @@ IDLE_WAIT_S = 3600.0
 """A wait without a deadline is cut into waits this long (closing wakes it at once)."""
 
 
-def connect(host: str, port: int, timeout_s: float = STORE_OP_TIMEOUT_S) -> TCPStore:
-    return tcp_store_client(host, port, timeout_s)
+def connect(host: str, port: int, timeout_s: float = STORE_OP_TIMEOUT_S) -> StoreClient:
+    """Blocking: a connection of the daemon's own (ftd's client: the daemon imports no torch)."""
+    return StoreClient(host, port, timeout_s)
 
 
 @dataclass(frozen=True)
@@ -112,7 +109,7 @@ class InprocessStore:
         self.refused: collections.Counter[str] = Refusals("inprocess_store")
         """Values that failed to unseal, by key kind: stepped over, never acted on."""
         self._logged: set[str] = set()
-        self._store: TCPStore | None = None
+        self._store: StoreClient | None = None
 
     def _refuse(self, kind: str, error: Forged) -> None:
         self.refused[kind] += 1
@@ -137,15 +134,17 @@ class InprocessStore:
         self._store = connect(host, port)
 
     def disconnect(self) -> None:
-        """Blocking: drop that connection (whose destructor may wait on the network)."""
-        self._store = None
+        """Blocking: close that connection."""
+        store, self._store = self._store, None
+        if store is not None:
+            store.close()
 
     @property
     def connected(self) -> bool:
         return self._store is not None
 
     @property
-    def store(self) -> TCPStore:
+    def store(self) -> StoreClient:
         assert self._store is not None
         return self._store
 
@@ -189,7 +188,7 @@ class InprocessStore:
                 announced = True
         return rnd, announced
 
-    def announce(self, store: TCPStore, rnd: int, fault: Fault) -> Fault:
+    def announce(self, store: StoreClient, rnd: int, fault: Fault) -> Fault:
         """Round `rnd`'s fault is `fault` unless one was written first; wake every watcher."""
         stored = claim_fault(store, self.seal, self.keys.fault(rnd), fault)
         watchers: list[int | str] = [*self.world, DAEMON]
@@ -221,11 +220,9 @@ class InprocessStore:
             if arrive:
                 store.multi_set(arrive, [self.seal.seal(k, DEAD) for k in arrive])
 
-    def gather(self, store: TCPStore, rnd: int, deadline: float | None) -> Arrivals | list[int]:
+    def gather(self, store: StoreClient, rnd: int, deadline: float | None) -> Arrivals | list[int]:
         """The arrivals at round `rnd`'s barrier once every slot is there; at the deadline, the
         slots missing instead. Woken by the barrier queue (keys.py), not polled."""
-        from torch.distributed import DistStoreError
-
         keys = [self.keys.arrive(rnd, slot) for slot in self.world]
         while not self.closing.is_set():
             if store.check(keys):
@@ -243,7 +240,7 @@ class InprocessStore:
             if left_s <= 0:
                 return missing(self.world, [store.check([key]) for key in keys])
             store.set_timeout(timedelta(seconds=left_s))
-            with contextlib.suppress(DistStoreError):  # the deadline: checked above
+            with contextlib.suppress(StoreTimeout):  # the deadline: checked above
                 store.queue_pop(self.keys.barrier, True)
         return []
 
@@ -264,13 +261,13 @@ class InprocessStore:
             self.announce(store, rnd, Fault.now("rank_exit", changed[0], reason, rnd, self.by))
         return changed
 
-    def await_fault(self, store: TCPStore, rnd: int) -> Fault | None:
+    def await_fault(self, store: StoreClient, rnd: int) -> Fault | None:
         """Round `rnd`'s fault once announced; None when the watch was stopped or the round
         ended well (no round follows)."""
         key = self.keys.wake(rnd, DAEMON)
         fault: Fault | None = None
         while fault is None:
-            while not wait_keys(store, [key], IDLE_WAIT_S):
+            while not _waited(store, key, IDLE_WAIT_S):
                 if self.closing.is_set():
                     return None
             if store.get(key) == STOP or self.closing.is_set():
@@ -289,3 +286,12 @@ class InprocessStore:
         """Wake the leader's waits (they find the rounds closing)."""
         self.store.compare_set(self.keys.wake(rnd, DAEMON), "", STOP)
         self.store.queue_push(self.keys.barrier, "close")
+
+
+def _waited(store: StoreClient, key: str, timeout_s: float) -> bool:
+    """Whether `key` was set within the timeout."""
+    try:
+        store.wait([key], timeout_s)
+    except StoreTimeout:
+        return False
+    return True

@@ -249,6 +249,7 @@ async def test_last_joiner_waits_for_a_counted_join_record_not_written_yet() -> 
         logger.removeHandler(handler)
         logger.setLevel(level)
         await coordinator.close()
+        first.close()
         del server
     assert (rnd.number, rnd.node_ids, rnd.group_rank) == (0, ["first", "second"], 1)
 

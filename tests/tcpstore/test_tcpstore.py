@@ -480,3 +480,93 @@ async def test_a_daemon_runs_gloo_ranks_without_importing_torch(
     assert await run.wait() == 0, run.stderr.text[-3000:]
     assert "libtorch" not in maps
     assert json.loads((out / "allreduce_a1_r1").read_text()) == [3.0] * 4
+
+
+# -- ftd's client (the daemon's: no torch) ------------------------------------------------------
+
+
+@pytest.mark.parametrize("server", ["torch", "ftd"])
+def test_ftds_client_and_torchs_see_the_same_store(
+    both_servers: tuple[Any, TcpStoreServer], server: str
+) -> None:
+    """Every operation the daemon makes, through ftd's client, against torch's client on the
+    same server (torch's or ftd's): the same keys (torch's "/" prefix), values, counters,
+    queues and wake-ups; a timed-out wait leaves the connection usable."""
+    from ftd_client.store import tcp_store_client
+
+    from ftd.tcpstore.client import StoreClient, StoreTimeout
+
+    theirs, ours = both_servers
+    port = theirs.port if server == "torch" else ours.port
+    ns = f"{server}/{time.monotonic_ns()}"
+    torch_client = tcp_store_client("127.0.0.1", port, 10)
+    mine = StoreClient("127.0.0.1", port, 10)
+    try:
+        mine.set(f"{ns}/a", "1")
+        assert torch_client.get(f"{ns}/a") == b"1"
+        torch_client.set(f"{ns}/b", b"2")
+        assert mine.get(f"{ns}/b") == b"2"
+        assert (mine.add(f"{ns}/n", 3), torch_client.add(f"{ns}/n", 4), mine.add(f"{ns}/n", 0)) == (
+            3,
+            7,
+            7,
+        )
+        assert mine.check([f"{ns}/a", f"{ns}/b"]) and not mine.check([f"{ns}/a", f"{ns}/x"])
+        assert mine.compare_set(f"{ns}/a", "1", "9") == b"9"
+        assert mine.compare_set(f"{ns}/a", "1", "8") == b"9"
+        assert torch_client.get(f"{ns}/a") == b"9"
+        mine.multi_set([f"{ns}/m1", f"{ns}/m2"], ["x", b"y"])
+        assert torch_client.multi_get([f"{ns}/m1", f"{ns}/m2"]) == [b"x", b"y"]
+        assert mine.multi_get([f"{ns}/m2", f"{ns}/b"]) == [b"y", b"2"]
+        assert mine.delete_key(f"{ns}/m1") and not torch_client.check([f"{ns}/m1"])
+        assert not mine.delete_key(f"{ns}/m1")
+        mine.queue_push(f"{ns}/q", "first")
+        torch_client.queue_push(f"{ns}/q", b"second")
+        assert mine.queue_pop(f"{ns}/q") == b"first"
+        assert torch_client.queue_pop(f"{ns}/q") == b"second"
+        # Wake-ups across the two clients, both ways, and a queue that fills while waited on.
+        threading.Timer(0.05, lambda: mine.set(f"{ns}/late", "L")).start()
+        assert torch_client.get(f"{ns}/late") == b"L"
+        other = tcp_store_client("127.0.0.1", port, 10)
+        threading.Timer(0.05, lambda: other.set(f"{ns}/later", b"M")).start()
+        assert mine.get(f"{ns}/later") == b"M"
+        threading.Timer(0.05, lambda: other.queue_push(f"{ns}/q2", b"item")).start()
+        assert mine.queue_pop(f"{ns}/q2", True) == b"item"
+        with pytest.raises(StoreTimeout):
+            mine.wait([f"{ns}/never"], 0.2)
+        mine.set_timeout(0.2)
+        with pytest.raises(StoreTimeout):
+            mine.queue_pop(f"{ns}/empty", True)
+        with pytest.raises(StoreTimeout):
+            mine.get(f"{ns}/never")
+        mine.set_timeout(10)
+        mine.set(f"{ns}/after", "usable")  # the stream is in step after the timeouts
+        assert mine.get(f"{ns}/after") == b"usable"
+    finally:
+        mine.close()
+
+
+def test_ftds_client_says_when_the_store_is_gone(ftd_store: TcpStoreServer) -> None:
+    """Refused, closed mid-wait, or an answer that is no reply: StoreGone, never a hang."""
+    from ftd.tcpstore.client import StoreClient, StoreGone
+
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    with pytest.raises(StoreGone):
+        StoreClient("127.0.0.1", port, 1)
+    client = StoreClient("127.0.0.1", ftd_store.port, 10)
+    threading.Timer(0.05, client.close).start()
+    with pytest.raises(StoreGone):
+        client.wait(["never"], 5)
+    with socket.socket() as liar:  # a "store" that answers a wait with garbage
+        liar.bind(("127.0.0.1", 0))
+        liar.listen()
+        client = StoreClient("127.0.0.1", liar.getsockname()[1], 2)
+        conn, _ = liar.accept()
+        with conn:
+            conn.recv(64)
+            conn.sendall(b"\x07")
+            with pytest.raises(StoreGone):
+                client.wait(["k"], 2)
+        client.close()

@@ -24,6 +24,7 @@ from ftd.coordination.base import CoordinationError
 from ftd.coordination.c10d.record_store import MAX_CHAIN, ChainExhausted, Connection, RecordStore
 from ftd.coordination.records import RecordCodec
 from ftd.tasks import within
+from ftd.tcpstore.client import StoreGone
 
 log = logging.getLogger("ftd.rendezvous")
 
@@ -130,11 +131,9 @@ class StoreConnections:
                 await waiting
 
     async def _guard(self, call: Awaitable[T], timeout_s: float | None) -> T:
-        from torch.distributed import DistError
-
         try:
             return await within(call, timeout_s)
-        except (DistError, TimeoutError) as error:
+        except (StoreGone, TimeoutError) as error:
             raise self._store_lost(
                 f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
             ) from None

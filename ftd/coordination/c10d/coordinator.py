@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import logging
 from typing import Any
 
@@ -101,9 +100,6 @@ class StoreCoordinator:
         cancels it: the daemon races it against its stop)."""
         host, port = self.endpoint
         loop = asyncio.get_running_loop()
-        # The store's client is torch's: its import (seconds of a held GIL, more on a busy
-        # machine) comes before any deadline runs and before the store is served here.
-        await asyncio.to_thread(importlib.import_module, "torch.distributed")
         deadline = loop.time() + self.config.rdzv_join_timeout_s
         is_host = self.config.rdzv_conf.get("is_host", "").lower()
         want_host = is_host in ("1", "true", "yes")

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from ftd.coordination.c10d.record_store import RecordStore, StoreThread
 from ftd.coordination.records import AliveRecord
 from ftd.tasks import within
+from ftd.tcpstore.client import StoreGone
 
 log = logging.getLogger("ftd.coordination.liveness")
 
@@ -122,14 +123,12 @@ class Keepalive:
         self._stopped.set()
 
     async def run(self) -> None:
-        from torch.distributed import DistError
-
         limit = max(2 * self.timeout_s, KEEPALIVE_OP_MIN_TIMEOUT_S)
         while not self._stopped.is_set():
             watched, generation = list(self._seen), self._generation
             try:
                 beats = await within(self._thread.submit(self._beat_and_read, watched), limit)
-            except (DistError, TimeoutError) as error:
+            except (StoreGone, TimeoutError) as error:
                 if not self._stopped.is_set():
                     self._on_lost(f"keepalive failed: {type(error).__name__}: {error}"[:300])
                 return

@@ -19,22 +19,19 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from datetime import timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
-
-from ftd_client.store import tcp_store_client, wait_keys
+from typing import Any, TypeVar
 
 from ftd.coordination.records import MAX_RECORD_BYTES, R, Record, RecordCodec
 from ftd.status.instruments import STORE_OPERATION_SECONDS
-
-if TYPE_CHECKING:
-    from torch.distributed import Store
+from ftd.tcpstore.client import StoreClient, StoreGone, StoreTimeout
 
 log = logging.getLogger("ftd.coordination.store")
 
 MAX_CHAIN = 64
 """Forged values stepped over before a decision gives up (the store is under attack)."""
 T = TypeVar("T")
+NO_TIMEOUT_S = 10 * 365 * 86400.0
+"""A wait "as long as it takes" (closing the connection ends it)."""
 _Call = tuple[Callable[[], Any], Callable[[Any, bool], None]]
 
 
@@ -82,8 +79,11 @@ class StoreThread:
         self._calls.put((lambda: fn(*args), done))
         return future
 
-    def stop(self) -> None:
-        """Leave after the calls queued so far (a call stuck in a dead store is left behind)."""
+    def stop(self, last: Callable[[], object] | None = None) -> None:
+        """Leave after the calls queued so far and `last` (a call stuck in a dead store is left
+        behind)."""
+        if last is not None:
+            self._calls.put((last, lambda result, failed: None))
         self._calls.put(None)
 
 
@@ -99,11 +99,20 @@ class RecordStore:
         self._connect()
 
     def _connect(self) -> None:
-        from torch.distributed import PrefixStore
-
+        """(Re)connect with ftd's client (no torch in the daemon); keys under `prefix/`, as
+        torch's PrefixStore puts them (ranks and tools that read them with torch agree)."""
         host, port, prefix, timeout_s = self._address
-        self.raw = tcp_store_client(host, port, timeout_s)
-        self._store: Store = PrefixStore(prefix, self.raw)
+        old = getattr(self, "raw", None)
+        self.raw = StoreClient(host, port, timeout_s)
+        if old is not None:
+            old.close()
+        self._prefix = f"{prefix}/"
+
+    def _key(self, key: str) -> str:
+        return self._prefix + key
+
+    def close(self) -> None:
+        self.raw.close()
 
     def _timed(self, operation: str, fn: Callable[..., T], *args: Any) -> T:
         self.ops += 1
@@ -116,44 +125,49 @@ class RecordStore:
     # -- raw operations ----------------------------------------------------------------------
 
     def add(self, key: str, amount: int) -> int:
-        return int(self._timed("add", self._store.add, key, amount))
+        return self._timed("add", self.raw.add, self._key(key), amount)
 
     def set(self, key: str, value: str) -> None:
-        self._timed("set", self._store.set, key, value)
+        self._timed("set", self.raw.set, self._key(key), value)
 
     def get(self, key: str) -> bytes:
-        return bytes(self._timed("get", self._store.get, key))
+        return self._timed("get", self.raw.get, self._key(key))
 
     def check(self, keys: list[str]) -> bool:
-        return bool(self._timed("check", self._store.check, keys))
+        return self._timed("check", self.raw.check, [self._key(k) for k in keys])
 
     def compare_set(self, key: str, expected: str, desired: str) -> bytes:
-        return bytes(self._timed("compare_set", self._store.compare_set, key, expected, desired))
+        return self._timed("compare_set", self.raw.compare_set, self._key(key), expected, desired)
 
     def multi_get(self, keys: list[str]) -> list[bytes]:
-        return [bytes(v) for v in self._timed("multi_get", self._store.multi_get, keys)]
+        return self._timed("multi_get", self.raw.multi_get, [self._key(k) for k in keys])
 
     def delete_key(self, key: str) -> bool:
-        return bool(self._timed("delete_key", self._store.delete_key, key))
+        return self._timed("delete_key", self.raw.delete_key, self._key(key))
 
     def wait(self, keys: list[str], timeout_s: float | None = None) -> bool:
         """Whether the keys exist within the timeout (None: as long as it takes)."""
-        return self._timed("wait", wait_keys, self._store, keys, timeout_s)
+        return self._timed("wait", self._wait, [self._key(k) for k in keys], timeout_s)
+
+    def _wait(self, keys: list[str], timeout_s: float | None) -> bool:
+        try:
+            self.raw.wait(keys, NO_TIMEOUT_S if timeout_s is None else timeout_s)
+        except StoreTimeout:
+            return False
+        return True
 
     def set_timeout(self, timeout_s: float) -> None:
-        self.raw.set_timeout(timedelta(seconds=timeout_s))
+        self.raw.set_timeout(timeout_s)
 
     def count(self, key: str, amount: int, repair: Callable[[], int]) -> int:
         """`add` on a counter that someone may have overwritten. The store drops the connection
         of a client that adds to a value that is no number; so when an add fails, reconnect
-        (DistNetworkError again: the store is really gone), and if the value is no number,
+        (StoreGone again: the store is really gone), and if the value is no number,
         put back `repair()` (what the counter must at least be) and add again."""
-        from torch.distributed import DistNetworkError
-
         for _ in range(3):
             try:
                 return self.add(key, amount)
-            except DistNetworkError:
+            except StoreGone:
                 self._connect()
             raw = self.get(key) if self.check([key]) else b"0"
             if raw.strip().lstrip(b"-").isdigit():
@@ -170,15 +184,11 @@ class RecordStore:
 
     def get_if_present(self, key: str) -> bytes | None:
         """The value at `key`, or None when it is not there (or was deleted meanwhile)."""
-        from torch.distributed import DistNetworkError, DistStoreError
-
         if not self.check([key]):
             return None
         try:
             return self.get(key)
-        except DistNetworkError:
-            raise
-        except DistStoreError:  # deleted between the check and the get: waited, timed out
+        except StoreTimeout:  # deleted between the check and the get: waited, timed out
             return None
 
     def read(self, key: str, model: type[R], max_bytes: int = MAX_RECORD_BYTES) -> R | None:
@@ -188,16 +198,12 @@ class RecordStore:
 
     def read_many(self, keys: list[str], model: type[R]) -> dict[str, R]:
         """The valid records among `keys`; missing ones are skipped, never waited for."""
-        from torch.distributed import DistNetworkError, DistStoreError
-
         if not keys:
             return {}
         present = keys if self.check(keys) else [k for k in keys if self.check([k])]
         try:
             values = self.multi_get(present) if present else []
-        except DistNetworkError:
-            raise
-        except DistStoreError:  # one was deleted meanwhile: read them one by one
+        except StoreTimeout:  # one was deleted meanwhile: read them one by one
             pairs = [(key, self.get_if_present(key)) for key in present]
             present = [key for key, raw in pairs if raw is not None]
             values = [raw for _, raw in pairs if raw is not None]
@@ -271,4 +277,4 @@ class Connection:
         return self.thread.submit(fn, self.store, *args)
 
     def close(self) -> None:
-        self.thread.stop()
+        self.thread.stop(self.store.close if self.store is not None else None)

@@ -192,8 +192,13 @@ async def test_a_fault_on_one_node_restarts_the_ranks_of_every_node(
         )
         for node in ("a", "b")
     ]  # fmt: skip
+    maps = []
+    for node in nodes:  # the rounds are run with ftd's store client: no torch in a daemon
+        await node.stderr.expect(r"attempt 0: started local ranks")
+        maps.append(Path(f"/proc/{node.proc.pid}/maps").read_text())
     for node in nodes:
         assert await node.wait(timeout=80) == 0, node.stderr.text[-3000:]
+    assert not any("libtorch" in m for m in maps)
     a, b = nodes
     assert_unblocked_in_process(a, SURVIVORS)
     finals = assert_same_model(a, list(range(WORLD)), WORLD)
