@@ -5,6 +5,7 @@ sampler's decisions, a subprocess where torch must stay unimported."""
 from __future__ import annotations
 
 import io
+import socket
 import subprocess
 import sys
 import threading
@@ -18,6 +19,7 @@ import torch.distributed as dist
 from ftd_client import progress, protocol
 from ftd_client._progress_torch import LEARN_STEPS
 from ftd_client.progress import Observer, Progress
+from ftd_client.progress_link import ProgressLink, install_from_env
 from ftd_client.protocol import ProtocolError
 
 from tests.conftest import ROOT
@@ -301,3 +303,35 @@ def test_bad_progress_fields_are_refused(fields: dict[str, Any], cause: str) -> 
     with pytest.raises(ProtocolError) as refused:
         protocol.decode(protocol.encode({"t": protocol.PROGRESS, **fields}))
     assert refused.value.cause == cause
+
+
+def test_the_link_sends_records_the_daemon_can_decode(tmp_path: Path) -> None:
+    path = str(tmp_path / "rank.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(path)
+    listener.listen()
+    link = ProgressLink(path)
+    record = Observer(lambda record: None).sample()
+    try:
+        link(record)
+        daemon_side, _ = listener.accept()
+        with daemon_side:
+            daemon_side.settimeout(30)
+            message = protocol.decode(daemon_side.recv(protocol.MAX_MESSAGE_BYTES))
+        assert message["t"] == protocol.PROGRESS and message["steps"] == 0
+        assert "s" not in message and "o" not in message  # no sequence, no section state
+    finally:
+        link.close()
+        listener.close()
+    assert link.dropped == 0
+
+
+def test_a_link_to_no_daemon_drops(tmp_path: Path) -> None:
+    link = ProgressLink(str(tmp_path / "nobody.sock"))
+    link(Observer(lambda record: None).sample())
+    assert link.dropped == 1
+
+
+def test_progress_is_off_unless_asked_for() -> None:
+    assert install_from_env({"FTD_SOCKET": "/nonexistent"}) is None
+    assert install_from_env({"FTD_PROGRESS": "1"}) is None  # not under ftd serve
