@@ -15,13 +15,14 @@ measured on a 2-vCPU VM; bench/PROGRESS.md):
   Python-issued call is in progress. Completion of the C++-issued ones (DDP) cannot be had on
   gloo: `_register_on_completion_hook` is NCCL-only and the flight recorder leaves gloo work
   `scheduled`; DDP's single comm hook slot belongs to the script.
-- Forward time of the outermost module: global module hooks would put every module call of
-  every model on torch's slow path (+30 us a step for a 5-module MLP, 10 %), so they only
-  learn which classes are called at depth 0 (the model, DDP, the loss) during the first
-  LEARN_STEPS steps; then those classes' `forward` is wrapped (depth-0 calls timed, summed per
-  optimizer step) and the global hooks are removed. Nothing is stored on the script's module
-  objects, so pickling a model is unchanged. A class whose instances override `forward`
-  per instance (torch.compile's wrapper) is not timed.
+- Forward time of the outermost module, with grad enabled (training, not evaluation):
+  global module hooks would put every module call of every model on torch's slow path (+30
+  us a step for a 5-module MLP, 10 %), so they only learn which classes are called at depth 0
+  (the model, DDP, the loss) during the first LEARN_STEPS steps; then those classes'
+  `forward` is wrapped (depth-0 calls timed, summed per optimizer step) and the global hooks
+  are removed. Nothing is stored on the script's module objects, so pickling a model is
+  unchanged. A class whose instances override `forward` per instance (torch.compile's
+  wrapper) is not timed.
 - Automatic sections: `torch.save`/`torch.load`, `torch.distributed.checkpoint`'s
   save/load/async_save (async: the synchronous part) and `DataLoader.__iter__` are wrapped to
   open `auto:<name>` around the call.
@@ -135,22 +136,25 @@ class TorchHooks:
             self._promote()
 
     def _learn_roots(self) -> None:
+        import torch
         from torch.nn.modules import module
 
         counters = self.counters
         counters.learning = True
         clock = time.perf_counter_ns
 
+        grad_enabled = torch.is_grad_enabled
+
         def pre(mod: object, args: object) -> None:
             depth = counters.depth
             counters.depth = depth + 1
             if depth == 0:
                 counters.roots[type(mod)] = None
-                counters.forward_started = clock()
+                counters.forward_started = clock() if grad_enabled() else 0
 
         def post(mod: object, args: object, output: object) -> None:
             counters.depth = depth = max(counters.depth - 1, 0)
-            if depth == 0:
+            if depth == 0 and counters.forward_started:
                 counters.forward_ns += clock() - counters.forward_started
 
         self._learning_handles = [
@@ -161,6 +165,8 @@ class TorchHooks:
 
     def _promote(self) -> None:
         """Replace the global module hooks by wrappers on the outermost classes' forward."""
+        import torch
+
         counters = self.counters
         counters.learning = False
         for handle in self._learning_handles:
@@ -169,7 +175,8 @@ class TorchHooks:
         for cls in counters.roots:
             original = getattr(cls, "forward", None)
             if callable(original):
-                self._patch(cls, "forward", _timed_forward(counters, original))
+                timed = _timed_forward(counters, original, torch.is_grad_enabled)
+                self._patch(cls, "forward", timed)
 
     # -- collectives and sections -----------------------------------------------------------
 
@@ -204,12 +211,16 @@ def _module(name: str) -> ModuleType | None:
     return sys.modules.get(name)
 
 
-def _timed_forward(counters: Counters, original: Callable[..., Any]) -> Callable[..., Any]:
+def _timed_forward(
+    counters: Counters, original: Callable[..., Any], grad_enabled: Callable[[], bool]
+) -> Callable[..., Any]:
+    """Time the outermost call of `original` (a class's forward) that trains: evaluation
+    under no_grad is not the compute a straggler is slow at."""
     clock = time.perf_counter_ns
 
     @functools.wraps(original)
     def forward(self: object, *args: Any, **kwargs: Any) -> Any:
-        if counters.depth:  # inside an outermost call already
+        if counters.depth or not grad_enabled():  # inside an outermost call, or evaluating
             return original(self, *args, **kwargs)
         counters.depth = 1
         started = clock()

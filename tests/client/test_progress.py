@@ -335,3 +335,26 @@ def test_a_link_to_no_daemon_drops(tmp_path: Path) -> None:
 def test_progress_is_off_unless_asked_for() -> None:
     assert install_from_env({"FTD_SOCKET": "/nonexistent"}) is None
     assert install_from_env({"FTD_PROGRESS": "1"}) is None  # not under ftd serve
+
+
+def test_evaluation_is_not_forward_time(observer: Observer) -> None:
+    model = mlp()
+    train(model, LEARN_STEPS)
+    observer.counters.forward_ns = 0
+    with torch.no_grad():
+        model(torch.randn(4, 8))
+    assert observer.counters.forward_ns == 0
+    model(torch.randn(4, 8))
+    assert observer.counters.forward_ns > 0
+
+
+def test_the_sampler_reports_while_the_main_thread_runs_python() -> None:
+    reported = threading.Semaphore(0)
+    observer = Observer(lambda record: reported.release(), interval_s=0.05, keepalive_s=0.05)
+    observer.start()
+    try:
+        counted = 0
+        while counted < 3:  # a busy Python loop that never waits, never sleeps
+            counted += reported.acquire(blocking=False)
+    finally:
+        observer.stop()
