@@ -18,7 +18,8 @@ measured on a 2-vCPU VM; bench/PROGRESS.md):
 - Forward time of the outermost module, with grad enabled (training, not evaluation):
   global module hooks would put every module call of every model on torch's slow path (+30
   us a step for a 5-module MLP, 10 %), so they only learn which classes are called at depth 0
-  (the model, DDP, the loss) during the first LEARN_STEPS steps; then those classes'
+  (the model, DDP, the loss) during the first LEARN_STEPS steps (LEARN_CALLS outermost calls
+  without a step: inference); then those classes'
   `forward` is wrapped (depth-0 calls timed, summed per optimizer step) and the global hooks
   are removed. Nothing is stored on the script's module objects, so pickling a model is
   unchanged. A class whose instances override `forward` per instance (torch.compile's
@@ -40,7 +41,9 @@ from types import ModuleType
 from typing import Any
 
 LEARN_STEPS = 3
-"""Optimizer steps under global module hooks before the outermost classes are wrapped."""
+"""Optimizer steps under global module hooks before the outermost classes are wrapped..."""
+LEARN_CALLS = 64
+"""...or outermost module calls, whichever comes first."""
 FORWARD_WINDOW = 16
 MAX_AUTO_SECTIONS = 16
 COLLECTIVES = (
@@ -80,6 +83,8 @@ class Counters:
         self.roots: dict[type, None] = {}
         """Classes called at depth 0 while learning (insertion-ordered set)."""
         self.learning = False
+        self.outermost_calls = 0
+        """Outermost module calls seen while learning."""
         self.auto: list[tuple[str, int]] = []
         """Automatic sections open: (name, CLOCK_MONOTONIC when opened), oldest first."""
         self.auto_lock = threading.Lock()
@@ -147,8 +152,13 @@ class TorchHooks:
 
         def pre(mod: object, args: object) -> None:
             depth = counters.depth
+            if depth == 0 and counters.outermost_calls >= LEARN_CALLS:
+                # This call already looked its forward up: it runs untimed, without hooks.
+                self._promote()
+                return
             counters.depth = depth + 1
             if depth == 0:
+                counters.outermost_calls += 1
                 counters.roots[type(mod)] = None
                 counters.forward_started = clock() if grad_enabled() else 0
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from ftd_client import progress, protocol
-from ftd_client._progress_torch import LEARN_STEPS
+from ftd_client._progress_torch import LEARN_CALLS, LEARN_STEPS
 from ftd_client.progress import Observer, Progress
 from ftd_client.progress_link import ProgressLink, install_from_env
 from ftd_client.protocol import ProtocolError
@@ -358,3 +358,13 @@ def test_the_sampler_reports_while_the_main_thread_runs_python() -> None:
             counted += reported.acquire(blocking=False)
     finally:
         observer.stop()
+
+
+def test_inference_alone_moves_off_the_global_hooks(observer: Observer) -> None:
+    model = mlp()
+    with torch.no_grad():
+        for _ in range(LEARN_CALLS + 1):
+            model(torch.randn(1, 8))
+    assert not observer.counters.learning and observer.counters.depth == 0
+    assert ours(torch.nn.Sequential.forward)
+    assert not torch.nn.modules.module._global_forward_hooks  # every module call is fast again
