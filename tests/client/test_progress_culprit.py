@@ -31,6 +31,7 @@ Start = Callable[[str], "queue.Queue[Any]"]
 def start_ranks(tmp_path: Path) -> Iterator[Start]:
     """Start both ranks, blocked in `ddp` or `python`; their records (None: a rank exited)."""
     procs: list[subprocess.Popen[str]] = []
+    pumps: list[threading.Thread] = []
     records: queue.Queue[Any] = queue.Queue()
     env = {**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'client'}", "OMP_NUM_THREADS": "1"}
 
@@ -53,7 +54,8 @@ def start_ranks(tmp_path: Path) -> Iterator[Start]:
                     text=True,
                 )
             procs.append(proc)
-            threading.Thread(target=pump, args=(proc,), daemon=True).start()
+            pumps.append(threading.Thread(target=pump, args=(proc,), daemon=True))
+            pumps[-1].start()
         return records
 
     try:
@@ -62,6 +64,11 @@ def start_ranks(tmp_path: Path) -> Iterator[Start]:
         for proc in procs:
             proc.kill()
             proc.wait()
+        for thread in pumps:
+            thread.join(30)  # EOF once the rank is gone
+        for proc in procs:
+            assert proc.stdout is not None
+            proc.stdout.close()
 
 
 @pytest.mark.parametrize("blocked_in", ["ddp", "python"])
