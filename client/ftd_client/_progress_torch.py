@@ -18,12 +18,12 @@ measured on a 2-vCPU VM; bench/PROGRESS.md):
 - Forward time of the outermost module, with grad enabled (training, not evaluation):
   global module hooks would put every module call of every model on torch's slow path (+30
   us a step for a 5-module MLP, 10 %), so they only learn which classes are called at depth 0
-  (the model, DDP, the loss) during the first LEARN_STEPS steps (LEARN_CALLS outermost calls
-  without a step: inference); then those classes'
-  `forward` is wrapped (depth-0 calls timed, summed per optimizer step) and the global hooks
-  are removed. Nothing is stored on the script's module objects, so pickling a model is
-  unchanged. A class whose instances override `forward` per instance (torch.compile's
-  wrapper) is not timed.
+  during the first LEARN_STEPS steps (or LEARN_CALLS outermost calls without a step:
+  inference); then those classes' `forward` is wrapped (depth-0 calls timed, summed per
+  optimizer step) and the global hooks are removed. Classes without parameters (the loss)
+  are left alone: their time is not worth a wrapper's cost. Nothing is stored on the
+  script's module objects, so pickling a model is unchanged. A class whose instances
+  override `forward` per instance (torch.compile's wrapper) is not timed.
 - Automatic sections: `torch.save`/`torch.load`, `torch.distributed.checkpoint`'s
   save/load/async_save (async: the synchronous part) and `DataLoader.__iter__` are wrapped to
   open `auto:<name>` around the call.
@@ -80,8 +80,8 @@ class Counters:
         """Outermost forward time per optimizer step, the last FORWARD_WINDOW steps (ns)."""
         self.depth = 0
         self.forward_started = 0
-        self.roots: dict[type, None] = {}
-        """Classes called at depth 0 while learning (insertion-ordered set)."""
+        self.roots: dict[type, bool] = {}
+        """Classes called at depth 0 while learning -> whether one of them had parameters."""
         self.learning = False
         self.outermost_calls = 0
         """Outermost module calls seen while learning."""
@@ -159,7 +159,8 @@ class TorchHooks:
             counters.depth = depth + 1
             if depth == 0:
                 counters.outermost_calls += 1
-                counters.roots[type(mod)] = None
+                cls = type(mod)
+                counters.roots[cls] = counters.roots.get(cls, False) or _has_parameters(mod)
                 counters.forward_started = clock() if grad_enabled() else 0
 
         def post(mod: object, args: object, output: object) -> None:
@@ -182,9 +183,9 @@ class TorchHooks:
         for handle in self._learning_handles:
             handle.remove()
             self._handles.remove(handle)
-        for cls in counters.roots:
+        for cls, trains in counters.roots.items():
             original = getattr(cls, "forward", None)
-            if callable(original):
+            if trains and callable(original):  # a loss module's time is not worth its cost
                 timed = _timed_forward(counters, original, torch.is_grad_enabled)
                 self._patch(cls, "forward", timed)
 
@@ -219,6 +220,11 @@ def _module(name: str) -> ModuleType | None:
     import sys
 
     return sys.modules.get(name)
+
+
+def _has_parameters(module: Any) -> bool:
+    parameters = getattr(module, "parameters", None)
+    return callable(parameters) and next(iter(parameters()), None) is not None
 
 
 def _timed_forward(
