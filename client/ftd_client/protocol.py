@@ -42,6 +42,11 @@ would delay the clock), but never from before the daemon last began reading with
 | `fault` | `kind`, `sections` (open now) | no | a simulated fault is being carried out |
 | `up` |  | no | the rank is training again (`resumed()`): ends a restart's first step |
 | `st` | `o`, `dropped` | no | the rank's state only, retried after a drop: no sign of life |
+| `pg` | `steps`, `age_ms`, `entered`, `called`, `returned`, `fwd_us`, `auto` | no | progress |
+
+`pg` is what the rank observed of its own progress without the script's help (progress.py has
+each field's meaning): integers 0 .. MAX_SEQUENCE, `auto` the automatic sections open (name ->
+ms open, at most MAX_OPEN_SECTIONS).
 
 Messages that are answered carry `"id"` (int); the daemon replies on the same connection
 with `{"v": 1, "t": "reply", "id": <id>, "ok": bool, "error": str?, "timeouts": {...}?,
@@ -80,13 +85,16 @@ GOODBYE = "bye"
 FAULT = "fault"
 RESUMED = "up"
 STATE = "st"
+PROGRESS = "pg"
 REPLY = "reply"
 
 ANSWERED = frozenset({HELLO, WORKLOAD_CONTROL, CALCULATE_TIMEOUTS, SET_TIMEOUTS})
 TYPES = frozenset(
     {HELLO, HEARTBEAT, SECTION_START, SECTION_END, WORKLOAD_CONTROL}
-    | {CALCULATE_TIMEOUTS, SET_TIMEOUTS, GOODBYE, FAULT, RESUMED, STATE}
+    | {CALCULATE_TIMEOUTS, SET_TIMEOUTS, GOODBYE, FAULT, RESUMED, STATE, PROGRESS}
 )
+PROGRESS_COUNTS = ("steps", "age_ms", "entered", "called", "returned", "fwd_us")
+"""A progress message's integers, each optional, 0 .. MAX_SEQUENCE."""
 
 # Pre-encoded: a heartbeat is a constant packet and a sequence number, so sending one costs
 # one %-format and one syscall.
@@ -160,7 +168,26 @@ def decode(data: bytes) -> dict[str, Any]:
             WorkloadAction[str(message.get("a"))]
         except KeyError:
             raise ProtocolError("bad_action", f"action {message.get('a')!r}") from None
+    if kind == PROGRESS:
+        _check_progress(message)
     return message
+
+
+def _check_progress(message: dict[str, Any]) -> None:
+    for key in PROGRESS_COUNTS:
+        value = message.get(key)
+        if value is not None and not (_is_int(value) and 0 <= value <= MAX_SEQUENCE):
+            raise ProtocolError("bad_progress", f"{key} {value!r:.40}")
+    auto = message.get("auto")
+    if auto is None:
+        return
+    if not isinstance(auto, dict) or len(auto) > MAX_OPEN_SECTIONS:
+        raise ProtocolError("bad_progress", "auto must be an object of open sections")
+    for name, age in auto.items():
+        if not name or len(name) > MAX_SECTION_NAME:
+            raise ProtocolError("bad_section_name", f"automatic section {name!r:.40}")
+        if not (_is_int(age) and 0 <= age <= MAX_SEQUENCE):
+            raise ProtocolError("bad_progress", f"automatic section age {age!r:.40}")
 
 
 def _check_sync_fields(message: dict[str, Any]) -> None:

@@ -78,6 +78,8 @@ def _apply_event(
             monitor.on_resumed(rank, now)
         case protocol.GOODBYE:
             monitor.on_goodbye(rank)
+        case protocol.PROGRESS:  # observed progress: not judged yet (issue 25)
+            pass
         case _:  # STATE, and the answered kinds: their state only, here
             pass
 

@@ -26,12 +26,13 @@ names = st.text(min_size=0, max_size=140)
 values = st.one_of(
     st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(), names,
     st.lists(names, max_size=80), st.lists(st.integers(), max_size=5),
+    st.dictionaries(names, st.one_of(st.integers(-5, 2**54), names), max_size=70),
 )  # fmt: skip
+FIELDS = ("n", "s", "o", "dropped", "m", "id", "a", "d", "stack_signal")
+PROGRESS_FIELDS = (*protocol.PROGRESS_COUNTS, "auto")
 messages = st.fixed_dictionaries(
     {"v": st.sampled_from([1, 1, 1, 2, "1", None]), "t": st.sampled_from(sorted(protocol.TYPES))},
-    optional={
-        key: values for key in ("n", "s", "o", "dropped", "m", "id", "a", "d", "stack_signal")
-    },
+    optional={key: values for key in (*FIELDS, *PROGRESS_FIELDS)},
 )
 
 

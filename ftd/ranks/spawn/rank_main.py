@@ -79,6 +79,11 @@ def become_rank(request: dict[str, Any]) -> NoReturn:
     except BaseException as error:  # the script has not started: report and leave
         os.write(2, f"ftd zygote: could not start the rank: {error!r}\n".encode())
         os._exit(1)
+    if os.environ.get("FTD_PROGRESS") == "1":  # off by default (ftd_client/progress_link.py)
+        try:
+            importlib.import_module("ftd_client.progress_link").install_from_env()
+        except Exception as error:  # the script runs all the same
+            os.write(2, f"ftd: progress is not observed in this rank: {error!r}\n".encode())
     _run_main(request)
 
 

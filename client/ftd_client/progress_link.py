@@ -1,0 +1,77 @@
+"""Progress records to the rank's node daemon, on a connection of their own.
+
+The sampler (progress.py) sends from its own thread, so its records are no sign of life: a
+rank whose main thread hangs goes on sending them. They therefore travel on a separate
+connection that never says hello, carries no sequence and no section state, and whose `pg`
+messages the daemon reads as observations only; the script's own RankClient (if it has one)
+keeps its connection, its numbering and its sections to itself. A send never blocks: a full
+queue drops the record (the next one supersedes it), a daemon that went away is reconnected
+at most once a second.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import time
+from collections.abc import Mapping
+
+from ftd_client import protocol
+from ftd_client.progress import Observer, Progress, install
+
+ENABLE_ENV = "FTD_PROGRESS"
+"""`1`: ftd's rank start installs progress observation in the rank (off by default)."""
+RECONNECT_INTERVAL_S = 1.0
+
+
+class ProgressLink:
+    """`send` for progress.install: one non-blocking packet per record."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.dropped = 0
+        """Records not handed to the daemon (its queue was full, or it was away)."""
+        self._sock: socket.socket | None = None
+        self._next_connect = 0.0
+
+    def __call__(self, record: Progress) -> None:
+        sock = self._sock or self._connect()
+        if sock is None:
+            self.dropped += 1
+            return
+        try:
+            sock.send(protocol.encode(record.message()), socket.MSG_NOSIGNAL)
+        except OSError as error:
+            self.dropped += 1
+            if error.errno not in (errno.EAGAIN, errno.ENOBUFS):
+                self.close()  # the daemon went away: reconnect on a later record
+
+    def _connect(self) -> socket.socket | None:
+        now = time.monotonic()
+        if now < self._next_connect:
+            return None
+        self._next_connect = now + RECONNECT_INTERVAL_S
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        sock.setblocking(False)
+        try:
+            sock.connect(self.path)
+        except OSError:
+            sock.close()
+            return None
+        self._sock = sock
+        return sock
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+
+def install_from_env(environ: Mapping[str, str] = os.environ) -> Observer | None:
+    """Observe this rank's progress for its daemon when FTD_PROGRESS=1 and FTD_SOCKET is set;
+    None otherwise."""
+    path = environ.get("FTD_SOCKET")
+    if environ.get(ENABLE_ENV) != "1" or not path:
+        return None
+    return install(ProgressLink(path))
