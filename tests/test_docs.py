@@ -64,6 +64,16 @@ def test_every_relative_link_and_anchor_resolves() -> None:
     assert broken == []
 
 
+def _kept(run_dir: Path) -> set[str]:
+    """What the run directory holds beside the attempts, without the moment's atomic-write
+    temporaries (`.status.json.<pid>.<n>.tmp`, renamed over their file at once)."""
+    return {
+        p.name
+        for p in run_dir.iterdir()
+        if not p.name.startswith("attempt_") and not p.name.startswith(".")
+    }
+
+
 def _layout_names() -> set[str]:
     readme = (ROOT / "README.md").read_text()
     block = readme[readme.index("<run dir>/\n") : readme.index("```", readme.index("<run dir>/"))]
@@ -80,10 +90,10 @@ async def test_the_run_directory_holds_what_readme_says(serve: ServeFactory) -> 
     await run.stderr.expect(r"API listening on ")
     await run.stderr.expect(r"attempt 0: started local ranks")
     await run.stdout.expect(r"ready a0")
-    running = {p.name for p in run.run_dir.iterdir() if not p.name.startswith("attempt_")}
+    running = _kept(run.run_dir)
     assert running <= names, running - names
     assert {"api.sock", "api.json", "cluster.json"} <= running
     run.signal(signal.SIGTERM)
     await run.wait()
-    ended = {p.name for p in run.run_dir.iterdir() if not p.name.startswith("attempt_")}
+    ended = _kept(run.run_dir)
     assert ended <= names and "api.sock" not in ended and "api.json" not in ended
