@@ -267,7 +267,7 @@ class InprocessStore:
         key = self.keys.wake(rnd, DAEMON)
         fault: Fault | None = None
         while fault is None:
-            while not _waited(store, key, IDLE_WAIT_S):
+            while not store.waited([key], IDLE_WAIT_S):
                 if self.closing.is_set():
                     return None
             if store.get(key) == STOP or self.closing.is_set():
@@ -286,12 +286,3 @@ class InprocessStore:
         """Wake the leader's waits (they find the rounds closing)."""
         self.store.compare_set(self.keys.wake(rnd, DAEMON), "", STOP)
         self.store.queue_push(self.keys.barrier, "close")
-
-
-def _waited(store: StoreClient, key: str, timeout_s: float) -> bool:
-    """Whether `key` was set within the timeout."""
-    try:
-        store.wait([key], timeout_s)
-    except StoreTimeout:
-        return False
-    return True

@@ -155,6 +155,14 @@ class StoreClient:
             raise StoreTimeout(f"keys {list(keys)[:4]!r} not set within {limit:.1f} s") from None
         self._expect(reply, WaitReply.STOP_WAITING)
 
+    def waited(self, keys: Sequence[Text], timeout_s: float) -> bool:
+        """Whether every key was set within `timeout_s` (`wait` without the exception)."""
+        try:
+            self.wait(keys, timeout_s)
+        except StoreTimeout:
+            return False
+        return True
+
     # -- the wire -----------------------------------------------------------------------------
 
     def _send(self, query: Query) -> None:

@@ -147,14 +147,8 @@ class RecordStore:
 
     def wait(self, keys: list[str], timeout_s: float | None = None) -> bool:
         """Whether the keys exist within the timeout (None: as long as it takes)."""
-        return self._timed("wait", self._wait, [self._key(k) for k in keys], timeout_s)
-
-    def _wait(self, keys: list[str], timeout_s: float | None) -> bool:
-        try:
-            self.raw.wait(keys, NO_TIMEOUT_S if timeout_s is None else timeout_s)
-        except StoreTimeout:
-            return False
-        return True
+        limit = NO_TIMEOUT_S if timeout_s is None else timeout_s
+        return self._timed("wait", self.raw.waited, [self._key(k) for k in keys], limit)
 
     def set_timeout(self, timeout_s: float) -> None:
         self.raw.set_timeout(timeout_s)
