@@ -237,6 +237,7 @@ class WorkerGroup:
                 else frozenset({1})
             ),
             log_line_prefixes={0: prefixes[local_rank]} if prefixes else None,
+            python=spec.python,
         )
         started = await within(asyncio.to_thread(self._spawner.start, one), SPAWN_TIMEOUT_S)
         self._all_started.append(started)

@@ -120,6 +120,7 @@ class Attempt:
             tee=config.tee,
             local_ranks_filter=config.local_ranks_filter,
             log_line_prefixes=_log_line_prefixes(config.role, placement, len(envs)),
+            python=not config.no_python,
         )
         rounds = None
         if inprocess is not None:

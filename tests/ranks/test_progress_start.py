@@ -1,6 +1,6 @@
 """ftd's rank start observes an unmodified script's progress with FTD_PROGRESS=1 (off by
-default; zygote ranks only: the spawn start method has no point to hook before the script),
-and the daemon takes the records without a refusal and without treating them as life."""
+default; zygote ranks through rank_main, spawn ranks through script_boot.py), and the daemon
+takes the records without a refusal and without treating them as life."""
 
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ PROBE = BIN / "progress_probe.py"
     [
         ("zygote", {"FTD_PROGRESS": "1"}, True),
         ("zygote", {}, False),
-        ("spawn", {"FTD_PROGRESS": "1"}, False),
+        ("spawn", {"FTD_PROGRESS": "1"}, True),
+        ("spawn", {}, False),
     ],
 )
 async def test_progress_is_observed_only_when_asked_for(

@@ -24,6 +24,8 @@ class LaunchSpec:
     tee: str = "0"
     local_ranks_filter: frozenset[int] | None = None
     log_line_prefixes: dict[int, str] | None = field(default=None)
+    python: bool = False
+    """cmd is launch.build_command's `python -u [-m] target args` (not --no-python's binary)."""
 
     @property
     def nprocs(self) -> int:

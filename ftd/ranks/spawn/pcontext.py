@@ -15,6 +15,10 @@ from typing import TYPE_CHECKING
 from ftd.ranks.spawn.base import LaunchSpec, RankHandle
 from ftd.ranks.spawn.output import OutputPlan, RankStream, plan_output
 
+PROGRESS_ENV = "FTD_PROGRESS"
+"""ftd_client.progress_link.ENABLE_ENV (not imported: it would load the rank-side observer)."""
+SCRIPT_BOOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "script_boot.py")
+
 if TYPE_CHECKING:
     from torch.distributed.elastic.multiprocessing.api import LogsSpecs, SubprocessContext
 
@@ -76,12 +80,11 @@ class PContextSpawner:
         from torch.distributed.elastic.multiprocessing import start_processes
 
         plan = plan_output(spec)
-        entrypoint, *fixed_args = spec.cmd
         try:
             context = start_processes(
                 name=spec.name,
-                entrypoint=entrypoint,
-                args={local_rank: tuple(fixed_args) for local_rank in spec.envs},
+                entrypoint=spec.cmd[0],
+                args={lr: rank_command(spec, lr)[1:] for lr in spec.envs},
                 envs=spec.envs,
                 logs_specs=_planned_logs(plan, spec.log_dir),
                 log_line_prefixes=spec.log_line_prefixes,
@@ -95,6 +98,16 @@ class PContextSpawner:
         return PContextGroup(
             context, os.path.join(spec.log_dir, run_id, f"attempt_{attempt}"), plan
         )
+
+
+def rank_command(spec: LaunchSpec, local_rank: int) -> tuple[str, ...]:
+    """spec.cmd; for a Python rank whose environment has FTD_PROGRESS=1, the same run through
+    script_boot.py, which observes its progress first (a forked rank is observed by rank_main)."""
+    progress = spec.envs[local_rank].get(PROGRESS_ENV, os.environ.get(PROGRESS_ENV))
+    if not spec.python or progress != "1" or len(spec.cmd) < 3:
+        return spec.cmd
+    python, flag, *rest = spec.cmd
+    return (python, flag, SCRIPT_BOOT, *rest)
 
 
 def _planned_logs(plan: OutputPlan, log_dir: str) -> LogsSpecs:
