@@ -145,3 +145,16 @@ async def live_status(session: aiohttp.ClientSession, url: str, token: str) -> d
 def report(out: Path) -> dict[str, Any]:
     data: dict[str, Any] = json.loads((out / "report_r0.json").read_text())
     return data
+
+
+async def test_a_binary_is_never_booted(serve: ServeFactory, tmp_path: Path) -> None:
+    """--no-python's binary runs as given, even one whose command reads like a Python rank's."""
+    out = tmp_path / "out"
+    args = ("-u", str(PROBE), "--out", str(out))
+    run = await serve(
+        *SPAWN, "--no-python", script=sys.executable, script_args=args, env={"FTD_PROGRESS": "1"}
+    )
+    assert await run.wait() == 0
+    plain = report(out / "test")
+    assert plain["orig_argv"] == [sys.executable, *args]
+    assert not plain["progress_thread"]
