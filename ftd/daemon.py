@@ -34,6 +34,7 @@ from ftd.config.rundir import prepare_run_dir
 from ftd.config.serve import ServeConfig
 from ftd.coordination import CoordinationError, Coordinator, create_coordinator
 from ftd.errors import StartupError
+from ftd.health.progress import ProgressWatch
 from ftd.health.service import HealthService
 from ftd.health.socket import socket_path
 from ftd.ranks.guard import GuardKeeper
@@ -172,6 +173,7 @@ class Daemon:
             config.ft_state_file or self.run_dir / "ft_state.json",
             self.events,
             self.persist,
+            ProgressWatch(config.progress_timeout_floor_s, enabled=config.progress),
         )
         publish = self._publish if config.multi_node else None
         self.board = StatusBoard(

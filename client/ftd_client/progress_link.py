@@ -19,6 +19,7 @@ from collections.abc import Mapping
 
 from ftd_client import protocol
 from ftd_client.progress import Observer, Progress, install
+from ftd_client.rank_setup import register_stack_dump
 
 ENABLE_ENV = "FTD_PROGRESS"
 """`1`: ftd's rank start installs progress observation in the rank (off by default)."""
@@ -26,10 +27,12 @@ RECONNECT_INTERVAL_S = 1.0
 
 
 class ProgressLink:
-    """`send` for progress.install: one non-blocking packet per record."""
+    """`send` for progress.install: one non-blocking packet per record (with the signal of
+    the rank's stack dump, when it registered one, for a daemon that hears nothing else)."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, stack_signal: int | None = None) -> None:
         self.path = path
+        self.stack_signal = stack_signal
         self.dropped = 0
         """Records not handed to the daemon (its queue was full, or it was away)."""
         self._sock: socket.socket | None = None
@@ -40,8 +43,11 @@ class ProgressLink:
         if sock is None:
             self.dropped += 1
             return
+        message = record.message()
+        if self.stack_signal is not None:
+            message["stack_signal"] = self.stack_signal
         try:
-            sock.send(protocol.encode(record.message()), socket.MSG_NOSIGNAL)
+            sock.send(protocol.encode(message), socket.MSG_NOSIGNAL)
         except OSError as error:
             self.dropped += 1
             if error.errno not in (errno.EAGAIN, errno.ENOBUFS):
@@ -69,9 +75,11 @@ class ProgressLink:
 
 
 def install_from_env(environ: Mapping[str, str] = os.environ) -> Observer | None:
-    """Observe this rank's progress for its daemon when FTD_PROGRESS=1 and FTD_SOCKET is set;
-    None otherwise."""
+    """Observe this rank's progress for its daemon when FTD_PROGRESS=1 and FTD_SOCKET is set,
+    and dump its stacks on the daemon's signal (a script without ftd_client has no other
+    way to show where it hangs); None otherwise."""
     path = environ.get("FTD_SOCKET")
     if environ.get(ENABLE_ENV) != "1" or not path:
         return None
-    return install(ProgressLink(path))
+    _, stack_signal = register_stack_dump()
+    return install(ProgressLink(path, stack_signal))

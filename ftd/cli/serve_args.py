@@ -15,6 +15,7 @@ from ftd.cli.fault_tolerance_args import add_fault_tolerance
 from ftd.cli.formatting import HelpFormatter, UsageParser
 
 DEFAULT_API_PORT = 29610  # ftd.config.serve.DEFAULT_API_PORT, without importing pydantic for --help
+DEFAULT_PROGRESS_FLOOR_S = 300.0  # ftd.health.progress.DEFAULT_FLOOR_S, likewise
 USAGE = "ftd serve [options] training_script [script arguments ...]"
 
 
@@ -273,6 +274,23 @@ def _add_ftd(serve: argparse.ArgumentParser) -> None:
         help="with --restart-mode inprocess: start a dead rank's process again so it joins the "
         "next round (counted against --max-restarts); --no-inprocess-respawn: go on without it "
         "(default: respawn)",
+    )
+    add(
+        *_flag("--progress"),
+        default="on",
+        choices=["on", "off"],
+        help="on: every rank reports its optimizer steps, collectives and long phases without "
+        "the script's help, and a rank that makes no progress for the learned deadline is "
+        "judged hung, the rank the others wait on named the culprit; off: nothing is observed "
+        "(default: on)",
+    )
+    add(
+        *_flag("--progress-timeout-floor"),
+        type=float,
+        default=DEFAULT_PROGRESS_FLOOR_S,
+        metavar="SECONDS",
+        help="the progress deadline is learned (3x the longest interval between progress "
+        "events) but never shorter than this (default: %(default)g)",
     )
     add(
         *_flag("--enable-fault-injection"),

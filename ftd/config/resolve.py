@@ -107,6 +107,8 @@ def serve_config_from_args(args: argparse.Namespace) -> ServeConfig:
         "termination_signal": args.termination_signal,
         "restart_mode": args.restart_mode,
         "inprocess_respawn": args.inprocess_respawn,
+        "progress": args.progress == "on",
+        "progress_timeout_floor_s": args.progress_timeout_floor,
         **_restart_backoff(args.restart_backoff),
     }
     if args.node_id:

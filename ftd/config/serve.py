@@ -101,6 +101,10 @@ class ServeConfig(BaseModel):
     """In-process mode: a rank whose process died is started again and joins the next round
     (counted against max_restarts); False: the others go on without it."""
 
+    progress: bool = True
+    """Ranks report their progress (ftd_client/progress.py) and are judged by it."""
+    progress_timeout_floor_s: float = Field(300.0, gt=0, le=86400 * 30)
+    """The learned progress deadline is never shorter (ftd/health/progress.py)."""
     enable_fault_injection: bool = False
     """Allow `POST /v1/faults`; ranks then accept the fault signals (see ftd_client.faults)."""
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from ftd import containment
 from ftd.health.links import RankHealth
 from ftd.health.monitor import Monitor
+from ftd.health.progress import ProgressVerdict, ProgressWatch
 from ftd.health.verdict import Verdict
 from ftd.ranks.workers import WorkerGroup
 from ftd.status.event_kind import EventKind
@@ -35,8 +36,15 @@ NATIVE_DUMP_TIMEOUT_S = 10.0
 class HangHandler:
     """The health service's verdicts, carried out on the attempt's group."""
 
-    def __init__(self, monitor: Monitor, events: EventLog, termination_signal: str) -> None:
+    def __init__(
+        self,
+        monitor: Monitor,
+        events: EventLog,
+        termination_signal: str,
+        progress: ProgressWatch | None = None,
+    ) -> None:
         self.monitor = monitor
+        self.progress = progress or ProgressWatch()
         self.events = events
         self.termination_signal = termination_signal
         self.group: WorkerGroup | None = None
@@ -55,16 +63,32 @@ class HangHandler:
         overdue = list(verdict.overdue)
         # Ranks waiting in a collective on an injected hang time out as well, and may do so first.
         simulated = [r for r in self.monitor.ranks() if r.simulated_hang]
-        culprit = simulated[0] if simulated else overdue[0].rank
-        reason = _verdict_reason(verdict, culprit)
+        overdue_ranks = [item.rank for item in overdue]
+        # Where the ranks report progress: the rank the others wait on, not the first silent.
+        by_progress = self.progress.culprit(overdue_ranks, verdict.at)
+        culprit = simulated[0] if simulated else by_progress or overdue_ranks[0]
+        others = [rank for rank in overdue_ranks if rank is not culprit]
+        blame = self.progress.blame(culprit, others) if by_progress is culprit else None
+        reason = _verdict_reason(verdict, culprit, blame)
         log.error("%s", reason)
-        others = [item.rank for item in overdue if item.rank is not culprit]
         # The last sign of life as of the verdict: a stopped rank resumed for its stacks speaks
         # again before the kill, and the fault began when it fell silent, not then.
         silent = culprit.last_seen if culprit.last_seen is not None else culprit.connected_at
         origin = time.time() - (time.monotonic() - silent) if silent is not None else None
         self._background.spawn(
             self._explain_and_kill(culprit, others, reason, origin), "explain-and-kill"
+        )
+
+    def on_progress_hang(self, verdict: ProgressVerdict) -> None:
+        """A rank made no progress past its deadline: it is the culprit, the ranks stalled
+        with it its victims."""
+        culprit = verdict.culprit.rank
+        reason = verdict.reason
+        log.error("%s", reason)
+        victims = [v.rank for v in verdict.victims]
+        origin = time.time() - (time.monotonic() - verdict.culprit.advanced_at)
+        self._background.spawn(
+            self._explain_and_kill(culprit, victims, reason, origin), "explain-and-kill"
         )
 
     async def _explain_and_kill(
@@ -161,6 +185,8 @@ class HangHandler:
                 pid=rank.pid,
                 reason=reason,
                 section=section,
+                culprit=True,
+                victims=[r.global_rank for r in others],
                 also_overdue=[r.global_rank for r in others],
                 notes=notes,
             )
@@ -186,10 +212,15 @@ class HangHandler:
         )
 
 
-def _verdict_reason(verdict: Verdict, culprit: RankHealth) -> str:
-    """The culprit's reason, then who else was overdue and who stopped first."""
+def _verdict_reason(verdict: Verdict, culprit: RankHealth, blame: str | None = None) -> str:
+    """The culprit's reason, then who else was overdue and who stopped first (or, where the
+    ranks report progress, `blame`: who waits on whom)."""
     by_rank = {id(item.rank): item for item in verdict.overdue}
     own = by_rank.get(id(culprit))
+    if blame is not None:
+        first = verdict.first
+        reason = own.reason(verdict.at) if own is not None else first.reason(verdict.at)
+        return f"{reason}; {blame}"
     if own is not None:
         reason = own.reason(verdict.at)
     else:  # an announced simulated hang that has not timed out itself

@@ -154,6 +154,12 @@ class Monitor:
         rank.stack_signal = valid_stack_signal(stack_signal)
         self._rearm_if_earlier(rank, now)
 
+    def on_progress_link(self, rank: RankHealth, stack_signal: object) -> None:
+        """The rank's progress observer (no sign of life: its own thread) registered its
+        stack dump, where the script's own client has not."""
+        if rank.stack_signal is None:
+            rank.stack_signal = valid_stack_signal(stack_signal)
+
     def on_heartbeat(self, rank: RankHealth, now: float) -> None:
         self._ensure_connected(rank, now)
         if rank.last_heartbeat is None:

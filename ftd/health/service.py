@@ -34,11 +34,14 @@ from ftd.health.learning import (
     load_learned,
 )
 from ftd.health.links import Link, RankHealth
-from ftd.health.messages import WorkloadRequest, deliver
+from ftd.health.messages import WorkloadRequest, deliver, sent_at
 from ftd.health.monitor import Monitor
 from ftd.health.nvrx.host import NvrxRankHost
 from ftd.health.nvrx.server import NvrxServer
+from ftd.health.progress import DEFAULT_FLOOR_S, ProgressWatch
+from ftd.health.progress_timer import ProgressTimer
 from ftd.health.socket import RankSocketServer, parent_pid
+from ftd.health.sync import names_from, patched_sections
 from ftd.ranks.workers import WorkerGroup
 from ftd.status.event_kind import EventKind
 from ftd.status.events import EventLog
@@ -58,6 +61,7 @@ class HealthService:
         state_file: Path,
         events: EventLog,
         persist: Persistence | None = None,
+        progress: ProgressWatch | None = None,
     ) -> None:
         self.ft = ft
         self.state_file = state_file
@@ -77,14 +81,18 @@ class HealthService:
             on_first_step=lambda rank, now: self._on_first_step(rank, now),
             connect_timeout=ft.initial_rank_heartbeat_timeout,  # as configured, never learned
         )
-        self.hangs = HangHandler(self.monitor, events, ft.rank_termination_signal)
+        self.progress = progress or ProgressWatch(DEFAULT_FLOOR_S)
+        self.hangs = HangHandler(self.monitor, events, ft.rank_termination_signal, self.progress)
         self.server = RankSocketServer(
-            socket_path, self._dispatch, self._authorize, self._link_closed
+            socket_path, self._dispatch, self.rank_for, self._link_closed
         )
         self.nvrx = NvrxServer(
             socket_path, NvrxRankHost(self), self.server.dropped, self.server.previous_pids
         )
         self.server.followers.append(self.nvrx)
+        self._progress_timer = ProgressTimer(
+            self.progress, self.server.drain, self.hangs.on_progress_hang, self.hangs.fail
+        )
         self._group: WorkerGroup | None = None
         self._first_steps: asyncio.Future[float | None] | None = None
         self._not_stepped: set[int] = set()
@@ -95,6 +103,7 @@ class HealthService:
 
     def start(self) -> None:
         self.server.start()
+        self._progress_timer.start()
         log.info("the ranks' socket is %s", self.server.path)
         loop = asyncio.get_running_loop()
         try:
@@ -106,6 +115,7 @@ class HealthService:
         self.monitor.detach()
         self.server.close()
         self.nvrx.close()
+        self._progress_timer.close()
         self.hangs.close()
 
     # -- attempts ----------------------------------------------------------------------------
@@ -116,6 +126,7 @@ class HealthService:
         self._generations.reset()  # a new attempt's ranks count their calls from 1
         self.losses.forget()
         self.budgets.forget()
+        self.progress.attach()
         self.monitor.attach(
             [(s.local_rank, s.global_rank, s.pid) for s in statuses if s.pid is not None]
         )
@@ -152,7 +163,8 @@ class HealthService:
     def snapshot(self, pid: int | None) -> dict[str, Any] | None:
         """The live view of the rank with this pid (heartbeat age, open section), if watched."""
         rank = self.monitor.rank_of(pid) if pid is not None else None
-        return rank.snapshot(time.monotonic()) if rank is not None else None
+        now = time.monotonic()
+        return {**rank.snapshot(now), "progress": self.progress.view(rank, now)} if rank else None
 
     def timeouts_view(self) -> dict[str, Any]:
         return self.timeouts.model_dump()
@@ -209,7 +221,7 @@ class HealthService:
         except ValidationError as error:
             raise InvalidRequest(format_validation_error(error)) from None
         # Values set by hand are no longer learned ones.
-        keys = set(patch) | {f"section:{s}" for s in _sections(patch)}
+        keys = set(patch) | {f"section:{s}" for s in patched_sections(patch)}
         self._learned = (self._learned - keys) | (learned & keys)
         if "initial_rank_heartbeat_timeout" in set(patch) - learned:
             # Set by hand, it bounds a rank's time to connect too (a learned one does not).
@@ -255,13 +267,15 @@ class HealthService:
                 return rank
         raise ProtocolError("not_a_rank", f"pid {pid} is no rank of this daemon")
 
-    def _authorize(self, pid: int) -> None:
-        self.rank_for(pid)
-
     def _dispatch(self, link: Link, message: dict[str, Any], now: float) -> dict[str, Any] | None:
         rank = self.rank_for(link.pid)
         containment.inject("rank_messages")
         self.losses.received(rank, now)
+        if message["t"] == protocol.PROGRESS:  # an observation only: no sign of life
+            at = sent_at(message.get("m"), now, self.server.reading_since)
+            self.progress.observe(rank, link.id, message, at)
+            self.monitor.on_progress_link(rank, message.get("stack_signal"))
+            return None
         if message["t"] == protocol.HELLO:  # before its state: the rank is connected
             self.monitor.on_hello(rank, message.get("stack_signal"), now)
         if link.backlog_at is not None and (rank.backlog_at or 0.0) < link.backlog_at:
@@ -281,6 +295,7 @@ class HealthService:
         rank = self.monitor.rank_of(link.pid)
         if rank is not None:
             self.monitor.on_state(rank, link.id, [], time.monotonic(), fresh=False)
+            self.progress.forget(rank, link.id)
 
     def _answer(
         self, rank: RankHealth, message: dict[str, Any], now: float
@@ -308,7 +323,7 @@ class HealthService:
             patch = message.get("timeouts")
             if not isinstance(patch, dict):
                 raise ProtocolError("malformed", "timeouts must be an object")
-            learned = _names(message.get("learned", []), "learned")
+            learned = names_from(message.get("learned", []), "learned")
             try:
                 applied = self.update(patch, by=f"rank {rank.global_rank}", learned=learned)
             except InvalidRequest as error:
@@ -326,7 +341,7 @@ class HealthService:
         with an earlier learned value) or NVRx's (ftd/health/learning.py). Calls of one generation,
         one per rank, start from the same timeouts (see ftd/health/learning.py)."""
         raw = message.get("sections")
-        sections = None if raw is None else sorted(_names(raw, "sections"))
+        sections = None if raw is None else sorted(names_from(raw, "sections"))
         out_of_section = bool(message.get("oos", True))
         rule, kind, generation = (
             message.get("rule", "ftd"),
@@ -383,18 +398,3 @@ class HealthService:
         if action is not WorkloadAction.CONTINUE:
             log.warning("%s", request.reason())
             self.workload_request = request
-
-
-def _names(value: object, what: str) -> frozenset[str]:
-    if (
-        not isinstance(value, list)
-        or len(value) > protocol.MAX_SECTIONS
-        or not all(isinstance(n, str) and 0 < len(n) <= protocol.MAX_SECTION_NAME for n in value)
-    ):
-        raise ProtocolError("malformed", f"{what} must be a list of names")
-    return frozenset(value)
-
-
-def _sections(patch: dict[str, Any]) -> list[str]:
-    sections = patch.get("rank_section_timeouts")
-    return list(sections) if isinstance(sections, dict) else []

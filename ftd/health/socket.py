@@ -53,7 +53,7 @@ more than a rank's whole send buffer holds)."""
 Dispatch = Callable[[Link, dict[str, Any], float], dict[str, Any] | None]
 """(sender's connection, message, receipt time) -> reply for answered messages; raises
 ProtocolError."""
-Authorize = Callable[[int], None]
+Authorize = Callable[[int], object]
 """(sender pid) -> None when the pid is a rank or a rank's descendant; raises ProtocolError."""
 
 

@@ -73,6 +73,7 @@ def worker_envs(
             env["FTD_FAULT_INJECTION"] = "1"
         if socket_path:
             env["FTD_SOCKET"] = socket_path
+            env["FTD_PROGRESS"] = "1" if config.progress else "0"
             env["FTD_STACK_SIGNAL"] = str(int(STACK_SIGNAL))
             if send_buffer > 0:
                 env["FTD_SOCKET_SNDBUF"] = str(send_buffer)

@@ -84,6 +84,7 @@ class RankStatus:
             "section": health.get("section"),
             "section_age_s": health.get("section_age_s"),
             "dropped_messages": health.get("dropped_messages"),
+            "progress": health.get("progress"),
         }
 
 

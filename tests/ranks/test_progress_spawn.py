@@ -33,23 +33,24 @@ PER_RUN = {
     "TORCHELASTIC_ERROR_FILE",
     "TORCHELASTIC_RUN_ID",
 }
-OFF_AND_ON = (("plain", "0"), ("observed", "1"))
+OFF_AND_ON = (("plain", "off"), ("observed", "on"))
 
 
 async def start_pair(
     serve: ServeFactory, module: bool, script_args: tuple[str, ...], *flags: str
 ) -> dict[str, Serve]:
-    """The same rank started by two daemons, FTD_PROGRESS=0 and =1 (run ids: plain, observed)."""
+    """The same rank started by two daemons, --progress off and on (run ids: plain, observed)."""
     target = ("--module",) if module else ()
     return {
         name: await serve(
             *SPAWN,
             *flags,
             *target,
+            "--progress",
+            value,
             script=PROBE_MODULE if module else PROBE,
             script_args=script_args,
             run_id=name,
-            env={"FTD_PROGRESS": value},
         )
         for name, value in OFF_AND_ON
     }

@@ -1,6 +1,6 @@
-"""ftd's rank start observes an unmodified script's progress with FTD_PROGRESS=1 (off by
-default; zygote ranks through rank_main, spawn ranks through script_boot.py), and the daemon
-takes the records without a refusal and without treating them as life."""
+"""ftd's rank start observes an unmodified script's progress unless `--progress off` (zygote
+ranks through rank_main, spawn ranks through script_boot.py), and the daemon takes the records
+without a refusal and without treating them as life."""
 
 from __future__ import annotations
 
@@ -19,16 +19,16 @@ PROBE = BIN / "progress_probe.py"
 
 
 @pytest.mark.parametrize(
-    ("start_method", "env", "observed"),
+    ("start_method", "flags", "observed"),
     [
-        ("zygote", {"FTD_PROGRESS": "1"}, True),
-        ("zygote", {}, False),
-        ("spawn", {"FTD_PROGRESS": "1"}, True),
-        ("spawn", {}, False),
+        ("zygote", (), True),
+        ("zygote", ("--progress", "off"), False),
+        ("spawn", (), True),
+        ("spawn", ("--progress", "off"), False),
     ],
 )
 async def test_progress_is_observed_only_when_asked_for(
-    serve: ServeFactory, tmp_path: Path, start_method: str, env: dict[str, str], observed: bool
+    serve: ServeFactory, tmp_path: Path, start_method: str, flags: tuple[str, ...], observed: bool
 ) -> None:
     release = tmp_path / "release"
     run = await serve(
@@ -36,9 +36,9 @@ async def test_progress_is_observed_only_when_asked_for(
         start_method,
         "--nproc-per-node",
         "1",
+        *flags,
         script=PROBE,
         script_args=(str(release),),
-        env=env,
     )
     await run.stdout.expect(f"progress thread {observed}")
     await run.stdout.expect(f"torch hooked {observed}")

@@ -1,0 +1,289 @@
+"""Hang verdicts from what the ranks observed of their own progress, and the culprit of a hang.
+
+Every rank ftd starts reports its progress without the script's help (ftd_client/progress.py:
+optimizer steps, collectives entered on the default group and Python collective calls
+entered/returned, open automatic sections such as `torch.save`). Any change of those counts is
+progress. Once a rank of the node has made an optimizer step, a rank that makes none for the
+job's progress deadline is hung: the deadline is learned, PROGRESS_FACTOR times the longest
+interval between two progress events seen in this job (never below the floor,
+`--progress-timeout-floor`); a rank inside an automatic section is judged by that section's
+deadline instead (learned from the durations it was seen to take, AUTO_SECTION_DEFAULT_S
+before it ever ended).
+
+The culprit: of ranks stuck in one job, the others have entered a collective it has not
+(c10d numbers them alike on every rank), so the rank with the fewest collectives entered stopped
+the others; they are its victims. Ties (no collective tells them apart) go to the rank that
+stopped first. The same order names the culprit of a heartbeat or section verdict where the
+ranks report progress (HangHandler): who went silent first is a coin toss between a rank that
+stopped and the ranks that block on it a millisecond later.
+
+Pure apart from the clock it is given (`now` arguments): the property tests use a fake one.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ftd.health.links import RankHealth
+
+PROGRESS_FACTOR = 3.0
+"""The deadline is this many times the longest interval between progress events seen."""
+AUTO_FACTOR = 3.0
+"""An automatic section's deadline: this many times the longest it was seen to take."""
+AUTO_SECTION_DEFAULT_S = 1800.0
+"""An automatic section never seen to end (a first checkpoint, a DataLoader's first workers)
+is given NCCL's default collective timeout: a slow disk is no hang."""
+DEFAULT_FLOOR_S = 300.0
+"""`--progress-timeout-floor`'s default: longer than a rank-0-only evaluation or a logging
+pause of most jobs (learning only raises it), far shorter than the 10-30 min a collective
+waits before its own timeout."""
+STALLED_AFTER_S = 1.5
+"""A rank without progress this long is stalled (three of its sampler's intervals): a victim
+when another is judged."""
+STEP_WINDOW = 32
+
+
+@dataclass
+class RankProgress:
+    """What one rank last reported, and when its counts last changed (daemon clock)."""
+
+    rank: RankHealth
+    link: int
+    """The connection that carries the rank's reports (forgotten when it closes)."""
+    counts: tuple[int, int | None, int, int]
+    """steps, collectives entered, Python collective calls entered, returned."""
+    auto: dict[str, float]
+    """Open automatic sections -> when each opened."""
+    advanced_at: float
+    sampled_at: float
+    last_step_at: float | None = None
+    forward_s: float | None = None
+    step_times: deque[float] = field(default_factory=lambda: deque(maxlen=STEP_WINDOW))
+
+    @property
+    def steps(self) -> int:
+        return self.counts[0]
+
+    @property
+    def entered(self) -> int | None:
+        return self.counts[1]
+
+    def view(self, now: float) -> dict[str, Any]:
+        steps, entered, called, returned = self.counts
+        return {
+            "steps": steps,
+            "last_step_age_s": (
+                round(now - self.last_step_at, 3) if self.last_step_at is not None else None
+            ),
+            "step_time_s": (
+                round(statistics.median(self.step_times), 6) if self.step_times else None
+            ),
+            "forward_s": self.forward_s,
+            "collectives_entered": entered,
+            "collective_calls": called,
+            "collective_calls_returned": returned,
+            "progress_age_s": round(now - self.advanced_at, 3),
+            "automatic_section": next(iter(self.auto), None),
+        }
+
+
+@dataclass(frozen=True)
+class ProgressVerdict:
+    culprit: RankProgress
+    victims: tuple[RankProgress, ...]
+    reason: str
+    at: float
+
+
+def sort_key(progress: RankProgress) -> tuple[bool, int, float, int]:
+    """The culprit first: fewest collectives entered, then stopped first, then global rank."""
+    entered = progress.entered
+    return (entered is None, entered or 0, progress.advanced_at, progress.rank.global_rank)
+
+
+class ProgressWatch:
+    """The node's ranks' progress in the current attempt, and the verdicts it leads to."""
+
+    def __init__(self, floor_s: float = DEFAULT_FLOOR_S, enabled: bool = True) -> None:
+        self.floor_s = floor_s
+        self.enabled = enabled
+        """False (`--progress off`): reports are kept for status, never judged."""
+        self._ranks: dict[int, RankProgress] = {}
+        self._longest_interval = 0.0
+        self._auto_longest: dict[str, float] = {}
+        self._judged = False
+
+    def attach(self) -> None:
+        """A new attempt: its ranks start afresh (what was learned stays: the same job)."""
+        self._ranks = {}
+        self._judged = False
+
+    @property
+    def armed(self) -> bool:
+        """Judging starts with the node's first optimizer step (set-up is not progress)."""
+        return any(p.steps > 0 for p in self._ranks.values())
+
+    @property
+    def deadline_s(self) -> float:
+        return max(self.floor_s, PROGRESS_FACTOR * self._longest_interval)
+
+    def auto_deadline_s(self, name: str) -> float:
+        longest = self._auto_longest.get(name)
+        if longest is None:
+            return max(self.floor_s, AUTO_SECTION_DEFAULT_S)
+        return max(self.floor_s, AUTO_FACTOR * longest)
+
+    # -- reports -----------------------------------------------------------------------------
+
+    def observe(self, rank: RankHealth, link: int, message: dict[str, Any], at: float) -> None:
+        """A `pg` report (decoded by protocol.decode) sampled at `at` (daemon clock)."""
+        counts = (
+            int(message["steps"]),
+            message.get("entered"),
+            int(message["called"]),
+            int(message["returned"]),
+        )
+        raw_auto: dict[str, int] = message.get("auto") or {}
+        previous = self._ranks.get(rank.local_rank)
+        if previous is None or previous.rank is not rank:
+            previous = self._ranks[rank.local_rank] = RankProgress(
+                rank, link, (0, None, 0, 0), {}, advanced_at=at, sampled_at=at
+            )
+        auto = {name: previous.auto.get(name, at - ms / 1000) for name, ms in raw_auto.items()}
+        changed = counts != previous.counts or auto.keys() != previous.auto.keys()
+        for name, opened in previous.auto.items():
+            if name not in auto:  # it ended: how long it took teaches its deadline
+                took = max(at - opened, 0.0)
+                self._auto_longest[name] = max(self._auto_longest.get(name, 0.0), took)
+        if changed:
+            if previous.steps > 0 and not previous.auto and not auto:
+                interval = at - previous.advanced_at
+                self._longest_interval = max(self._longest_interval, interval)
+            self._steps_advanced(previous, counts[0], message, at)
+            previous.advanced_at = at
+        previous.counts, previous.auto, previous.sampled_at = counts, auto, at
+        previous.link = link
+        if "fwd_us" in message:
+            previous.forward_s = message["fwd_us"] / 1e6
+
+    def _steps_advanced(
+        self, progress: RankProgress, steps: int, message: dict[str, Any], at: float
+    ) -> None:
+        age_ms = message.get("age_ms")
+        last_step_at = at - age_ms / 1000 if isinstance(age_ms, int) else at
+        made = steps - progress.steps
+        if made > 0 and progress.last_step_at is not None:
+            progress.step_times.append(max(last_step_at - progress.last_step_at, 0.0) / made)
+        if made > 0 or (progress.last_step_at is None and steps > 0):
+            progress.last_step_at = last_step_at
+
+    def forget(self, rank: RankHealth, link: int) -> None:
+        """The connection that carried this rank's reports closed: the rank ended (or its
+        observer did), so it stops no one."""
+        progress = self._ranks.get(rank.local_rank)
+        if progress is not None and progress.rank is rank and progress.link == link:
+            del self._ranks[rank.local_rank]
+
+    def paused(self, lost_s: float) -> None:
+        """The daemon did not run for `lost_s` (a stall): no rank is blamed for that time."""
+        for progress in self._ranks.values():
+            progress.advanced_at += lost_s
+            progress.auto = {name: opened + lost_s for name, opened in progress.auto.items()}
+
+    # -- verdicts ----------------------------------------------------------------------------
+
+    def judged(self) -> None:
+        """The verdict `check` gave is carried out: no other in this attempt."""
+        self._judged = True
+
+    def check(self, now: float) -> ProgressVerdict | None:
+        """A verdict when the culprit among the stalled ranks is past its deadline (until one
+        is `judged`)."""
+        if not self.enabled or self._judged or not self.armed:
+            return None
+        stalled = sorted(self._stalled(now), key=sort_key)
+        if not stalled:
+            return None
+        culprit, victims = stalled[0], tuple(stalled[1:])
+        since, limit, what = self._limit(culprit)
+        if now - since < limit:
+            return None
+        return ProgressVerdict(culprit, victims, _reason(culprit, victims, now - since, what), now)
+
+    def _stalled(self, now: float) -> Iterable[RankProgress]:
+        return (p for p in self._ranks.values() if now - p.advanced_at >= STALLED_AFTER_S)
+
+    def _limit(self, progress: RankProgress) -> tuple[float, float, str]:
+        """Since when the rank is timed, its limit, and what the limit is."""
+        if progress.auto:
+            name, opened = min(progress.auto.items(), key=lambda item: item[1])
+            limit = self.auto_deadline_s(name)
+            return opened, limit, f"inside {name} (its deadline {limit:g}s)"
+        learned = "learned" if self.deadline_s > self.floor_s else "the floor"
+        return (
+            progress.advanced_at,
+            self.deadline_s,
+            f"progress deadline {self.deadline_s:g}s, {learned}",
+        )
+
+    def culprit(self, candidates: Iterable[RankHealth], now: float) -> RankHealth | None:
+        """Of ranks found hung together (a heartbeat or section verdict) and any stalled with
+        them, the one that stopped the others, where progress tells: None where it does not."""
+        known = {id(p.rank): p for p in self._ranks.values()}
+        suspects = {id(p.rank): p for p in self._stalled(now)}
+        for rank in candidates:
+            if id(rank) not in known:
+                return None
+            suspects[id(rank)] = known[id(rank)]
+        ordered = sorted(suspects.values(), key=sort_key)
+        if len(ordered) < 2 or any(p.entered is None for p in ordered):
+            return None
+        first, second = ordered[0], ordered[1]
+        return first.rank if first.entered != second.entered else None
+
+    def blame(self, culprit: RankHealth, others: list[RankHealth]) -> str:
+        """Why `culprit` (as `culprit` chose it) stopped `others`."""
+        entered = {id(p.rank): p.entered for p in self._ranks.values()}
+        waiting = [rank.global_rank for rank in others]
+        return (
+            f"rank {culprit.global_rank} is the culprit: it entered "
+            f"{entered.get(id(culprit))} collectives, ranks {waiting} entered "
+            f"{[entered.get(id(rank)) for rank in others]} and wait on it"
+        )
+
+    def view(self, rank: RankHealth, now: float) -> dict[str, Any] | None:
+        progress = self._ranks.get(rank.local_rank)
+        return progress.view(now) if progress is not None and progress.rank is rank else None
+
+    def deadlines_view(self) -> dict[str, Any]:
+        return {
+            "enabled": self.enabled,
+            "floor_s": self.floor_s,
+            "deadline_s": self.deadline_s,
+            "automatic_sections_s": {
+                name: self.auto_deadline_s(name) for name in sorted(self._auto_longest)
+            },
+        }
+
+
+def _reason(
+    culprit: RankProgress, victims: tuple[RankProgress, ...], silent: float, what: str
+) -> str:
+    rank = culprit.rank.global_rank
+    entered = culprit.entered
+    reason = f"rank {rank} made no progress for {silent:.3f}s ({what}; {culprit.steps} steps"
+    reason += f", {entered} collectives entered)" if entered is not None else ")"
+    waiting = [v.rank.global_rank for v in victims if (v.entered or 0) > (entered or 0)]
+    if entered is not None and waiting:
+        reason += (
+            f": the culprit, it has not entered collective {entered + 1}, which ranks "
+            f"{waiting} entered and wait in"
+        )
+    others = [v.rank.global_rank for v in victims if v.rank.global_rank not in waiting]
+    if others:
+        reason += f"; ranks {others} stalled with it"
+    return reason
