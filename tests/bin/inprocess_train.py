@@ -23,7 +23,11 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from ftd_client import inprocess
+
+if "--nvrx-import" in sys.argv:  # NVRx's own API, unmodified: ftd's under --restart-mode inprocess
+    from nvidia_resiliency_ext import inprocess  # type: ignore[import-not-found,no-redef]
+else:
+    from ftd_client import inprocess
 
 SLOT = int(os.environ.get("RANK", "0"))
 ATTEMPT = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
@@ -42,6 +46,7 @@ parser.add_argument("--hard-timeout", type=float, default=90.0)
 parser.add_argument("--barrier-timeout", type=float, default=120.0)
 parser.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
 parser.add_argument("--fr-path", default=None, help="AbortTorchDistributed's torch_fr_trace_path")
+parser.add_argument("--nvrx-import", action="store_true", help="inprocess is NVRx's (see above)")
 args = parser.parse_args()
 
 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -100,7 +105,7 @@ def aborted(state: inprocess.FrozenState) -> None:
 
 
 @inprocess.Wrapper(
-    abort=inprocess.Compose(inprocess.AbortTorchDistributed(args.fr_path)),
+    abort=inprocess.Compose(inprocess.abort.AbortTorchDistributed(args.fr_path)),
     finalize=aborted,
     soft_timeout=args.soft_timeout,
     hard_timeout=args.hard_timeout,

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 from ftd.ranks.spawn.base import LaunchSpec, RankHandle
 from ftd.ranks.spawn.output import OutputPlan, RankStream, plan_output
 
-PROGRESS_ENV = "FTD_PROGRESS"
-"""ftd_client.progress_link.ENABLE_ENV (not imported: it would load the rank-side observer)."""
+RANK_START_WANTED = (("FTD_PROGRESS", "1"), ("FTD_RESTART_MODE", "inprocess"))
+"""ftd_client.rank_start.WANTED (not imported: it would load the rank-side parts)."""
 SCRIPT_BOOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "script_boot.py")
 
 if TYPE_CHECKING:
@@ -101,10 +101,12 @@ class PContextSpawner:
 
 
 def rank_command(spec: LaunchSpec, local_rank: int) -> tuple[str, ...]:
-    """spec.cmd; for a Python rank whose environment has FTD_PROGRESS=1, the same run through
+    """spec.cmd; for a Python rank whose environment wants a rank start (FTD_PROGRESS=1 or
+    FTD_RESTART_MODE=inprocess: ftd_client/rank_start.py), the same run through
     script_boot.py, which observes its progress first (a forked rank is observed by rank_main)."""
-    progress = spec.envs[local_rank].get(PROGRESS_ENV, os.environ.get(PROGRESS_ENV))
-    if not spec.python or progress != "1" or len(spec.cmd) < 3:
+    env = {**os.environ, **spec.envs[local_rank]}
+    wanted = any(env.get(name) == value for name, value in RANK_START_WANTED)
+    if not spec.python or not wanted or len(spec.cmd) < 3:
         return spec.cmd
     python, flag, *rest = spec.cmd
     return (python, flag, SCRIPT_BOOT, *rest)

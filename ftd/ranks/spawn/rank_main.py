@@ -34,6 +34,8 @@ from typing import Any, NoReturn
 from ftd.text import is_decimal
 
 PR_SET_PDEATHSIG = 1
+RANK_START_WANTED = (("FTD_PROGRESS", "1"), ("FTD_RESTART_MODE", "inprocess"))
+"""ftd_client.rank_start.WANTED (not imported: the zygote preloads no ftd_client)."""
 REPARENT_TIMEOUT_S = 10.0
 
 INITIAL_PATH0: str | None = None
@@ -79,9 +81,9 @@ def become_rank(request: dict[str, Any]) -> NoReturn:
     except BaseException as error:  # the script has not started: report and leave
         os.write(2, f"ftd zygote: could not start the rank: {error!r}\n".encode())
         os._exit(1)
-    if os.environ.get("FTD_PROGRESS") == "1":  # off by default (ftd_client/progress_link.py)
-        try:
-            importlib.import_module("ftd_client.progress_link").install_from_env()
+    if any(os.environ.get(name) == value for name, value in RANK_START_WANTED):
+        try:  # progress observation, NVRx's in-process restart as ftd's
+            importlib.import_module("ftd_client.rank_start").install_from_env()
         except Exception as error:  # the script runs all the same
             os.write(2, f"ftd: progress is not observed in this rank: {error!r}\n".encode())
     _run_main(request)

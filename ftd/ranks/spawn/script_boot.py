@@ -57,8 +57,8 @@ def main() -> None:
 
 
 def _observe() -> None:
-    try:
-        importlib.import_module("ftd_client.progress_link").install_from_env()
+    try:  # progress observation, NVRx's in-process restart as ftd's (ftd_client/rank_start.py)
+        importlib.import_module("ftd_client.rank_start").install_from_env()
     except Exception as error:  # the script runs all the same
         os.write(2, f"ftd: progress is not observed in this rank: {error!r}\n".encode())
 

@@ -8,6 +8,7 @@ round, when each rank's abort had unblocked it (the Wrapper's finalize), the fin
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import pickle
 from pathlib import Path
@@ -25,13 +26,20 @@ from ftd_client.inprocess import (
 from tests.conftest import BIN, Backend, Serve, ServeFactory
 from tests.support.inprocess import ENV, TRAIN, WORLD
 
+HAVE_NVRX = importlib.util.find_spec("nvidia_resiliency_ext") is not None
+NVRX = ("--nvrx-import",)
 FAULTY = 2
 SURVIVORS = [s for s in range(WORLD) if s != FAULTY]
 UNBLOCKED_WITHIN_S = 2.0
 
 
 async def train(
-    serve: ServeFactory, tmp_path: Path, inject: str, *flags: str, **worker: str
+    serve: ServeFactory,
+    tmp_path: Path,
+    inject: str,
+    *flags: str,
+    script_flags: tuple[str, ...] = (),
+    **worker: str,
 ) -> Serve:
     options = {"steps": "20", "step-time": "0.05", "soft-timeout": "20", "hard-timeout": "30"}
     options.update({key.replace("_", "-"): value for key, value in worker.items()})
@@ -39,7 +47,7 @@ async def train(
     return await serve(
         "--nproc-per-node", str(WORLD), "--restart-mode", "inprocess", *flags,
         script=TRAIN,
-        script_args=("--out", str(tmp_path / "out"), "--inject", inject, *args),
+        script_args=("--out", str(tmp_path / "out"), "--inject", inject, *args, *script_flags),
         env=ENV,
     )  # fmt: skip
 
@@ -82,6 +90,25 @@ async def test_a_raising_rank_restarts_every_rank_in_process(
     assert fault["kind"] == "exception" and fault["global_rank"] == FAULTY
     assert "injected failure" in fault["reason"]
     assert not run.event_data("attempt_failed")
+
+
+@pytest.mark.skipif(not HAVE_NVRX, reason="needs nvidia-resiliency-ext")
+@pytest.mark.timeout(90)
+async def test_an_unmodified_nvrx_script_gets_ftds_in_process_restart(
+    serve: ServeFactory, tmp_path: Path
+) -> None:
+    """`from nvidia_resiliency_ext import inprocess` (NVRx's Wrapper, unmodified): under
+    --restart-mode inprocess the rank's start makes it ftd's (client/ftd_client/inprocess/
+    nvrx_alias.py), so a fault restarts every rank in process within ftd's bound, not NVRx's
+    own store and gloo timeout."""
+    run = await train(serve, tmp_path, "raise", script_flags=NVRX)
+    assert await run.wait(timeout=80) == 0, run.stderr.text[-3000:]
+    assert_unblocked_in_process(run, SURVIVORS)
+    assert_same_model(run, list(range(WORLD)), WORLD)
+    [fault] = run.event_data("inprocess_fault")
+    assert fault["global_rank"] == FAULTY
+    said = "ftd: nvidia_resiliency_ext.inprocess is ftd's in-process restart (ftd_client.inprocess)"
+    assert run.stderr.text.count(said) == WORLD
 
 
 @pytest.mark.timeout(90)
