@@ -28,7 +28,8 @@ ENV = {
 PRELOAD = ("--preload", ",".join(GROUP_CAPTURING_MODULES))
 """The zygote imports what every rank's Wrapper imports before its first round (the modules
 that capture the default group): once per daemon instead of once per rank, ~0.7 s of CPU each.
-test_inprocess_ddp.py keeps the default preload: there the Wrapper's own import is tested."""
+test_inprocess_ddp.py's DDP tests keep the default preload: there the Wrapper's own import is
+tested."""
 
 
 def initial_state(slot: int, world: int) -> FrozenState:
