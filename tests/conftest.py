@@ -153,10 +153,16 @@ ServeFactory = Callable[..., Awaitable[Serve]]
 TORCH_FREE = frozenset(
     BIN / f"{name}.py"
     for name in ("argv_dump", "bad_error_file", "burst_rank", "chatty_rank", "dash_rank",
-                 "escape_section", "probe_rank", "relay")
+                 "escape_section", "nvrx_attack", "nvrx_heartbeats", "nvrx_sections",
+                 "nvrx_state", "probe_rank", "relay", "truth_rank")
 )  # fmt: skip
 """Test ranks that never import torch (nor does ftd_client): their zygote need not preload it."""
-WORKER_TORCH_FLAGS = frozenset({"--allreduce", "--record"})
+TORCH_WHEN = {
+    WORKER: frozenset({"--allreduce", "--record"}),
+    BIN / "chaos_rank.py": frozenset({"gloo-hang"}),
+    BIN / "health_worker.py": frozenset({"gloo-hang"}),
+}
+"""Test ranks that import torch only when given one of these arguments (a flag, a mode)."""
 
 
 def _without_torch(script: Path, flags: tuple[str, ...], script_args: tuple[str, ...]) -> bool:
@@ -168,8 +174,8 @@ def _without_torch(script: Path, flags: tuple[str, ...], script_args: tuple[str,
         flag.split("=")[0] in ("--start-method", "--start_method", "--preload") for flag in flags
     ):
         return False
-    if script == WORKER:
-        return not WORKER_TORCH_FLAGS & set(script_args)
+    if script in TORCH_WHEN:
+        return not TORCH_WHEN[script] & set(script_args)
     return script in TORCH_FREE
 
 

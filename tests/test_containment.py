@@ -45,7 +45,7 @@ CASES: dict[str, tuple[tuple[str, ...], tuple[str, ...], int]] = {
 async def test_an_error_in_a_component_is_contained(serve: ServeFactory, component: str) -> None:
     flags, worker, code = CASES[component]
     run = await serve(
-        "--nproc-per-node", "2", "--start-method", "spawn", *flags,
+        "--nproc-per-node", "2", *flags,
         script=HEALTH, script_args=worker, env={"FTD_INTERNAL_FAULT": component},
     )  # fmt: skip
     assert await run.wait() == code, run.stderr.text[-3000:]
@@ -59,7 +59,7 @@ async def test_an_error_in_a_component_is_contained(serve: ServeFactory, compone
 
 async def test_a_failing_scrape_is_contained(serve: ServeFactory) -> None:
     run = await serve(
-        "--nproc-per-node", "1", "--start-method", "spawn", "--max-restarts", "0",
+        "--nproc-per-node", "1", "--max-restarts", "0",
         script=HEALTH, script_args=("--mode", "relay", "--interval", "0.05"),
         env={"FTD_INTERNAL_FAULT": "metrics"},
     )  # fmt: skip

@@ -40,12 +40,16 @@ from tests.support.cluster import (
 
 pytestmark = pytest.mark.timeout(90)
 
+EXIT_1 = ("--fail-mode", "exit:1")
+"""How a rank crashes here: an exit, not a raise, whose error file a forked rank would import
+torch to write (seconds of CPU per crash); what an error file holds is test_zygote.py's."""
+
 
 async def test_rank_crash_on_one_node_restarts_every_node(
     serve: ServeFactory, backend: Backend
 ) -> None:
     cluster = Cluster(serve, "2", "--max-restarts", "1", backend=backend)
-    args = ("--hang-attempts", "1", "--fail-attempts", "1", "--fail-rank", "1")
+    args = ("--hang-attempts", "1", "--fail-attempts", "1", "--fail-rank", "1", *EXIT_1)
     a = await cluster.first("a", *args)
     b = await cluster.node("b", *args)
     assert await a.wait() == 0 and await b.wait() == 0
@@ -137,7 +141,7 @@ async def test_excluded_node_stops_and_is_refused(serve: ServeFactory, backend: 
 
 async def test_max_restarts_are_counted_cluster_wide(serve: ServeFactory, backend: Backend) -> None:
     cluster = Cluster(serve, "2", "--max-restarts", "2", backend=backend)
-    args = ("--fail-attempts", "99", "--fail-rank", "rotate")
+    args = ("--fail-attempts", "99", "--fail-rank", "rotate", *EXIT_1)
     a = await cluster.first("a", *args)
     b = await cluster.node("b", *args)
     assert await a.wait() == 1 and await b.wait() == 1

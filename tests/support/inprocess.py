@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 from ftd_client import inprocess
 from ftd_client.inprocess import FrozenState
 from ftd_client.inprocess.exceptions import RestartError
+from ftd_client.inprocess.runner import GROUP_CAPTURING_MODULES
 from ftd_client.store import tcp_store_client
 
 from tests.conftest import BIN, ROOT
@@ -24,6 +25,11 @@ ENV = {
     )
 }
 """The ranks import this checkout's ftd_client, whatever is installed."""
+PRELOAD = ("--preload", ",".join(GROUP_CAPTURING_MODULES))
+"""The zygote imports what every rank's Wrapper imports before its first round (the modules
+that capture the default group): once per daemon instead of once per rank, ~0.7 s of CPU each.
+test_inprocess_ddp.py's DDP tests keep the default preload: there the Wrapper's own import is
+tested."""
 
 
 def initial_state(slot: int, world: int) -> FrozenState:

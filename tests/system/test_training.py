@@ -16,6 +16,10 @@ TIMEOUTS = (
     "--ft-param-rank_section_timeouts=setup:20,step:5,checkpointing:30",
     "--ft-param-rank_out_of_section_timeout=30",
 )
+PRELOAD = ("--preload", "torch._dynamo")
+"""DistributedDataParallel imports torch._dynamo when it wraps the model (1.5-2 CPU-s): the
+zygote imports it once per daemon instead of every rank of every attempt. test_serve.py's
+crash-and-resume of examples/train_ddp.py keeps the default preload."""
 
 
 def assert_resumed_from_newest_checkpoint(run: Serve) -> None:
@@ -28,7 +32,7 @@ def assert_resumed_from_newest_checkpoint(run: Serve) -> None:
 
 async def train(serve: ServeFactory, tmp_path: Path, fault: str, *extra: str) -> Serve:
     return await serve(
-        "--nproc-per-node", "2", "--max-restarts", "2", *TIMEOUTS,
+        "--nproc-per-node", "2", "--max-restarts", "2", *TIMEOUTS, *PRELOAD,
         f"--ft-param-simulated_fault={fault}", *extra,
         script=EXAMPLE,
         script_args=(
@@ -75,7 +79,8 @@ async def test_simulated_kill_restarts_from_the_newest_checkpoint(
 async def test_learned_timeouts_persist_and_reload(serve: ServeFactory, tmp_path: Path) -> None:
     # A large safety factor: the learned timeouts must hold on a loaded 2-core machine.
     first = await serve(
-        "--nproc-per-node", "2", *TIMEOUTS, "--ft-param-safety_factor=500", script=EXAMPLE,
+        "--nproc-per-node", "2", *TIMEOUTS, *PRELOAD, "--ft-param-safety_factor=500",
+        script=EXAMPLE,
         script_args=("--steps", "40", "--ckpt-dir", str(tmp_path / "ck"), "--calc-timeouts"),
     )  # fmt: skip
     assert await first.wait(timeout=100) == 0
@@ -86,7 +91,8 @@ async def test_learned_timeouts_persist_and_reload(serve: ServeFactory, tmp_path
     assert "section:setup" not in state["learned"]  # no persistent checkpoint was loaded
     # The second run resumes from a checkpoint: setup is learned now, from the reloaded state.
     second = await serve(
-        "--nproc-per-node", "2", *TIMEOUTS, "--ft-param-safety_factor=500", script=EXAMPLE,
+        "--nproc-per-node", "2", *TIMEOUTS, *PRELOAD, "--ft-param-safety_factor=500",
+        script=EXAMPLE,
         script_args=("--steps", "60", "--ckpt-dir", str(tmp_path / "ck"), "--calc-timeouts"),
     )  # fmt: skip
     await second.stderr.expect("loaded learned timeouts")

@@ -24,7 +24,7 @@ from ftd_client.inprocess import (
 )
 
 from tests.conftest import BIN, Backend, Serve, ServeFactory
-from tests.support.inprocess import ENV, TRAIN, WORLD
+from tests.support.inprocess import ENV, PRELOAD, TRAIN, WORLD
 
 HAVE_NVRX = importlib.util.find_spec("nvidia_resiliency_ext") is not None
 NVRX = ("--nvrx-import",)
@@ -45,7 +45,7 @@ async def train(
     options.update({key.replace("_", "-"): value for key, value in worker.items()})
     args = [f"--{key}={value}" for key, value in options.items()]
     return await serve(
-        "--nproc-per-node", str(WORLD), "--restart-mode", "inprocess", *flags,
+        "--nproc-per-node", str(WORLD), "--restart-mode", "inprocess", *PRELOAD, *flags,
         script=TRAIN,
         script_args=("--out", str(tmp_path / "out"), "--inject", inject, *args, *script_flags),
         env=ENV,
@@ -212,7 +212,7 @@ async def test_a_fault_on_one_node_restarts_the_ranks_of_every_node(
             "--nnodes", "2", "--rdzv-endpoint", endpoint, "--local-addr", "127.0.0.1",
             "--rdzv-backend", backend.name,
             "--rdzv-last-call-timeout", "1", "--node-id", node, "--nproc-per-node", "2",
-            "--max-restarts", "1", "--restart-mode", "inprocess",
+            "--max-restarts", "1", "--restart-mode", "inprocess", *PRELOAD,
             script=TRAIN,
             script_args=("--out", str(tmp_path / "out"), "--inject", "exit"),
             env=ENV,
@@ -257,7 +257,7 @@ async def test_a_managed_group_follows_the_rounds(
     out = tmp_path / "out"
     out.mkdir()
     run = await serve(
-        "--nproc-per-node", "3", "--restart-mode", "inprocess", *flags,
+        "--nproc-per-node", "3", "--restart-mode", "inprocess", *PRELOAD, *flags,
         script=MANAGED, script_args=("--out", str(out), "--inject", inject), env=ENV,
     )  # fmt: skip
     assert await run.wait(timeout=80) == 0, run.stderr.text[-3000:]

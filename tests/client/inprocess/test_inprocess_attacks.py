@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from tests.conftest import C10D, ServeFactory, pids_with_env
 from tests.support.cluster import JOB_SECRET
 from tests.support.fuzzing import budget, fuzz_target
-from tests.support.inprocess import ENV, TRAIN, WORLD
+from tests.support.inprocess import ENV, PRELOAD, TRAIN, WORLD
 
 
 def test_seals_bind_the_key_and_the_attempt() -> None:
@@ -93,7 +93,7 @@ async def test_forged_inprocess_records_restart_nothing(
         await serve(
             "--nnodes", "2", "--rdzv-endpoint", endpoint, "--local-addr", "127.0.0.1",
             "--rdzv-last-call-timeout", "1", "--node-id", node, "--nproc-per-node", "2",
-            "--max-restarts", "0", "--restart-mode", "inprocess",
+            "--max-restarts", "0", "--restart-mode", "inprocess", *PRELOAD,
             script=TRAIN,
             script_args=(
                 "--out", str(out), "--inject", "none", "--steps", "60", "--step-time", "0.1",
@@ -135,7 +135,7 @@ async def test_sealed_rounds_restart_in_process_on_a_real_fault(
         await serve(
             "--nnodes", "2", "--rdzv-endpoint", endpoint, "--local-addr", "127.0.0.1",
             "--rdzv-last-call-timeout", "1", "--node-id", node, "--nproc-per-node", "2",
-            "--max-restarts", "1", "--restart-mode", "inprocess", *flags,
+            "--max-restarts", "1", "--restart-mode", "inprocess", *PRELOAD, *flags,
             script=TRAIN,
             script_args=("--out", str(out), "--inject", inject, "--step-time", "0.05"),
             env={**ENV, "FTD_RDZV_SECRET": JOB_SECRET},

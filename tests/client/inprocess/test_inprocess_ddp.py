@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import BIN, ServeFactory
-from tests.support.inprocess import ENV
+from tests.support.inprocess import ENV, PRELOAD
 
 FAULTS = 20
 WORLD = 2
@@ -60,7 +60,7 @@ async def test_a_reserve_rank_takes_a_dead_ranks_place(serve: ServeFactory, tmp_
     out = tmp_path / "out"
     run = await serve(
         "--nproc-per-node", "3", "--restart-mode", "inprocess", "--no-inprocess-respawn",
-        script=BIN / "inprocess_reserve.py", script_args=("--out", str(out)), env=ENV,
+        *PRELOAD, script=BIN / "inprocess_reserve.py", script_args=("--out", str(out)), env=ENV,
     )  # fmt: skip
     assert await run.wait(timeout=80) == 0, run.stderr.text[-3000:]
 

@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import BIN, ServeFactory
-from tests.support.inprocess import ENV, initial_state, run_ranks
+from tests.support.inprocess import ENV, PRELOAD, initial_state, run_ranks
 
 ra = inprocess.rank_assignment
 RESERVE, BACKFILL = ra.LayerFlag.RESERVE, ra.LayerFlag.BACKFILL
@@ -499,6 +499,7 @@ async def test_a_tree_reserve_takes_a_lost_ranks_place(serve: ServeFactory, tmp_
     out = tmp_path / "out"
     run = await serve(
         "--nproc-per-node", "4", "--restart-mode", "inprocess", "--no-inprocess-respawn",
+        *PRELOAD,
         script=BIN / "inprocess_reserve.py", script_args=("--out", str(out), "--tree"), env=ENV,
     )  # fmt: skip
     assert await run.wait(timeout=80) == 0, run.stderr.text[-3000:]

@@ -232,7 +232,7 @@ async def test_forged_replayed_and_garbage_values_are_ignored(
         serve, "2", "--max-restarts", "1", "--rdzv-conf", f"secret_file={secret_file}",
         backend=Backend("etcd", members),
     )  # fmt: skip
-    args = ("--fail-attempts", "1", "--fail-rank", "1", "--dump-env")
+    args = ("--fail-attempts", "1", "--fail-rank", "1", "--fail-mode", "exit:1", "--dump-env")
     a = await cluster.first("a", *args)
     b = await cluster.node("b", *args)
     assert await a.wait() == 0, a.stderr.text[-4000:]
