@@ -3,9 +3,10 @@ other nodes' published summaries, and this node's in its own.
 
 Across nodes the job's median needs every node's ranks: each node publishes its ranks' forward
 times (and its stragglers) in its summary, the signed, bounded `status/<node>` record behind
-`GET /v1/cluster` (ftd/coordination/records.py: NodeSummary.forward, .stragglers), and reads the
-others' every PEERS_READ_S through the same path. Each node judges only its own ranks (one event
-per straggler, from the node that runs it); the cluster view lists every node's.
+`GET /v1/cluster` (ftd/coordination/records.py: NodeSummary.forward, .stragglers), and reads
+the others' every PEERS_READ_S through the same path while its own ranks report forward times.
+Each node judges only its own ranks (one event per straggler, from the node that runs it); the
+cluster view lists every node's.
 
 A summary is published when a straggler appears or clears, and when a forward time moved by
 more than PUBLISH_CHANGE, at most every PUBLISH_S: a steady job writes nothing.
@@ -103,7 +104,11 @@ class StragglerTimer:
         read_at = float("-inf")
         while True:
             await asyncio.sleep(STRAGGLER_TICK_S)
-            if self._cluster is not None and time.monotonic() - read_at >= PEERS_READ_S:
+            if (
+                self._cluster is not None
+                and time.monotonic() - read_at >= PEERS_READ_S
+                and self.watch.forward_times()  # nothing to judge, nothing to read
+            ):
                 read_at = time.monotonic()
                 await self._read_peers(self._cluster)
             containment.call("monitor", self.tick, time.monotonic(), time.time())

@@ -33,7 +33,7 @@ async def test_a_rank_whose_forward_is_60ms_slower_is_named_a_straggler(
         assert data["global_rank"] == 1 and data["node_id"], data
         assert data["ratio"] >= 1.2 and data["forward_s"] - data["median_s"] >= 0.05, data
         # named within 30 s of being seen slow (both ranks' forward times reported)
-        assert SUSTAIN_S <= event["time"] - data["since"] < 30, (event, data)
+        assert SUSTAIN_S - 0.01 <= event["time"] - data["since"] < 30, (event, data)
         code, status, _ = await api.call("GET", "/v1/status")
         assert code == 200
         progress = {r["global_rank"]: r["progress"] for r in status["ranks"]}
