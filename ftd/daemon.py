@@ -27,6 +27,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from ftd.api import ApiServer, start_api_server
 from ftd.api.control import NodeControl
@@ -276,12 +277,16 @@ class Daemon:
             self.health.progress,
             self.events,
             self.config.node_id,
-            self.coordinator.cluster if several else None,
+            self._cluster if several else None,
             (lambda: self._publish(self.board.summary())) if several else None,
         )
         self.board.summary_parts.append(timer.summary)
         timer.start()
         self._on_teardown("closing the straggler watch", lambda: _now(timer.close))
+
+    async def _cluster(self) -> dict[str, Any]:
+        """The other nodes' summaries, while the rendezvous is there to read them from."""
+        return {} if self.coordinator.lost.is_set() else await self.coordinator.cluster()
 
     def _publish(self, summary: dict[str, object]) -> None:
         if self._start_error is None and not self.coordinator.lost.is_set():

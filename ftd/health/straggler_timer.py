@@ -115,7 +115,8 @@ class StragglerTimer:
 
     async def _read_peers(self, cluster: Callable[[], Awaitable[dict[str, Any]]]) -> None:
         try:
-            self._peers = peer_forward(await cluster(), self._node_id)
+            answer = await asyncio.wait_for(cluster(), PEERS_READ_S * 2)
+            self._peers = peer_forward(answer, self._node_id)
         except Exception as error:  # the last view is kept; the next read tries again
             log.debug("cannot read the other nodes' forward times: %s", error)
 
@@ -142,9 +143,9 @@ class StragglerTimer:
             "median_s": change.median_s,
             "reason": change.reason,
         }
-        if change.kind == "straggler":
-            log.warning("straggler: %s", change.reason)
+        if change.kind == "straggler":  # the event first: whoever reads the line finds it
             self._events.emit(EventKind.STRAGGLER, **data)
+            log.warning("straggler: %s", change.reason)
         else:
-            log.info("straggler cleared: %s", change.reason)
             self._events.emit(EventKind.STRAGGLER_CLEARED, **data)
+            log.info("straggler cleared: %s", change.reason)
