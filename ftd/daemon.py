@@ -27,6 +27,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from ftd.api import ApiServer, start_api_server
 from ftd.api.control import NodeControl
@@ -37,6 +38,7 @@ from ftd.errors import StartupError
 from ftd.health.progress import ProgressWatch
 from ftd.health.service import HealthService
 from ftd.health.socket import socket_path
+from ftd.health.straggler_timer import StragglerTimer
 from ftd.ranks.guard import GuardKeeper
 from ftd.ranks.launch import build_command
 from ftd.ranks.spawn import Spawner, get_spawner
@@ -206,6 +208,7 @@ class Daemon:
         except CoordinationError as error:
             self._start_error = error
         self._on_teardown("leaving the rendezvous", self.coordinator.close)
+        self._start_stragglers()
         address = self.coordinator.address if self._start_error is None else "127.0.0.1"
         self.stores = AttemptStores(address, config.master_port or 0)
         self._on_teardown("closing the workers' store", self.stores.close)
@@ -266,6 +269,24 @@ class Daemon:
             config.max_restarts,
             self.run_dir,
         )
+
+    def _start_stragglers(self) -> None:
+        """Judged against the whole job's forward times: the nodes' published summaries."""
+        several = self.config.multi_node and self._start_error is None
+        timer = StragglerTimer(
+            self.health.progress,
+            self.events,
+            self.config.node_id,
+            self._cluster if several else None,
+            (lambda: self._publish(self.board.summary())) if several else None,
+        )
+        self.board.summary_parts.append(timer.summary)
+        timer.start()
+        self._on_teardown("closing the straggler watch", lambda: _now(timer.close))
+
+    async def _cluster(self) -> dict[str, Any]:
+        """The other nodes' summaries, while the rendezvous is there to read them from."""
+        return {} if self.coordinator.lost.is_set() else await self.coordinator.cluster()
 
     def _publish(self, summary: dict[str, object]) -> None:
         if self._start_error is None and not self.coordinator.lost.is_set():

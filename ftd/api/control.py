@@ -120,10 +120,14 @@ class NodeControl:
         coroutine where they are read from the rendezvous store)."""
         if self.config.multi_node and not self._coordinator.lost.is_set():
             return self._coordinator.cluster()
+        summary = self._summary()
         return {
-            "nodes": [self._summary()],
+            "nodes": [summary],
             "round": {"round": self.status.attempt, "members": [self.config.node_id]},
             "excluded": [],
+            "stragglers": [
+                {"node_id": self.config.node_id, **s} for s in summary.get("stragglers", ())
+            ],
         }
 
     def get_timeouts(self) -> dict[str, Any]:

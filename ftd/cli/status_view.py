@@ -188,4 +188,17 @@ def cluster_lines(status: dict[str, Any], cluster: dict[str, Any]) -> list[str]:
         f"cluster: round {value(round_.get('round'))}, members "
         f"{', '.join(members) or NO_VALUE}; excluded {', '.join(excluded) or 'none'}",
         *table(["NODE", "STATE", "ATTEMPT", "RESTARTS USED", "RANKS"], rows),
+        *straggler_lines(cluster),
     ]
+
+
+def straggler_lines(cluster: dict[str, Any]) -> list[str]:
+    """`stragglers: rank 1 on b (1.9x the job's median forward, since 08:20:11)`, if any."""
+    named = [
+        f"rank {value(s.get('global_rank'))} on {value(s.get('node_id'))} "
+        f"({value(s.get('ratio'))}x the job's median forward, since "
+        f"{wall_time(s.get('since'), millis=False) or NO_VALUE})"
+        for s in listed(cluster.get("stragglers"))[:16]
+        if isinstance(s, dict)
+    ]
+    return [f"stragglers: {'; '.join(named)}"] if named else []

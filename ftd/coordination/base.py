@@ -190,6 +190,11 @@ def cluster_answer(
         "nodes": nodes,
         "round": {"round": rnd.number if rnd else 0, "members": rnd.node_ids if rnd else []},
         "excluded": [{"node_id": n, "reason": r} for n, r in sorted(excluded.items())],
+        "stragglers": [
+            {"node_id": node.get("node_id"), **straggler}
+            for node in nodes
+            for straggler in node.get("stragglers", ())
+        ],
         "store_ops": store_ops,
         "refused_records": refused,
     }

@@ -102,6 +102,24 @@ class ExcludedRecord(Record):
     """Grows by one with every exclusion and readmission."""
 
 
+MAX_PUBLISHED_RANKS = 512
+"""A node publishes the forward times and stragglers of at most this many of its ranks (its
+summary stays far under MAX_RECORD_BYTES; nodes have 8 ranks, rarely 64)."""
+
+
+class RankForward(Record):
+    """A rank's median forward time (ftd/health/stragglers.py), for the job's median."""
+
+    global_rank: Count
+    forward_us: int = Field(ge=0, lt=2**40)
+
+
+class RankStraggler(Record):
+    global_rank: Count
+    ratio: float = Field(ge=0, le=1e9, allow_inf_nan=False)
+    since: float = Field(ge=0, allow_inf_nan=False)
+
+
 class NodeSummary(Record):
     """What a node publishes for `GET /v1/cluster` on any node."""
 
@@ -116,6 +134,8 @@ class NodeSummary(Record):
     ranks_total: int = Field(0, ge=0, le=65536)
     last_failure: Reason | None = None
     time: float = Field(ge=0, allow_inf_nan=False)
+    forward: tuple[RankForward, ...] = Field((), max_length=MAX_PUBLISHED_RANKS)
+    stragglers: tuple[RankStraggler, ...] = Field((), max_length=MAX_PUBLISHED_RANKS)
 
 
 R = TypeVar("R", bound=Record)

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ftd.health.links import RankHealth
+from ftd.health.stragglers import StragglerWatch
 
 PROGRESS_FACTOR = 3.0
 """The deadline is this many times the longest interval between progress events seen."""
@@ -116,6 +117,8 @@ class ProgressWatch:
         self._longest_interval = 0.0
         self._auto_longest: dict[str, float] = {}
         self._judged = False
+        self.stragglers = StragglerWatch()
+        """Judged by the straggler timer (ftd/health/straggler_timer.py), shown in `view`."""
 
     def attach(self) -> None:
         """A new attempt: its ranks start afresh (what was learned stays: the same job)."""
@@ -257,7 +260,15 @@ class ProgressWatch:
 
     def view(self, rank: RankHealth, now: float) -> dict[str, Any] | None:
         progress = self._ranks.get(rank.local_rank)
-        return progress.view(now) if progress is not None and progress.rank is rank else None
+        if progress is None or progress.rank is not rank:
+            return None
+        return {**progress.view(now), "straggler": self.stragglers.view(rank.global_rank)}
+
+    def forward_times(self) -> dict[int, float]:
+        """Global rank -> median forward seconds, of the node's ranks that report one."""
+        return {
+            p.rank.global_rank: p.forward_s for p in self._ranks.values() if p.forward_s is not None
+        }
 
     def deadlines_view(self) -> dict[str, Any]:
         return {

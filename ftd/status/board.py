@@ -57,6 +57,8 @@ class StatusBoard:
         """Sends this node's summary to the other nodes (fire and forget)."""
         self.group_rank: int | None = None
         self.round: int | None = None
+        self.summary_parts: list[Callable[[], dict[str, Any]]] = []
+        """More of the published summary (the stragglers' forward times, ...)."""
 
     def set_state(self, state: DaemonState, reason: str = "") -> None:
         status = self.status
@@ -116,7 +118,7 @@ class StatusBoard:
     def summary(self) -> dict[str, Any]:
         """What this node publishes for GET /v1/cluster on any node."""
         status, failure = self.status, self.status.last_failure
-        return {
+        summary = {
             "node_id": self.config.node_id,
             "state": status.state.value,
             "attempt": status.attempt,
@@ -129,6 +131,9 @@ class StatusBoard:
             "last_failure": failure.reason[:4000] if failure else None,
             "time": time.time(),
         }
+        for part in self.summary_parts:
+            summary.update(part())
+        return summary
 
     def snapshot(self) -> dict[str, object]:
         """The node status with its live parts: status.json and `GET /v1/status`."""

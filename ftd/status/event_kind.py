@@ -39,6 +39,9 @@ class EventKind(enum.StrEnum):
     BUDGET_EXCEEDED = "budget_exceeded"
     """A rank asked the daemon to hold more than a budget allows (open sections, section
     names): the message was dropped and counted; once per rank and budget."""
+    STRAGGLER = "straggler"
+    """A rank's forward pass stays slower than the job's other ranks' (ftd/health/stragglers.py)."""
+    STRAGGLER_CLEARED = "straggler_cleared"
     # operators and faults
     RESTART_REQUESTED = "restart_requested"
     FAULT_ARMED = "fault_armed"

@@ -10,6 +10,9 @@ Faults and long phases, in the first attempt only (TORCHELASTIC_RESTART_COUNT 0)
                       optimizer step, an all_reduce every 100 ms
   --epochs E          the steps are split into E epochs, each iterating a new DataLoader with
                       2 workers (a new iterator at every epoch boundary)
+  --slow-forward-rank R --slow-forward-ms MS
+                      rank R's model forward sleeps MS more every step (a straggler: only its
+                      forward time grows; DDP makes every rank's step time equal), every attempt
 """
 
 from __future__ import annotations
@@ -46,6 +49,18 @@ class SlowFile:
         self._file.close()
 
 
+class SlowSequential(nn.Sequential):
+    """nn.Sequential (the same state dict) whose forward first sleeps `delay_s`."""
+
+    delay_s = 0.0
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        result: torch.Tensor = super().forward(input)
+        return result
+
+
 class Batches(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]]):
     def __init__(self, first: int, count: int, rank: int) -> None:
         self.first, self.count, self.rank = first, count, rank
@@ -70,13 +85,18 @@ def main() -> None:
     parser.add_argument("--slow-save", type=float, default=0.0)
     parser.add_argument("--eval-seconds", type=float, default=0.0)
     parser.add_argument("--epochs", type=int, default=0)
+    parser.add_argument("--slow-forward-rank", type=int, default=-1)
+    parser.add_argument("--slow-forward-ms", type=float, default=0.0)
     args = parser.parse_args()
     first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)
-    model = DistributedDataParallel(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1)))
+    module = SlowSequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
+    if rank == args.slow_forward_rank:
+        module.delay_s = args.slow_forward_ms / 1000
+    model = DistributedDataParallel(module)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     ckpt_dir = Path(args.ckpt_dir)
     ckpt_dir.mkdir(parents=True, exist_ok=True)

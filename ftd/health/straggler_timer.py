@@ -1,0 +1,151 @@
+"""Stragglers on the event loop: a look every STRAGGLER_TICK_S, the job's forward times from the
+other nodes' published summaries, and this node's in its own.
+
+Across nodes the job's median needs every node's ranks: each node publishes its ranks' forward
+times (and its stragglers) in its summary, the signed, bounded `status/<node>` record behind
+`GET /v1/cluster` (ftd/coordination/records.py: NodeSummary.forward, .stragglers), and reads
+the others' every PEERS_READ_S through the same path while its own ranks report forward times.
+Each node judges only its own ranks (one event per straggler, from the node that runs it); the
+cluster view lists every node's.
+
+A summary is published when a straggler appears or clears, and when a forward time moved by
+more than PUBLISH_CHANGE, at most every PUBLISH_S: a steady job writes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from ftd import containment
+from ftd.health.progress import ProgressWatch
+from ftd.health.stragglers import StragglerChange
+from ftd.status.event_kind import EventKind
+from ftd.status.events import EventLog
+from ftd.tasks import Background
+
+log = logging.getLogger("ftd.health")
+
+STRAGGLER_TICK_S = 1.0
+PEERS_READ_S = 5.0
+PUBLISH_S = 5.0
+PUBLISH_CHANGE = 0.05
+MAX_PEER_RANKS = 65536
+"""The job's median is taken over at most this many of the other nodes' ranks."""
+MAX_PUBLISHED = 512
+"""As records.MAX_PUBLISHED_RANKS: what a node's summary carries."""
+
+
+def peer_forward(cluster: Mapping[str, Any], node_id: str) -> dict[int, float]:
+    """Global rank -> forward seconds of the other nodes' ranks in a `GET /v1/cluster` answer
+    (summaries the coordinator decoded and verified; anything else in it is skipped)."""
+    forward: dict[int, float] = {}
+    nodes = cluster.get("nodes")
+    for node in nodes if isinstance(nodes, list) else ():
+        if not isinstance(node, dict) or node.get("node_id") == node_id:
+            continue
+        entries = node.get("forward")
+        for entry in entries if isinstance(entries, list | tuple) else ():
+            if len(forward) >= MAX_PEER_RANKS:
+                return forward
+            rank = entry.get("global_rank") if isinstance(entry, dict) else None
+            micros = entry.get("forward_us") if isinstance(entry, dict) else None
+            if type(rank) is int and type(micros) is int and rank >= 0 and micros >= 0:
+                forward.setdefault(rank, micros / 1e6)
+    return forward
+
+
+def moved(before: Mapping[int, float], now: Mapping[int, float]) -> bool:
+    """Whether the forward times changed enough to be published again."""
+    if before.keys() != now.keys():
+        return True
+    return any(abs(now[r] - before[r]) > PUBLISH_CHANGE * max(before[r], 1e-6) for r in now)
+
+
+class StragglerTimer:
+    def __init__(
+        self,
+        watch: ProgressWatch,
+        events: EventLog,
+        node_id: str,
+        cluster: Callable[[], Awaitable[dict[str, Any]]] | None = None,
+        publish: Callable[[], None] | None = None,
+    ) -> None:
+        """`cluster` reads the other nodes' summaries (GET /v1/cluster's answer) and
+        `publish` sends this node's: both None on a single node."""
+        self.watch = watch
+        self._events = events
+        self._node_id = node_id
+        self._cluster = cluster
+        self._publish = publish
+        self._peers: dict[int, float] = {}
+        self._published: dict[int, float] = {}
+        self._published_at = float("-inf")
+        self._background = Background()
+
+    def start(self) -> None:
+        self._background.spawn(self._run(), "stragglers")
+
+    def close(self) -> None:
+        self._background.cancel()
+
+    def summary(self) -> dict[str, Any]:
+        """This node's part of its published summary (NodeSummary.forward, .stragglers)."""
+        own = sorted(self.watch.forward_times().items())[:MAX_PUBLISHED]
+        return {  # tuples: the record's strict fields take no lists
+            "forward": tuple({"global_rank": r, "forward_us": round(s * 1e6)} for r, s in own),
+            "stragglers": tuple(self.watch.stragglers.listed()[:MAX_PUBLISHED]),
+        }
+
+    async def _run(self) -> None:
+        read_at = float("-inf")
+        while True:
+            await asyncio.sleep(STRAGGLER_TICK_S)
+            if (
+                self._cluster is not None
+                and time.monotonic() - read_at >= PEERS_READ_S
+                and self.watch.forward_times()  # nothing to judge, nothing to read
+            ):
+                read_at = time.monotonic()
+                await self._read_peers(self._cluster)
+            containment.call("monitor", self.tick, time.monotonic(), time.time())
+
+    async def _read_peers(self, cluster: Callable[[], Awaitable[dict[str, Any]]]) -> None:
+        try:
+            answer = await asyncio.wait_for(cluster(), PEERS_READ_S * 2)
+            self._peers = peer_forward(answer, self._node_id)
+        except Exception as error:  # the last view is kept; the next read tries again
+            log.debug("cannot read the other nodes' forward times: %s", error)
+
+    def tick(self, now: float, wall: float) -> list[StragglerChange]:
+        own = self.watch.forward_times()
+        changes = self.watch.stragglers.check(now, wall, own, self._peers)
+        for change in changes:
+            self._emit(change)
+        if self._publish is not None and (
+            changes or (moved(self._published, own) and now - self._published_at >= PUBLISH_S)
+        ):
+            self._published, self._published_at = own, now
+            self._publish()
+        return changes
+
+    def _emit(self, change: StragglerChange) -> None:
+        straggler = change.straggler
+        data: dict[str, Any] = {
+            "global_rank": straggler.global_rank,
+            "node_id": self._node_id,
+            "ratio": straggler.ratio,
+            "since": round(straggler.since, 3),
+            "forward_s": change.forward_s,
+            "median_s": change.median_s,
+            "reason": change.reason,
+        }
+        if change.kind == "straggler":  # the event first: whoever reads the line finds it
+            self._events.emit(EventKind.STRAGGLER, **data)
+            log.warning("straggler: %s", change.reason)
+        else:
+            self._events.emit(EventKind.STRAGGLER_CLEARED, **data)
+            log.info("straggler cleared: %s", change.reason)

@@ -1,0 +1,47 @@
+"""A straggler of an unmodified DDP script (tests/bin/plain_ddp.py: no ftd, no NVRx): rank 1's
+model forward sleeps 60 ms more every step, so every rank's step takes as long, and only the
+forward times tell (ftd/health/stragglers.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ftd.health.stragglers import SUSTAIN_S
+from tests.conftest import BIN, ServeFactory
+from tests.support.api import api_of, stop
+
+PLAIN_DDP = BIN / "plain_ddp.py"
+STRAGGLING = ("--steps", "100000", "--ckpt-every", "100000", "--step-time", "0.01")
+SLOW_RANK_1 = ("--slow-forward-rank", "1", "--slow-forward-ms", "60")
+
+
+async def test_a_rank_whose_forward_is_60ms_slower_is_named_a_straggler(
+    serve: ServeFactory, tmp_path: Path
+) -> None:
+    run = await serve(
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        "0",
+        script=PLAIN_DDP,
+        script_args=(*STRAGGLING, *SLOW_RANK_1, "--ckpt-dir", str(tmp_path / "c")),
+    )
+    async with api_of(run) as api:
+        await run.stderr.expect(r"straggler: rank 1's forward pass takes", timeout=120)
+        [event] = run.events("straggler")
+        data = event["data"]
+        assert data["global_rank"] == 1 and data["node_id"], data
+        assert data["ratio"] >= 1.2 and data["forward_s"] - data["median_s"] >= 0.05, data
+        # named within 30 s of being seen slow (both ranks' forward times reported)
+        assert SUSTAIN_S - 0.01 <= event["time"] - data["since"] < 30, (event, data)
+        code, status, _ = await api.call("GET", "/v1/status")
+        assert code == 200
+        progress = {r["global_rank"]: r["progress"] for r in status["ranks"]}
+        assert progress[1]["straggler"]["since"] == data["since"], progress
+        assert progress[0]["straggler"] is None, progress
+        code, cluster, _ = await api.call("GET", "/v1/cluster")
+        assert code == 200
+        [named] = cluster["stragglers"]
+        assert named["global_rank"] == 1 and named["ratio"] >= 1.2, cluster
+    await stop(run)
+    assert [e["data"]["global_rank"] for e in run.events("straggler")] == [1]
