@@ -18,6 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+REPORT_LAG_S = 1.5
+"""How late the daemon may learn of a step: three of a rank's report intervals (0.5 s)."""
+
 
 @dataclass(frozen=True)
 class RankPace:
@@ -80,13 +83,15 @@ class NodeProgress:
 
 def steps_per_s(paces: list[RankPace], now: float) -> float:
     """The pace of the slowest rank (fewest steps, then the longest step time): one step per
-    the longer of its median step time and the time since its last step, so that a rank that
-    stopped falls towards 0 as it stays stopped. 0 when no rank makes steps (before a rank's
-    second step, between attempts, after the job)."""
+    its median step time; once its last step is older than that and REPORT_LAG_S, one step
+    per the time since its last step, so that a rank that stopped falls towards 0. 0 when no
+    rank makes steps (before a rank's second step, between attempts, after the job)."""
     timed = [p for p in paces if p.step_time_s is not None and p.last_step_at is not None]
     if not timed:
         return 0.0
     slowest = min(timed, key=lambda p: (p.steps, -(p.step_time_s or 0.0)))
     assert slowest.step_time_s is not None and slowest.last_step_at is not None
-    period = max(slowest.step_time_s, now - slowest.last_step_at)
+    since_step = now - slowest.last_step_at
+    stopped = since_step > slowest.step_time_s + REPORT_LAG_S
+    period = since_step if stopped else slowest.step_time_s
     return 1.0 / period if period > 0 else 0.0

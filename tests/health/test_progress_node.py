@@ -59,6 +59,8 @@ def test_a_crash_and_restart_is_time_lost_and_the_slowest_rank_sets_the_pace() -
     assert node["making_steps_s"] == pytest.approx(10.0)
     assert node["time_lost_s"] == pytest.approx(4.0)
     assert node["since"] == pytest.approx(WALL + 10.0)
+    # A step learned of late (its reports come every 0.5 s) is no slower pace.
+    assert view(watch, last + 1.0)["steps_per_s"] == pytest.approx(1.0)
     # Rank 1 crashes: no step for 5 s, the pace falls, the time is lost.
     node = view(watch, last + 5.0)
     assert node["steps_per_s"] == pytest.approx(1 / 6, abs=1e-6)  # its last step was 6 s ago
