@@ -85,7 +85,8 @@ def steps_per_s(paces: list[RankPace], now: float) -> float:
     """The pace of the slowest rank (fewest steps, then the longest step time): one step per
     its median step time; once its last step is older than that and REPORT_LAG_S, one step
     per the time since its last step, so that a rank that stopped falls towards 0. 0 when no
-    rank makes steps (before a rank's second step, between attempts, after the job)."""
+    rank makes steps (before two of a rank's reports showed steps, between attempts, after
+    the job)."""
     timed = [p for p in paces if p.step_time_s is not None and p.last_step_at is not None]
     if not timed:
         return 0.0

@@ -17,12 +17,13 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import BIN, ServeFactory
+from tests.conftest import BIN, ROOT, ServeFactory
 from tests.support.api import Api, api_of, cli, stop
 
 CHROMIUM = os.environ.get("FTD_TEST_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"]
 CRASH_AT = 100
+SHOTS = ROOT / "runs" / "screenshots"
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -89,7 +90,11 @@ async def test_steps_pace_and_time_lost_in_status_metrics_cli_and_dashboard(
         assert before["steps_per_s"] > 1 and before["steps"] == min(steps(later))
         # Rank 1 crashes at step CRASH_AT; the second attempt resumes from its checkpoint.
         await run.stderr.expect(rf"rank 1: crashing at step {CRASH_AT}", timeout=120)
-        resumed = await until(api, "steps after the restart", stepping(1, 5))
+        resumed = await until(
+            api,
+            "steps and a pace after the restart",
+            lambda s: stepping(1, 5)(s) and s["progress"]["steps_per_s"] > 0,
+        )
         assert resumed["last_failure"]["kind"] == "exit", resumed["last_failure"]
         after = accounted(resumed, time.time())
         assert after["steps_per_s"] > 1
@@ -136,7 +141,7 @@ async def _dashboard_shows_progress(url: str) -> None:
     async with async_playwright() as playwright:
         chromium = await playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
-            page = await chromium.new_page()
+            page = await chromium.new_page(viewport={"width": 1400, "height": 1000})
             errors: list[str] = []
             page.on("pageerror", lambda error: errors.append(str(error)))
             await page.goto(url + "/")
@@ -150,5 +155,7 @@ async def _dashboard_shows_progress(url: str) -> None:
             facts = await page.locator("#facts").inner_text()
             assert "time lost" in facts and "steps/s 0.00" not in facts, facts
             assert errors == []
+            SHOTS.mkdir(parents=True, exist_ok=True)
+            await page.screenshot(path=str(SHOTS / "dashboard-progress.png"), full_page=True)
         finally:
             await chromium.close()
