@@ -108,13 +108,41 @@ def rank_rows(status: dict[str, Any]) -> list[list[str]]:
             duration(rank.get("last_heartbeat_age_s")),
             value(rank.get("section")),
             duration(rank.get("section_age_s")) if rank.get("section") else NO_VALUE,
+            *_progress_cells(rank.get("progress")),
         ]
         for rank in listed(status.get("ranks"))
         if isinstance(rank, dict)
     ]
 
 
-RANK_HEADER = ["LOCAL", "RANK", "PID", "STATE", "EXIT", "HEARTBEAT", "SECTION", "FOR"]
+RANK_HEADER = [
+    "LOCAL", "RANK", "PID", "STATE", "EXIT", "HEARTBEAT", "SECTION", "FOR", "STEPS", "STEP TIME"
+]  # fmt: skip
+
+
+def _progress_cells(progress: object) -> list[str]:
+    """A rank's optimizer steps and median step time (what its progress report says)."""
+    if not isinstance(progress, dict):
+        return [NO_VALUE, NO_VALUE]
+    steps = progress.get("steps")
+    shown = str(steps) if isinstance(steps, int) and not isinstance(steps, bool) else NO_VALUE
+    return [shown, duration(progress.get("step_time_s"))]
+
+
+def progress_text(status: dict[str, Any]) -> str:
+    """`progress: 1200 steps, 3.21 steps/s, making steps 6 min 14 s, time lost 41.2 s since
+    09:12:03` (the node's slowest rank; docs/api.md, "Progress"); "" before the job began."""
+    progress = status.get("progress")
+    if not isinstance(progress, dict) or wall_time(progress.get("since")) is None:
+        return ""
+    rate = progress.get("steps_per_s")
+    pace = f"{rate:.2f}" if isinstance(rate, int | float) and not isinstance(rate, bool) else None
+    return (
+        f"progress: {value(progress.get('steps'))} steps, {pace or NO_VALUE} steps/s, making "
+        f"steps {duration(progress.get('making_steps_s'))}, time lost "
+        f"{duration(progress.get('time_lost_s'))} since "
+        f"{wall_time(progress.get('since'), millis=False)}"
+    )
 
 
 def format_status(
@@ -151,6 +179,8 @@ def format_status(
             "timeouts: "
             + "  ".join(f"{escape(str(k), 60)}={timeout_text(v)}" for k, v in timeouts.items())
         )
+    if progress := progress_text(status):
+        lines.append(progress)
     lines.append("")
     rows = rank_rows(status)
     lines += table(RANK_HEADER, rows) if rows else ["(no ranks)"]

@@ -1,6 +1,7 @@
 """`ftd top`: the dashboard's picture in a terminal, refreshed in place (nodes, this node's ranks
-with heartbeat ages, the last recovery's stages, the last events). One plain snapshot, without
-escape codes, when stdout is not a terminal. Standard library only.
+with heartbeat ages, steps and step times, the node's steps/s and time lost, the last
+recovery's stages, the last events). One plain snapshot, without escape codes, when stdout is
+not a terminal. Standard library only.
 
 The picture is a pure function of a `Snapshot` and the terminal's size (`render`); the loop only
 fetches, renders and waits for the next refresh or a key (`q` quits).
@@ -30,6 +31,7 @@ from ftd.cli.status_view import (
     backoff_text,
     ending_text,
     listed,
+    progress_text,
     rank_rows,
     restarts_text,
     round_text,
@@ -239,7 +241,7 @@ def render(snapshot: Snapshot, width: int, height: int, colour: bool, events: in
     ranks = rank_rows(s)
     event_lines = [describe_event(e, with_id=False) for e in snapshot.events[-events:]][::-1]
     recovery = snapshot.recovery
-    fixed = 10 + len(ranks) + len(event_lines) + (2 if recovery else 0)
+    fixed = 11 + len(ranks) + len(event_lines) + (2 if recovery else 0)
     room = max(1, height - fixed) if height else 10_000
     header, node_rows, hidden = _node_rows(cluster, room)
     lines += table(header, node_rows)
@@ -247,6 +249,8 @@ def render(snapshot: Snapshot, width: int, height: int, colour: bool, events: in
         lines.append(f"… {hidden} more nodes (ftd status --json, or the dashboard)")
     lines += ["", f"RANKS of {escape(str(s.get('node_id', '?')), 60)}"]
     lines += table(RANK_HEADER, ranks) if ranks else ["(no ranks)"]
+    if progress := progress_text(s):
+        lines.append(progress)
     timeouts = s.get("timeouts")
     if isinstance(timeouts, dict):
         lines.append(

@@ -23,12 +23,14 @@ Pure apart from the clock it is given (`now` arguments): the property tests use 
 from __future__ import annotations
 
 import statistics
+import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from ftd.health.links import RankHealth
+from ftd.health.progress_node import NodeProgress, RankPace
 from ftd.health.stragglers import StragglerWatch
 
 PROGRESS_FACTOR = 3.0
@@ -119,11 +121,14 @@ class ProgressWatch:
         self._judged = False
         self.stragglers = StragglerWatch()
         """Judged by the straggler timer (ftd/health/straggler_timer.py), shown in `view`."""
+        self.node = NodeProgress()
+        """The node's steps across attempts: steps/s and time lost (progress_node.py)."""
 
-    def attach(self) -> None:
+    def attach(self, now: float | None = None) -> None:
         """A new attempt: its ranks start afresh (what was learned stays: the same job)."""
         self._ranks = {}
         self._judged = False
+        self.node.attempt(time.monotonic() if now is None else now)
 
     @property
     def armed(self) -> bool:
@@ -169,6 +174,7 @@ class ProgressWatch:
             self._steps_advanced(previous, counts[0], message, at)
             previous.advanced_at = at
         previous.counts, previous.auto, previous.sampled_at = counts, auto, at
+        self.node.reported(rank.local_rank, counts[0])
         previous.link = link
         if "fwd_us" in message:
             previous.forward_s = message["fwd_us"] / 1e6
@@ -183,6 +189,7 @@ class ProgressWatch:
             progress.step_times.append(max(last_step_at - progress.last_step_at, 0.0) / made)
         if made > 0 or (progress.last_step_at is None and steps > 0):
             progress.last_step_at = last_step_at
+            self.node.stepped(last_step_at)
 
     def forget(self, rank: RankHealth, link: int) -> None:
         """The connection that carried this rank's reports closed: the rank ended (or its
@@ -269,6 +276,18 @@ class ProgressWatch:
         return {
             p.rank.global_rank: p.forward_s for p in self._ranks.values() if p.forward_s is not None
         }
+
+    def node_view(self, now: float | None = None, wall: float | None = None) -> dict[str, Any]:
+        """The node's `progress` in GET /v1/status: its slowest rank's steps and steps/s, the
+        time spent making steps and the time lost since the job began here."""
+        paces = [
+            RankPace(
+                p.steps, statistics.median(p.step_times) if p.step_times else None, p.last_step_at
+            )
+            for p in self._ranks.values()
+        ]
+        now = time.monotonic() if now is None else now
+        return self.node.view(paces, now, time.time() if wall is None else wall)
 
     def deadlines_view(self) -> dict[str, Any]:
         return {

@@ -22,6 +22,12 @@ from ftd.status.persist import Persistence
 log = logging.getLogger("ftd.daemon")
 
 
+class NodeProgressView(Protocol):
+    def node_view(self) -> dict[str, Any]:
+        """The node's steps/s and time lost (ftd/health/progress_node.py)."""
+        ...
+
+
 class LiveView(Protocol):
     """What the health service sees now, read at each snapshot (never copied into the status)."""
 
@@ -34,6 +40,9 @@ class LiveView(Protocol):
     def ipc_view(self) -> dict[str, Any]:
         """The rank socket's counters: messages received, dropped by cause, ..."""
         ...
+
+    @property
+    def progress(self) -> NodeProgressView: ...
 
 
 class StatusBoard:
@@ -138,7 +147,9 @@ class StatusBoard:
     def snapshot(self) -> dict[str, object]:
         """The node status with its live parts: status.json and `GET /v1/status`."""
         live = self._live
-        return self.status.to_dict(live.snapshot, live.timeouts_view(), live.ipc_view())
+        return self.status.to_dict(
+            live.snapshot, live.timeouts_view(), live.ipc_view(), live.progress.node_view()
+        )
 
     def write(self) -> None:
         self.persist.write_json(self.run_dir / "status.json", self.snapshot())

@@ -148,9 +148,11 @@ class NodeStatus:
         rank_view: Callable[[int | None], dict[str, Any] | None] | None = None,
         timeouts: dict[str, Any] | None = None,
         ipc: dict[str, Any] | None = None,
+        progress: dict[str, Any] | None = None,
     ) -> dict[str, object]:
         """With the live parts the health service sees (StatusBoard.snapshot): each rank's
-        view by pid, the timeouts in force and the rank socket's counters."""
+        view by pid, the timeouts in force, the rank socket's counters and the node's
+        progress."""
         health = rank_view or (lambda pid: None)
         return {
             "node_id": self.node_id,
@@ -172,4 +174,5 @@ class NodeStatus:
                 else round(max(0.0, self.backoff_until - time.time()), 3)
             ),
             "fast_failures": self.fast_failures,
+            "progress": progress,
         }

@@ -4,6 +4,7 @@ from the newest checkpoint.
 
 Faults and long phases, in the first attempt only (TORCHELASTIC_RESTART_COUNT 0):
   --stop-at-step N    rank --stop-rank stops for good before step N (enters nothing again)
+  --crash-at-step N   rank --stop-rank exits with code 1 before step N
   --slow-save S       rank 0's first checkpoint takes S more seconds inside torch.save while
                       the others wait in the barrier after it
   --eval-seconds S    after the first checkpoint every rank evaluates for S seconds: no
@@ -81,6 +82,7 @@ def main() -> None:
     parser.add_argument("--ckpt-every", type=int, default=10)
     parser.add_argument("--step-time", type=float, default=0.02)
     parser.add_argument("--stop-at-step", type=int, default=-1)
+    parser.add_argument("--crash-at-step", type=int, default=-1)
     parser.add_argument("--stop-rank", type=int, default=1)
     parser.add_argument("--slow-save", type=float, default=0.0)
     parser.add_argument("--eval-seconds", type=float, default=0.0)
@@ -127,6 +129,8 @@ def main() -> None:
             if first_attempt and step == args.stop_at_step and rank == args.stop_rank:
                 print(f"rank {rank}: stopping for good at step {step}", flush=True)
                 threading.Event().wait()
+            if first_attempt and step == args.crash_at_step and rank == args.stop_rank:
+                raise SystemExit(f"rank {rank}: crashing at step {step}")
             optimizer.zero_grad()
             nn.functional.mse_loss(model(x), y).backward()
             optimizer.step()

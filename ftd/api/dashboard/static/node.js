@@ -106,6 +106,7 @@ function renderStatus() {
     ["nodes", `${policy.nnodes_min}–${policy.nnodes_max}`],
     ["uptime", duration(s.uptime_s)],
     ["pid", s.pid],
+    ...progressFacts(s.progress),
   ];
   const box = $("facts");
   box.replaceChildren(...facts.map(([k, v]) => {
@@ -120,6 +121,18 @@ function renderStatus() {
   renderExcludeForm(s);
   renderTimeouts();
   renderTimeline();
+}
+
+// The node's progress (its slowest rank's pace, the time lost to failures since the job began
+// here: docs/api.md, "Progress"); none before the job began.
+function progressFacts(progress) {
+  if (!progress || typeof progress.since !== "number") return [];
+  const pace = typeof progress.steps_per_s === "number" ? progress.steps_per_s.toFixed(2) : "–";
+  return [
+    ["steps", progress.steps ?? "–"],
+    ["steps/s", pace],
+    ["time lost", duration(progress.time_lost_s)],
+  ];
 }
 
 function renderRanks(s) {
@@ -148,7 +161,9 @@ function renderRanks(s) {
     open.dataset.base = rank.section && heartbeat.dataset.base !== "" ? rank.section_age_s ?? "" : "";
     open.dataset.live = heartbeat.dataset.live;
     open.dataset.section = rank.section ?? "";
-    row.append(heartbeat, section, open);
+    const progress = rank.progress || {};
+    row.append(heartbeat, section, open, el("td", "steps", Number.isInteger(progress.steps) ?
+      progress.steps : "–"), el("td", "step-time", duration(progress.step_time_s)));
     return row;
   }));
   tickAges();

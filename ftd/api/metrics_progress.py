@@ -1,0 +1,73 @@
+"""`/metrics`' families of training progress, read from the status snapshot at scrape time:
+each local rank's steps, step time, last step and collectives entered (what the ranks report
+without the script's help), and the node's steps/s and time lost to failures (docs/api.md,
+"Progress"). A rank's counts restart with its process, so they are gauges."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+
+def progress_families(snapshot: dict[str, Any], wall: float) -> Iterable[Metric]:
+    """The families, from GET /v1/status' document read at `wall` (time.time())."""
+    steps = GaugeMetricFamily(
+        "ftd_rank_steps",
+        "Optimizer steps of each local rank in this attempt",
+        labels=["local_rank"],
+    )
+    step_time = GaugeMetricFamily(
+        "ftd_rank_step_seconds",
+        "Median seconds per optimizer step of each local rank (its last 32 steps)",
+        labels=["local_rank"],
+    )
+    last_step = GaugeMetricFamily(
+        "ftd_rank_last_step_timestamp_seconds",
+        "When each local rank last made an optimizer step",
+        labels=["local_rank"],
+    )
+    entered = GaugeMetricFamily(
+        "ftd_rank_collectives_entered",
+        "Collectives each local rank issued on the default process group in this attempt",
+        labels=["local_rank"],
+    )
+    ranks = snapshot.get("ranks")
+    for rank in ranks if isinstance(ranks, list) else []:
+        progress = rank.get("progress") if isinstance(rank, dict) else None
+        if not isinstance(progress, dict):
+            continue
+        label = [str(rank.get("local_rank"))]
+        steps.add_metric(label, progress["steps"])
+        if isinstance(progress.get("step_time_s"), int | float):
+            step_time.add_metric(label, progress["step_time_s"])
+        if isinstance(progress.get("last_step_age_s"), int | float):
+            last_step.add_metric(label, wall - progress["last_step_age_s"])
+        if isinstance(progress.get("collectives_entered"), int):
+            entered.add_metric(label, progress["collectives_entered"])
+    yield from (steps, step_time, last_step, entered)
+    node = snapshot.get("progress")
+    if not isinstance(node, dict):
+        return
+    yield GaugeMetricFamily(
+        "ftd_node_steps_per_second",
+        "The pace of the node's slowest rank (0 when no rank makes steps)",
+        value=node["steps_per_s"],
+    )
+    yield GaugeMetricFamily(
+        "ftd_making_steps_seconds",
+        "Seconds the node's ranks spent making steps since the job began on this node",
+        value=node["making_steps_s"],
+    )
+    if node.get("time_lost_s") is not None:
+        yield GaugeMetricFamily(
+            "ftd_time_lost_seconds",
+            "Wall time since the job began on this node minus the time spent making steps",
+            value=node["time_lost_s"],
+        )
+        yield GaugeMetricFamily(
+            "ftd_job_start_timestamp_seconds",
+            "When the job began on this node (its first attempt's ranks started)",
+            value=node["since"],
+        )
