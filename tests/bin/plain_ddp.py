@@ -10,11 +10,15 @@ Faults and long phases, in the first attempt only (TORCHELASTIC_RESTART_COUNT 0)
                       optimizer step, an all_reduce every 100 ms
   --epochs E          the steps are split into E epochs, each iterating a new DataLoader with
                       2 workers (a new iterator at every epoch boundary)
+
+--pg-timeout S sets the gloo process group's timeout (torch's default: 30 min), how long a rank
+blocked in a collective another rank never enters waits before it fails.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
 import threading
 import time
@@ -70,10 +74,14 @@ def main() -> None:
     parser.add_argument("--slow-save", type=float, default=0.0)
     parser.add_argument("--eval-seconds", type=float, default=0.0)
     parser.add_argument("--epochs", type=int, default=0)
+    parser.add_argument("--pg-timeout", type=float, default=None)
     args = parser.parse_args()
     first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
 
-    dist.init_process_group("gloo")
+    if args.pg_timeout is None:
+        dist.init_process_group("gloo")
+    else:
+        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.pg_timeout))
     rank = dist.get_rank()
     torch.manual_seed(0)
     model = DistributedDataParallel(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1)))
@@ -105,7 +113,8 @@ def main() -> None:
             batches = (Batches(step, count, rank)[i] for i in range(count))
         for x, y in batches:
             if first_attempt and step == args.stop_at_step and rank == args.stop_rank:
-                print(f"rank {rank}: stopping for good at step {step}", flush=True)
+                stop = f"stopping for good at step {step} (at {time.time():.6f})"  # wall time
+                print(f"rank {rank}: {stop}", flush=True)
                 threading.Event().wait()
             optimizer.zero_grad()
             nn.functional.mse_loss(model(x), y).backward()
