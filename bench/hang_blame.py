@@ -80,7 +80,11 @@ def main() -> None:
     parser.add_argument("--pg-timeout", type=float, default=60.0, help="torchrun's gloo timeout")
     parser.add_argument("--work-dir", default="/tmp/ftd-bench/hang_blame")
     parser.add_argument("--json", default=None, help="results file (default under bench/results)")
+    parser.add_argument("--merge", nargs="+", help="combine these results files into --json")
     args = parser.parse_args()
+    if args.merge:
+        merge([Path(name) for name in args.merge], Path(args.json))
+        return
     day = time.strftime("%Y-%m-%d", time.gmtime())
     out = Path(args.json or ROOT / "bench" / "results" / f"hang_blame_{day}.json")
     root = benchlib.fresh_dir(Path(args.work_dir))
@@ -107,6 +111,27 @@ def main() -> None:
             benchlib.write_atomic(out, json.dumps(results, indent=2))
     report(results)
     print(f"# results: {out}")
+
+
+def merge(paths: list[Path], out: Path) -> None:
+    """One results file from several runs of this script (setups run side by side)."""
+    parts = [json.loads(path.read_text()) for path in paths]
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for part in parts:
+        for key, done in part["runs"].items():
+            runs.setdefault(key, []).extend(done)
+    keys = sorted(runs)
+    merged = {
+        "parts": [{k: part[k] for k in ("command", "machine")} for part in parts],
+        "floor_s": parts[0]["floor_s"],
+        "pg_timeout_s": parts[0]["pg_timeout_s"],
+        "setups": {key: NAMES[key] for key in keys},
+        "runs": {key: runs[key] for key in keys},
+        "summary": summarise({key: runs[key] for key in keys}),
+        "machine": parts[0]["machine"],
+    }
+    benchlib.write_atomic(out, json.dumps(merged, indent=2))
+    report(merged)
 
 
 def command(key: str, work: Path, args: argparse.Namespace) -> list[str]:
