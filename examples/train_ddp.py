@@ -80,7 +80,8 @@ def main() -> None:
             if step == args.crash_at_step:
                 raise RuntimeError(f"injected fault: rank {rank} crashed at step {step}")
             if step == args.hang_at_step:
-                print(f"[attempt {attempt}] injected hang: rank {rank} at step {step}", flush=True)
+                stop = f"rank {rank} at step {step} (at {time.time():.6f})"
+                print(f"[attempt {attempt}] injected hang: {stop}", flush=True)
                 time.sleep(3600)
         with ft.section("step"):
             x, y = make_batch(step, rank)

@@ -4,7 +4,9 @@ Every rank ftd starts reports its progress without the script's help (ftd_client
 optimizer steps, collectives entered on the default group and Python collective calls
 entered/returned, open automatic sections such as `torch.save`). Any change of those counts is
 progress. Once a rank of the node has made an optimizer step, a rank that makes none for the
-job's progress deadline is hung: the deadline is learned, PROGRESS_FACTOR times the longest
+job's progress deadline is hung (timed from that first step at the earliest: set-up is not
+judged, and a rank whose set-up was as long as its peers' reports its own first step up to a
+sampler interval later than they do): the deadline is learned, PROGRESS_FACTOR times the longest
 interval between two progress events seen in this job (never below the floor,
 `--progress-timeout-floor`); a rank inside an automatic section is judged by that section's
 deadline instead (learned from the durations it was seen to take, AUTO_SECTION_DEFAULT_S
@@ -123,17 +125,20 @@ class ProgressWatch:
         """Judged by the straggler timer (ftd/health/straggler_timer.py), shown in `view`."""
         self.node = NodeProgress()
         """The node's steps across attempts: steps/s and time lost (progress_node.py)."""
+        self._armed_at: float | None = None
+        """When the attempt's first optimizer step was reported: no rank is timed from earlier."""
 
     def attach(self, now: float | None = None) -> None:
         """A new attempt: its ranks start afresh (what was learned stays: the same job)."""
         self._ranks = {}
         self._judged = False
         self.node.attempt(time.monotonic() if now is None else now)
+        self._armed_at = None
 
     @property
     def armed(self) -> bool:
         """Judging starts with the node's first optimizer step (set-up is not progress)."""
-        return any(p.steps > 0 for p in self._ranks.values())
+        return self._armed_at is not None
 
     @property
     def deadline_s(self) -> float:
@@ -175,6 +180,8 @@ class ProgressWatch:
             previous.advanced_at = at
         previous.counts, previous.auto, previous.sampled_at = counts, auto, at
         self.node.reported(rank.local_rank, counts[0])
+        if self._armed_at is None and counts[0] > 0:
+            self._armed_at = at
         previous.link = link
         if "fwd_us" in message:
             previous.forward_s = message["fwd_us"] / 1e6
@@ -200,6 +207,8 @@ class ProgressWatch:
 
     def paused(self, lost_s: float) -> None:
         """The daemon did not run for `lost_s` (a stall): no rank is blamed for that time."""
+        if self._armed_at is not None:
+            self._armed_at += lost_s
         for progress in self._ranks.values():
             progress.advanced_at += lost_s
             progress.auto = {name: opened + lost_s for name, opened in progress.auto.items()}
@@ -225,17 +234,23 @@ class ProgressWatch:
         return ProgressVerdict(culprit, victims, _reason(culprit, victims, now - since, what), now)
 
     def _stalled(self, now: float) -> Iterable[RankProgress]:
-        return (p for p in self._ranks.values() if now - p.advanced_at >= STALLED_AFTER_S)
+        return (
+            p for p in self._ranks.values() if now - self._since(p.advanced_at) >= STALLED_AFTER_S
+        )
+
+    def _since(self, at: float) -> float:
+        """`at`, or the first step's report where that came later (set-up is never judged)."""
+        return at if self._armed_at is None else max(at, self._armed_at)
 
     def _limit(self, progress: RankProgress) -> tuple[float, float, str]:
         """Since when the rank is timed, its limit, and what the limit is."""
         if progress.auto:
             name, opened = min(progress.auto.items(), key=lambda item: item[1])
             limit = self.auto_deadline_s(name)
-            return opened, limit, f"inside {name} (its deadline {limit:g}s)"
+            return self._since(opened), limit, f"inside {name} (its deadline {limit:g}s)"
         learned = "learned" if self.deadline_s > self.floor_s else "the floor"
         return (
-            progress.advanced_at,
+            self._since(progress.advanced_at),
             self.deadline_s,
             f"progress deadline {self.deadline_s:g}s, {learned}",
         )

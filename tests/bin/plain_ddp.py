@@ -14,11 +14,15 @@ Faults and long phases, in the first attempt only (TORCHELASTIC_RESTART_COUNT 0)
   --slow-forward-rank R --slow-forward-ms MS
                       rank R's model forward sleeps MS more every step (a straggler: only its
                       forward time grows; DDP makes every rank's step time equal), every attempt
+
+--pg-timeout S sets the gloo process group's timeout (torch's default: 30 min), how long a rank
+blocked in a collective another rank never enters waits before it fails.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
 import threading
 import time
@@ -89,10 +93,14 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=0)
     parser.add_argument("--slow-forward-rank", type=int, default=-1)
     parser.add_argument("--slow-forward-ms", type=float, default=0.0)
+    parser.add_argument("--pg-timeout", type=float, default=None)
     args = parser.parse_args()
     first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
 
-    dist.init_process_group("gloo")
+    if args.pg_timeout is None:
+        dist.init_process_group("gloo")
+    else:
+        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.pg_timeout))
     rank = dist.get_rank()
     torch.manual_seed(0)
     module = SlowSequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
@@ -127,7 +135,8 @@ def main() -> None:
             batches = (Batches(step, count, rank)[i] for i in range(count))
         for x, y in batches:
             if first_attempt and step == args.stop_at_step and rank == args.stop_rank:
-                print(f"rank {rank}: stopping for good at step {step}", flush=True)
+                stop = f"stopping for good at step {step} (at {time.time():.6f})"  # wall time
+                print(f"rank {rank}: {stop}", flush=True)
                 threading.Event().wait()
             if first_attempt and step == args.crash_at_step and rank == args.stop_rank:
                 raise SystemExit(f"rank {rank}: crashing at step {step}")

@@ -159,3 +159,33 @@ def test_a_heartbeat_verdict_names_the_rank_the_others_wait_on() -> None:
     train(tied, group, 3, 0.1)
     assert tied.culprit([group[0]], later) is None  # nothing tells them apart: silence does
     assert ProgressWatch(FLOOR).culprit([group[0]], later) is None  # no reports at all
+
+
+def test_a_long_set_up_is_not_judged_when_the_first_step_is_reported() -> None:
+    """Both ranks spend 9 s joining the group (a busy machine); rank 1's first steps are
+    reported, rank 0's (it steps in lockstep) a sampler interval later: no verdict. Seen in
+    bench/hang_blame.py: rank 0 judged 'no progress for 9.608s (0 steps, 0 collectives)'."""
+    watch, group = ProgressWatch(FLOOR), ranks(2)
+    for rank in group:
+        watch.observe(rank, rank.local_rank, report(0, 0), 0.0)
+    watch.observe(group[1], 1, report(3, 8), 9.0)
+    assert watch.check(9.0) is None
+    assert watch.check(9.0 + FLOOR - 0.01) is None
+    watch.observe(group[0], 0, report(3, 8), 9.4)
+    assert watch.check(9.5) is None
+    # Judging has begun: a rank that never reports again is judged a deadline later.
+    watch.observe(group[1], 1, report(4, 10), 9.5)
+    verdict = watch.check(9.4 + FLOOR + 0.01)
+    assert verdict is not None and verdict.culprit.rank is group[0]
+    assert "has not entered collective 9" in verdict.reason
+
+
+def test_a_rank_silent_since_set_up_is_timed_from_the_first_step() -> None:
+    watch, group = ProgressWatch(FLOOR), ranks(2)
+    for rank in group:
+        watch.observe(rank, rank.local_rank, report(0, 0), 0.0)
+    watch.observe(group[1], 1, report(1, 2), 20.0)  # rank 0 never reports again
+    assert watch.check(20.0 + FLOOR - 0.01) is None
+    verdict = watch.check(20.0 + FLOOR + 0.01)
+    assert verdict is not None and verdict.culprit.rank is group[0]
+    assert f"made no progress for {FLOOR + 0.01:.3f}s" in verdict.reason
