@@ -62,7 +62,9 @@ def thread_facts() -> dict[str, object]:
 
     return {
         "torch_threads": torch.get_num_threads(),
-        "threads": len(os.listdir("/proc/self/task")),
+        # ftd's own progress sampler aside (client/ftd_client/progress.py): the pools' threads
+        "threads": len(os.listdir("/proc/self/task"))
+        - sum(t.name == "ftd-progress" for t in threading.enumerate()),
         "np_random": float(numpy.random.random()),
     }
 

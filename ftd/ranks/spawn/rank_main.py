@@ -34,8 +34,7 @@ from typing import Any, NoReturn
 from ftd.text import is_decimal
 
 PR_SET_PDEATHSIG = 1
-RANK_START_WANTED = (("FTD_PROGRESS", "1"), ("FTD_RESTART_MODE", "inprocess"))
-"""ftd_client.rank_start.WANTED (not imported: the zygote preloads no ftd_client)."""
+RANK_START_WANTED = (("FTD_PROGRESS", "1"), ("FTD_RESTART_MODE", "inprocess"))  # rank_start's
 REPARENT_TIMEOUT_S = 10.0
 
 INITIAL_PATH0: str | None = None
