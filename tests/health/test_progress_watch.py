@@ -189,3 +189,16 @@ def test_a_rank_silent_since_set_up_is_timed_from_the_first_step() -> None:
     verdict = watch.check(20.0 + FLOOR + 0.01)
     assert verdict is not None and verdict.culprit.rank is group[0]
     assert f"made no progress for {FLOOR + 0.01:.3f}s" in verdict.reason
+
+
+def test_an_explicit_section_wins_over_progress() -> None:
+    """A rank inside its script's own section (ftd_client's or NVRx's) is judged by that
+    section's timeout (the monitor), not by the progress deadline."""
+    watch, group = ProgressWatch(FLOOR), ranks(2)
+    now = train(watch, group, 3, 0.1)
+    watch.observe(group[0], 0, report(3, 7), now)  # rank 0 waits for rank 1 in a collective
+    group[1].open_sections["checkpointing"] = now
+    assert watch.check(now + 100 * FLOOR) is None
+    del group[1].open_sections["checkpointing"]
+    verdict = watch.check(now + 100 * FLOOR)
+    assert verdict is not None and verdict.culprit.rank is group[1]
