@@ -49,6 +49,7 @@ class HangHandler:
         self.termination_signal = termination_signal
         self.group: WorkerGroup | None = None
         """The attempt's group (set by the health service when it attaches one)."""
+        self._judged: WorkerGroup | None = None
         self._background = Background()
 
     def close(self) -> None:
@@ -59,7 +60,18 @@ class HangHandler:
         if self.group is not None:
             self.group.fail(Failure(kind="internal", reason=reason, timestamp=time.time()))
 
+    def _first_verdict(self, culprit: RankHealth) -> bool:
+        """One verdict per attempt: a rank that falls due while one is carried out (waiting on
+        the culprit, most likely) is among its victims, not a hang of its own."""
+        if self.group is not None and self._judged is self.group:
+            log.info("rank %d is overdue too: its attempt is already ending", culprit.global_rank)
+            return False
+        self._judged = self.group
+        return True
+
     def on_hang(self, verdict: Verdict) -> None:
+        if not self._first_verdict(verdict.first.rank):
+            return
         overdue = list(verdict.overdue)
         # Ranks waiting in a collective on an injected hang time out as well, and may do so first.
         simulated = [r for r in self.monitor.ranks() if r.simulated_hang]
@@ -68,6 +80,9 @@ class HangHandler:
         by_progress = self.progress.culprit(overdue_ranks, verdict.at)
         culprit = simulated[0] if simulated else by_progress or overdue_ranks[0]
         others = [rank for rank in overdue_ranks if rank is not culprit]
+        if by_progress is culprit:  # and the ranks stalled with it, due or not yet
+            stalled = self.progress.stalled_ranks(verdict.at)
+            others += [r for r in stalled if r is not culprit and all(r is not o for o in others)]
         blame = self.progress.blame(culprit, others) if by_progress is culprit else None
         reason = _verdict_reason(verdict, culprit, blame)
         log.error("%s", reason)
@@ -83,6 +98,8 @@ class HangHandler:
         """A rank made no progress past its deadline: it is the culprit, the ranks stalled
         with it its victims."""
         culprit = verdict.culprit.rank
+        if not self._first_verdict(culprit):
+            return
         reason = verdict.reason
         log.error("%s", reason)
         victims = [v.rank for v in verdict.victims]

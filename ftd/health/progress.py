@@ -235,6 +235,10 @@ class ProgressWatch:
             return None
         return ProgressVerdict(culprit, victims, _reason(culprit, victims, now - since, what), now)
 
+    def stalled_ranks(self, now: float) -> list[RankHealth]:
+        """The ranks without progress for a while, culprit first."""
+        return [p.rank for p in sorted(self._stalled(now), key=sort_key)]
+
     def _stalled(self, now: float) -> Iterable[RankProgress]:
         return (
             p for p in self._ranks.values() if now - self._since(p.advanced_at) >= STALLED_AFTER_S

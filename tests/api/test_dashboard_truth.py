@@ -14,6 +14,7 @@ import re
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -101,14 +102,22 @@ async def test_recovery_rows_null_backoff_and_scale(tmp_path: Path) -> None:
         assert f"first_step {DASH}" in caption and not re.search(r"\b0 ms", caption), caption
         assert "backoff 8.00 s" in caption and "rendezvous 30 ms" in caption, caption
         assert await row.locator(".stage-first_step").count() == 0
-        widths = {
-            name: (await row.locator(f".stage-{name}").bounding_box() or {"width": 0})["width"]
-            for name in stages
-        }
+        widths = await stage_widths(row, stages)
         assert widths["detect"] < widths["stop"] / 10, widths
         assert widths["backoff"] == pytest.approx(4 * widths["stop"], rel=0.1), widths
         await shot(page, tmp_path, "truth-recovery-rows")
         assert errors == []
+
+
+async def stage_widths(row: Any, stages: dict[str, float]) -> dict[str, float]:
+    """Each stage bar's width once every bar is laid out: the page may be re-rendering the row
+    (a status poll) when it is first measured, and a bar between renders has no box."""
+    for _ in range(100):
+        boxes = {name: await row.locator(f".stage-{name}").bounding_box() for name in stages}
+        if all(box is not None and box["width"] > 0 for box in boxes.values()):
+            return {name: box["width"] for name, box in boxes.items() if box is not None}
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"stage bars not laid out: {boxes}")
 
 
 @in_chromium

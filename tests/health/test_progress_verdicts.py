@@ -85,3 +85,4 @@ async def test_a_heartbeat_verdict_blames_the_rank_the_others_wait_on(
     [hung] = run.event_data("rank_hung")
     assert hung["global_rank"] == 1 and hung["culprit"] is True, hung
     assert "rank 1 is the culprit" in hung["reason"], hung
+    assert hung["victims"] == [0], hung  # one verdict: rank 0 falls due too, as its victim
