@@ -12,6 +12,8 @@ from the fault to *training resumed*: every rank of the next round (in-process) 
               as under torchrun
   inprocess   the same RuntimeError under ftd_client.inprocess.Wrapper and
               `--restart-mode inprocess`: every rank restarts the function in its process
+  nvrx        the same, the script written for NVRx (`from nvidia_resiliency_ext import
+              inprocess`, timedelta timeouts), unmodified: ftd's Wrapper all the same
   respawn     rank 1's process dies (os._exit); the daemon announces it, the others restart
               in-process and a new process for rank 1 joins them (world unchanged)
   shrink      the same death with --no-inprocess-respawn: the others go on at world N-1
@@ -43,6 +45,8 @@ VARIANTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "process": ((), ("--inject", "raise")),
     "spawn": (("--start-method", "spawn"), ("--inject", "raise")),
     "inprocess": (("--restart-mode", "inprocess"), ("--wrap", "--inject", "raise")),
+    # the same, the script written for NVRx (`from nvidia_resiliency_ext import inprocess`)
+    "nvrx": (("--restart-mode", "inprocess"), ("--wrap", "--nvrx-import", "--inject", "raise")),
     "respawn": (("--restart-mode", "inprocess"), ("--wrap", "--inject", "exit")),
     "shrink": (
         ("--restart-mode", "inprocess", "--no-inprocess-respawn"),

@@ -36,6 +36,7 @@ parser.add_argument("--out", type=Path, required=True)
 parser.add_argument("--wrap", action="store_true")
 parser.add_argument("--inject", choices=["raise", "exit"], default="raise")
 parser.add_argument("--fault-rank", type=int, default=1)
+parser.add_argument("--nvrx-import", action="store_true", help="NVRx's inprocess, unmodified")
 args = parser.parse_args()
 
 
@@ -66,9 +67,18 @@ def train(iteration: int) -> None:
 
 
 if args.wrap:
-    from ftd_client import inprocess
+    if args.nvrx_import:  # NVRx's API as written for it: ftd's under --restart-mode inprocess
+        from datetime import timedelta
 
-    @inprocess.Wrapper(soft_timeout=60, hard_timeout=90)
+        from nvidia_resiliency_ext import inprocess  # type: ignore[import-not-found,no-redef]
+
+        timeouts = {"soft_timeout": timedelta(seconds=60), "hard_timeout": timedelta(seconds=90)}
+    else:
+        from ftd_client import inprocess
+
+        timeouts = {"soft_timeout": 60, "hard_timeout": 90}
+
+    @inprocess.Wrapper(**timeouts)
     def wrapped(call_wrapper: inprocess.CallWrapper | None = None) -> None:
         assert call_wrapper is not None
         train(call_wrapper.iteration)

@@ -26,7 +26,8 @@ measured on a 2-vCPU VM; bench/PROGRESS.md):
   override `forward` per instance (torch.compile's wrapper) is not timed.
 - Automatic sections: `torch.save`/`torch.load`, `torch.distributed.checkpoint`'s
   save/load/async_save (async: the synchronous part) and `DataLoader.__iter__` are wrapped to
-  open `auto:<name>` around the call.
+  open `auto:<name>` around the call; an iterator's first and last batch (its workers' start
+  and shutdown) are `auto:DataLoader.epoch`.
 """
 
 from __future__ import annotations
@@ -110,6 +111,9 @@ class TorchHooks:
         for module_name in ("torch", "torch.serialization"):
             self._wrap_sections(_module(module_name))
         self._wrap_sections_of(torch.utils.data.DataLoader, "__iter__", "auto:DataLoader.iter")
+        base = getattr(torch.utils.data.dataloader, "_BaseDataLoaderIter", None)
+        if base is not None and callable(getattr(base, "__next__", None)):
+            self._patch(base, "__next__", _epoch_edges(self.counters, base.__next__))
         if torch.distributed.is_available():
             self._wrap_collectives(torch.distributed)
 
@@ -277,6 +281,26 @@ def _sectioned(counters: Counters, name: str, original: Callable[..., Any]) -> C
                     _remove_entry(counters.auto, entry)
 
     return sectioned
+
+
+def _epoch_edges(counters: Counters, original: Callable[..., Any]) -> Callable[..., Any]:
+    """A DataLoader iterator's first batch (its workers starting) and its last call (the
+    workers' shutdown, before StopIteration) take seconds on a busy machine: an automatic
+    section, `auto:DataLoader.epoch`. The batches between pay one attribute read."""
+    sectioned = _sectioned(counters, "auto:DataLoader.epoch", original)
+
+    @functools.wraps(original)
+    def __next__(self: Any) -> Any:
+        yielded = getattr(self, "_num_yielded", None)
+        if yielded == 0:
+            return sectioned(self)
+        try:
+            last = yielded is not None and yielded >= len(self)
+        except TypeError:  # an iterable dataset: no length
+            last = False
+        return sectioned(self) if last else original(self)
+
+    return __next__
 
 
 def _remove_entry(entries: list[tuple[str, int]], entry: tuple[str, int]) -> None:

@@ -30,6 +30,9 @@ from ftd.tasks import Background, within
 log = logging.getLogger("ftd.health")
 
 STACK_DUMP_WAIT_S = 1.0
+STACK_SETTLE_S = 0.05
+"""A dump is done once its file stopped growing this long: a rank descheduled between two of
+faulthandler's writes (a busy machine) pauses for milliseconds, and a kill then cuts it."""
 NATIVE_DUMP_TIMEOUT_S = 10.0
 
 
@@ -116,6 +119,17 @@ class HangHandler:
         group = self.group
         if group is None:
             return
+        # A rank may die while its stacks are written (faulthandler reads other threads'
+        # frames unlocked: a thread that runs meanwhile can crash it): still this hang.
+        group.verdict = Failure(
+            kind="hang",
+            reason=f"{reason}; the rank died while its stacks were written",
+            local_rank=rank.local_rank,
+            global_rank=rank.global_rank,
+            pid=rank.pid,
+            timestamp=time.time(),
+            origin=origin,
+        )
         notes: list[str] = []
         try:
             containment.inject("hangs")
@@ -278,13 +292,14 @@ async def _dump_stacks(
     after_signal()
     loop = asyncio.get_running_loop()
     deadline = loop.time() + STACK_DUMP_WAIT_S
-    last = before
+    last, settled_at = before, loop.time()
     while loop.time() < deadline:
         await asyncio.sleep(0.002)  # the dump is written from a signal handler: no event to await
         size = _size(path)
-        if size > before and size == last:
+        if size != last:
+            last, settled_at = size, loop.time()
+        elif size > before and loop.time() - settled_at >= STACK_SETTLE_S:
             return True
-        last = size
     return _size(path) > before
 
 

@@ -155,6 +155,24 @@ def test_dataloader_iterator_creation_is_an_automatic_section(observer: Observer
     assert observer.sample().auto_sections == ()
 
 
+def test_an_epochs_first_and_last_batch_are_an_automatic_section(observer: Observer) -> None:
+    """Where a DataLoader's workers start (the first batch) and stop (the call that ends the
+    epoch); the batches between are no section."""
+    seen: list[tuple[str, ...]] = []
+
+    class Items(torch.utils.data.Dataset[int]):
+        def __getitem__(self, index: int) -> int:
+            seen.append(tuple(name for name, _ in observer.sample().auto_sections))
+            return index
+
+        def __len__(self) -> int:
+            return 3
+
+    assert [int(b) for b in torch.utils.data.DataLoader(Items(), batch_size=1)] == [0, 1, 2]
+    assert seen == [("auto:DataLoader.epoch",), (), ()]
+    assert observer.sample().auto_sections == ()
+
+
 def ours(function: Any) -> bool:
     """Wrapped by ftd_client (torch's own decorators wrap some of these functions too)."""
     return bool(function.__code__.co_filename.endswith("_progress_torch.py"))
