@@ -88,6 +88,7 @@ def main() -> None:
         world = dist.get_world_size()
         assert tensor[0].item() == world * (world + 1) / 2, tensor
         mark(args.out, f"allreduce_a{ATTEMPT}_r{RANK}", tensor.tolist())
+        dist.barrier()  # every rank marked before one fails (a rank stopped first loses its mark)
     failing_rank = (
         ATTEMPT % int(os.environ["WORLD_SIZE"])
         if args.fail_rank == "rotate"
