@@ -31,6 +31,7 @@ from typing import Any
 
 from ftd.api import ApiServer, start_api_server
 from ftd.api.control import NodeControl
+from ftd.checkpoint.holder import CheckpointHolder
 from ftd.config.rundir import prepare_run_dir
 from ftd.config.serve import ServeConfig
 from ftd.coordination import CoordinationError, Coordinator, create_coordinator
@@ -169,6 +170,9 @@ class Daemon:
                 "removing the sockets' directory",
                 lambda: asyncio.to_thread(shutil.rmtree, private, ignore_errors=True),
             )
+        self.checkpoints = CheckpointHolder(
+            self.run_dir, config.checkpoint_memory_bytes, self.events
+        )
         self.health = HealthService(
             config.ft,
             rank_socket,
@@ -176,6 +180,7 @@ class Daemon:
             self.events,
             self.persist,
             ProgressWatch(config.progress_timeout_floor_s, enabled=config.progress),
+            self.checkpoints,
         )
         publish = self._publish if config.multi_node else None
         self.board = StatusBoard(
@@ -195,6 +200,10 @@ class Daemon:
         self._on_teardown("closing the orphan guard", self._close_guard)
         self.health.start()
         self._on_teardown("closing the rank socket", lambda: _now(self.health.close))
+        await asyncio.to_thread(self.checkpoints.start)
+        self._on_teardown(
+            "freeing the snapshots' memory", lambda: asyncio.to_thread(self.checkpoints.close)
+        )
         try:  # nodes are only lost once rounds run, by when the supervisor exists
             start = asyncio.ensure_future(
                 self.coordinator.start(lambda n, r: self.supervisor.on_node_lost(n, r))

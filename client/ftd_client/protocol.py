@@ -43,6 +43,9 @@ would delay the clock), but never from before the daemon last began reading with
 | `up` |  | no | the rank is training again (`resumed()`): ends a restart's first step |
 | `st` | `o`, `dropped` | no | the rank's state only, retried after a drop: no sign of life |
 | `pg` | `steps`, `age_ms`, `entered`, `called`, `returned`, `fwd_us`, `auto` | no | progress |
+| `ckb` | `step`, `bytes`, `world` | yes | begin a snapshot: reply `slot`, `path`, or `refused` |
+| `ckd` | `step`, `slot` | yes | the snapshot in `slot` is written whole |
+| `ckr` | `world` | yes | which snapshot to restore: reply `step` (null: none), `path` |
 
 `pg` is what the rank observed of its own progress without the script's help (progress.py has
 each field's meaning): integers 0 .. MAX_SEQUENCE, `auto` the automatic sections open (name ->
@@ -55,6 +58,10 @@ with `{"v": 1, "t": "reply", "id": <id>, "ok": bool, "error": str?, "timeouts": 
 `section:<name>`). In `calc`, `rule` is `ftd` (default) or `nvrx` (NVRx's rule), `kind` `all`,
 `hb` or `sections`, and `gen` the rank's n-th request of that rule and kind (ranks' requests of one
 generation start from the same timeouts).
+
+The `ck*` messages are ftd_client.checkpoint's, on a connection of their own (never a sign of
+life): `refused` in a `ckb` reply is `busy` (every slot of the rank holds a snapshot that may
+still be needed: the save is skipped) or `too_large` (it cannot fit `--checkpoint-memory`).
 """
 
 from __future__ import annotations
@@ -86,13 +93,24 @@ FAULT = "fault"
 RESUMED = "up"
 STATE = "st"
 PROGRESS = "pg"
+CHECKPOINT_BEGIN = "ckb"
+CHECKPOINT_DONE = "ckd"
+CHECKPOINT_RESTORE = "ckr"
 REPLY = "reply"
 
-ANSWERED = frozenset({HELLO, WORKLOAD_CONTROL, CALCULATE_TIMEOUTS, SET_TIMEOUTS})
+CHECKPOINT = frozenset({CHECKPOINT_BEGIN, CHECKPOINT_DONE, CHECKPOINT_RESTORE})
+ANSWERED = frozenset({HELLO, WORKLOAD_CONTROL, CALCULATE_TIMEOUTS, SET_TIMEOUTS} | CHECKPOINT)
 TYPES = frozenset(
     {HELLO, HEARTBEAT, SECTION_START, SECTION_END, WORKLOAD_CONTROL}
     | {CALCULATE_TIMEOUTS, SET_TIMEOUTS, GOODBYE, FAULT, RESUMED, STATE, PROGRESS}
+    | CHECKPOINT
 )
+CHECKPOINT_FIELDS = {
+    CHECKPOINT_BEGIN: {"step": 2**53, "bytes": 2**48, "world": 2**20},
+    CHECKPOINT_DONE: {"step": 2**53, "slot": 1},
+    CHECKPOINT_RESTORE: {"world": 2**20},
+}
+"""Each checkpoint message's required integers and their largest value (`world` >= 1)."""
 PROGRESS_COUNTS = ("steps", "age_ms", "entered", "called", "returned", "fwd_us")
 """A progress message's integers, each optional, 0 .. MAX_SEQUENCE."""
 
@@ -170,7 +188,17 @@ def decode(data: bytes) -> dict[str, Any]:
             raise ProtocolError("bad_action", f"action {message.get('a')!r}") from None
     if kind == PROGRESS:
         _check_progress(message)
+    if kind in CHECKPOINT:
+        _check_checkpoint(kind, message)
     return message
+
+
+def _check_checkpoint(kind: str, message: dict[str, Any]) -> None:
+    for key, largest in CHECKPOINT_FIELDS[kind].items():
+        value = message.get(key)
+        smallest = 1 if key == "world" else 0
+        if not (isinstance(value, int) and _is_int(value) and smallest <= value <= largest):
+            raise ProtocolError("bad_checkpoint", f"{key} {value!r:.40}")
 
 
 def _check_progress(message: dict[str, Any]) -> None:

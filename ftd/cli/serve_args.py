@@ -293,6 +293,14 @@ def _add_ftd(serve: argparse.ArgumentParser) -> None:
         "events) but never shorter than this (default: %(default)g)",
     )
     add(
+        *_flag("--checkpoint-memory"),
+        type=memory_size,
+        default="auto",
+        metavar="SIZE",
+        help="memory the node holds for ftd_client.checkpoint's snapshots, e.g. 8G, 512M; "
+        "auto: half of /dev/shm's free space at start; 0: none (default: auto)",
+    )
+    add(
         *_flag("--enable-fault-injection"),
         action="store_true",
         help="allow POST /v1/faults to kill or hang a rank on purpose (for resilience tests)",
@@ -318,6 +326,19 @@ class ServeArgs:
 
 
 _UNSET: Any = object()
+
+
+def memory_size(text: str) -> str | int:
+    """`auto`, or bytes: `123`, `512K`, `512M`, `8G`, `1T` (powers of 1024)."""
+    text = text.strip()
+    if text == "auto":
+        return text
+    units = {"": 0, "K": 10, "M": 20, "G": 30, "T": 40}
+    number, unit = text.rstrip("KMGTkmgtiBb"), text[len(text.rstrip("KMGTkmgtiBb")) :]
+    unit = unit.upper().removesuffix("B").removesuffix("I")
+    if not number.isdigit() or unit not in units or len(number) > 15:
+        raise argparse.ArgumentTypeError(f"{text!r:.40} is no size (auto, 0, 512M, 8G, ...)")
+    return int(number) << units[unit]
 
 
 def split_script(parser: argparse.ArgumentParser, argv: Sequence[str]) -> tuple[list[str], int]:

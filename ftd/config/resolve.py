@@ -109,6 +109,9 @@ def serve_config_from_args(args: argparse.Namespace) -> ServeConfig:
         "inprocess_respawn": args.inprocess_respawn,
         "progress": args.progress == "on",
         "progress_timeout_floor_s": args.progress_timeout_floor,
+        "checkpoint_memory_bytes": None
+        if args.checkpoint_memory == "auto"
+        else args.checkpoint_memory,
         **_restart_backoff(args.restart_backoff),
     }
     if args.node_id:

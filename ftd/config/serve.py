@@ -105,6 +105,8 @@ class ServeConfig(BaseModel):
     """Ranks report their progress (ftd_client/progress.py) and are judged by it."""
     progress_timeout_floor_s: float = Field(300.0, gt=0, le=86400 * 30)
     """The learned progress deadline is never shorter (ftd/health/progress.py)."""
+    checkpoint_memory_bytes: int | None = Field(None, ge=0, le=2**48)
+    """Memory held for ftd_client.checkpoint's snapshots; None: half of /dev/shm's free space."""
     enable_fault_injection: bool = False
     """Allow `POST /v1/faults`; ranks then accept the fault signals (see ftd_client.faults)."""
 

@@ -10,6 +10,7 @@ channel's property tests run it on a fake clock.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +20,10 @@ from ftd_client.protocol import WorkloadAction
 from ftd.health.links import Link, RankHealth
 from ftd.health.monitor import STALL_THRESHOLD_S, Monitor
 from ftd.health.sync import BudgetExceeded
+from ftd.status.event_kind import EventKind
+from ftd.status.events import EventLog
+
+log = logging.getLogger("ftd.health")
 
 MAX_BACKLOG_S = 30.0
 """A message older than this when read is timed from 30 s before its receipt."""
@@ -107,3 +112,17 @@ class WorkloadRequest:
         }[self.action]
         detail = f": {self.description}" if self.description else ""
         return f"rank {self.global_rank} {what}{detail}"
+
+
+def fault_injected(events: EventLog, rank: RankHealth, message: dict[str, Any]) -> None:
+    """A rank says it carries out a simulated fault (ftd_client.faults)."""
+    fault = str(message.get("kind"))[:16]
+    rank.simulated_hang = rank.simulated_hang or fault == "hang"
+    log.warning("rank %d is carrying out a simulated %s fault", rank.global_rank, fault)
+    events.emit(
+        EventKind.FAULT_INJECTED,
+        kind=fault,
+        global_rank=rank.global_rank,
+        pid=rank.pid,
+        open_sections=sorted(rank.open_sections),
+    )

@@ -18,6 +18,7 @@ from ftd_client.protocol import ProtocolError, WorkloadAction
 from pydantic import ValidationError
 
 from ftd import containment
+from ftd.checkpoint.holder import CheckpointHolder
 from ftd.config.ft import FaultToleranceConfig, RankTimeouts
 from ftd.errors import InvalidRequest, format_validation_error
 from ftd.health.accounting import BudgetWatch, LossWatch, send_buffer_bytes
@@ -34,7 +35,7 @@ from ftd.health.learning import (
     load_learned,
 )
 from ftd.health.links import Link, RankHealth
-from ftd.health.messages import WorkloadRequest, deliver, sent_at
+from ftd.health.messages import WorkloadRequest, deliver, fault_injected, sent_at
 from ftd.health.monitor import Monitor
 from ftd.health.nvrx.host import NvrxRankHost
 from ftd.health.nvrx.server import NvrxServer
@@ -62,6 +63,7 @@ class HealthService:
         events: EventLog,
         persist: Persistence | None = None,
         progress: ProgressWatch | None = None,
+        checkpoints: CheckpointHolder | None = None,
     ) -> None:
         self.ft = ft
         self.state_file = state_file
@@ -82,6 +84,7 @@ class HealthService:
             connect_timeout=ft.initial_rank_heartbeat_timeout,  # as configured, never learned
         )
         self.progress = progress or ProgressWatch(DEFAULT_FLOOR_S)
+        self.checkpoints = checkpoints
         self.hangs = HangHandler(self.monitor, events, ft.rank_termination_signal, self.progress)
         self.server = RankSocketServer(
             socket_path, self._dispatch, self.rank_for, self._link_closed
@@ -276,6 +279,10 @@ class HealthService:
             self.progress.observe(rank, link.id, message, at)
             self.monitor.on_progress_link(rank, message.get("stack_signal"))
             return None
+        if message["t"] in protocol.CHECKPOINT:  # the memory tier's: no sign of life either
+            if self.checkpoints is None:
+                return {"ok": False, "error": "this daemon holds no snapshots"}
+            return self.checkpoints.answer(rank.global_rank, message)
         if message["t"] == protocol.HELLO:  # before its state: the rank is connected
             self.monitor.on_hello(rank, message.get("stack_signal"), now)
         if link.backlog_at is not None and (rank.backlog_at or 0.0) < link.backlog_at:
@@ -305,16 +312,7 @@ class HealthService:
         if kind == protocol.HELLO:
             return self._timeouts_reply(self.timeouts)
         elif kind == protocol.FAULT:
-            fault = str(message.get("kind"))[:16]
-            rank.simulated_hang = rank.simulated_hang or fault == "hang"
-            log.warning("rank %d is carrying out a simulated %s fault", rank.global_rank, fault)
-            self.events.emit(
-                EventKind.FAULT_INJECTED,
-                kind=fault,
-                global_rank=rank.global_rank,
-                pid=rank.pid,
-                open_sections=sorted(rank.open_sections),
-            )
+            fault_injected(self.events, rank, message)
         elif kind == protocol.WORKLOAD_CONTROL:
             return self._on_workload_control(rank, message)
         elif kind == protocol.CALCULATE_TIMEOUTS:

@@ -42,6 +42,10 @@ class EventKind(enum.StrEnum):
     STRAGGLER = "straggler"
     """A rank's forward pass stays slower than the job's other ranks' (ftd/health/stragglers.py)."""
     STRAGGLER_CLEARED = "straggler_cleared"
+    CHECKPOINT_REFUSED = "checkpoint_refused"
+    """A rank's snapshot does not fit --checkpoint-memory: once per rank and attempt."""
+    CHECKPOINT_RESTORED = "checkpoint_restored"
+    """The ranks of an attempt asked for their snapshots: which step they resume from."""
     # operators and faults
     RESTART_REQUESTED = "restart_requested"
     FAULT_ARMED = "fault_armed"

@@ -1,0 +1,78 @@
+"""Training state held by the node: snapshots in memory that outlives the rank.
+
+    from ftd_client import checkpoint
+
+    step = checkpoint.load(state) or 0      # fills `state` in place; None: nothing to resume
+    for step in range(step + 1, steps + 1):
+        train_one_step()
+        checkpoint.save(state, step)        # returns once the copy is scheduled
+
+`state` is a dict of tensors and picklable values (model and optimizer state dicts, counters,
+RNG states). `load` returns the newest step whose snapshot is complete on every rank of the
+job, so every rank resumes at the same step; tensors of the same shape and type are copied into
+in place (call `model.load_state_dict`/`optimizer.load_state_dict` after it for the parts that
+had none, as with torch.distributed.checkpoint). Outside ftd (no FTD_SOCKET) `save` does nothing
+and `load` returns None. How it works and what it costs: docs/checkpoint.md.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import threading
+from typing import Any
+
+from ftd_client.checkpoint._link import CheckpointLink
+from ftd_client.checkpoint._plan import CheckpointError
+from ftd_client.checkpoint._writer import Checkpointer, Stats
+
+__all__ = ["CheckpointError", "Stats", "load", "save", "stats", "wait"]
+
+_lock = threading.Lock()
+_checkpointer: Checkpointer | None = None
+
+
+def save(state_dict: dict[str, Any], step: int) -> bool:
+    """Snapshot `state_dict` as of `step` into the node's memory; True once the copy is
+    scheduled, False when the save is skipped (no slot free before the optimizer's next step,
+    or no daemon). CheckpointError for a state that cannot be snapshotted (a value that does
+    not pickle, a snapshot larger than --checkpoint-memory): the older snapshot stays usable."""
+    if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= 2**53:
+        raise CheckpointError(f"step must be an integer 0 .. 2**53, not {step!r:.40}")
+    return _get().save(state_dict, step)
+
+
+def load(state_dict: dict[str, Any]) -> int | None:
+    """Fill `state_dict` in place from the newest snapshot complete on every rank; its step,
+    or None when there is none."""
+    return _get().load(state_dict)
+
+
+def wait() -> None:
+    """Wait for the copy under way: call it before changing a saved tensor outside
+    `optimizer.step` (the pre-step hook waits for the optimizer's own tensors)."""
+    _get().settle()
+
+
+def stats() -> Stats:
+    return _get().stats
+
+
+def _get() -> Checkpointer:
+    global _checkpointer
+    with _lock:
+        if _checkpointer is None:
+            path = os.environ.get("FTD_SOCKET")
+            if not path:
+                print(
+                    "ftd_client.checkpoint: not under ftd (no FTD_SOCKET): save does nothing",
+                    file=sys.stderr,
+                )
+            _checkpointer = Checkpointer(
+                CheckpointLink(path) if path else None,
+                int(os.environ.get("RANK", "0")),
+                int(os.environ.get("WORLD_SIZE", "1")),
+            )
+            atexit.register(_checkpointer.close)
+        return _checkpointer

@@ -1,0 +1,184 @@
+"""The node's memory tier for training state: a private directory on a tmpfs that the daemon
+creates, the ranks' snapshots in it, and the answers to ftd_client.checkpoint's requests.
+
+The directory outlives every rank and lives as long as the daemon's job: made at start (mode
+0700, the file in the run directory names it so a daemon that was killed leaves nothing behind
+past the next start), removed at the end. Ranks write their snapshots into the files it names
+(one copy: their tensors straight into the mapped file) and read them back the same way; the
+daemon decides which file each snapshot goes in (ledger.py), accounts every byte against
+--checkpoint-memory, and counts a snapshot complete only when its rank says so and the file's
+header describes exactly that snapshot (ftd_client/snapshot_format.py: the one thing of the
+file the daemon reads).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ftd_client import protocol
+from ftd_client.snapshot_format import HEADER, SnapshotFormatError, decode_header
+
+from ftd.checkpoint.ledger import Grant, Ledger
+from ftd.status.event_kind import EventKind
+from ftd.status.events import EventLog
+
+log = logging.getLogger("ftd.checkpoint")
+
+DIRECTORY_RECORD = "checkpoint_dir"
+"""The run directory's file that names the memory directory of the daemon that last ran there."""
+DEFAULT_BASE = Path("/dev/shm")
+AUTO_SHARE = 0.5
+"""--checkpoint-memory auto: this share of the tmpfs's free space when the daemon starts."""
+
+
+@dataclass
+class Counts:
+    begun: int = 0
+    completed: int = 0
+    busy: int = 0
+    """Slots asked for while both of the rank's slots were still needed (asked again later)."""
+    refused: int = 0
+    restored: int = 0
+    bad_snapshots: int = 0
+
+
+class CheckpointHolder:
+    def __init__(
+        self, run_dir: Path, budget_bytes: int | None, events: EventLog, base: Path = DEFAULT_BASE
+    ) -> None:
+        self.run_dir = run_dir
+        self.base = base if base.is_dir() else run_dir
+        self.events = events
+        self.directory: Path | None = None
+        self.ledger = Ledger(budget_bytes if budget_bytes is not None else auto_budget(self.base))
+        self.counts = Counts()
+        self._refused_ranks: set[int] = set()
+        """Ranks whose last snapshot was refused as too large: said once per episode."""
+
+    def start(self) -> None:
+        self._remove_stale()
+        if self.ledger.budget_bytes == 0:  # --checkpoint-memory 0: no memory tier
+            return
+        self.directory = Path(tempfile.mkdtemp(prefix="ftd-checkpoint-", dir=self.base))
+        record = self.run_dir / DIRECTORY_RECORD
+        record.write_text(str(self.directory))
+        record.chmod(0o600)
+        log.info(
+            "snapshots are held in %s (--checkpoint-memory %d bytes)",
+            self.directory,
+            self.ledger.budget_bytes,
+        )
+
+    def close(self) -> None:
+        if self.directory is not None:
+            shutil.rmtree(self.directory, ignore_errors=True)
+            (self.run_dir / DIRECTORY_RECORD).unlink(missing_ok=True)
+            self.directory = None
+
+    def answer(self, global_rank: int, message: dict[str, Any]) -> dict[str, Any]:
+        """The reply to one of a rank's checkpoint messages (already decoded by protocol)."""
+        if self.directory is None:
+            return {"ok": False, "error": "the daemon holds no snapshots"}
+        kind = message["t"]
+        if kind == protocol.CHECKPOINT_BEGIN:
+            return self._begin(global_rank, message["step"], message["bytes"], message["world"])
+        if kind == protocol.CHECKPOINT_DONE:
+            return self._done(global_rank, message["slot"], message["step"])
+        return self._restore(global_rank, message["world"])
+
+    def view(self) -> dict[str, Any]:
+        ranks = self.ledger.ranks()
+        worlds = {s.world for r in ranks.values() for s in r.slots if s is not None}
+        common = max((self.ledger.common_step(w) or -1 for w in worlds), default=-1)
+        return {
+            "memory_bytes": self.ledger.reserved_bytes,
+            "budget_bytes": self.ledger.budget_bytes,
+            "newest_step": common if common >= 0 else None,
+            **vars(self.counts),
+        }
+
+    def _path(self, global_rank: int, slot: int) -> Path:
+        assert self.directory is not None
+        return self.directory / f"rank{global_rank}.{slot}"
+
+    def _begin(self, rank: int, step: int, nbytes: int, world: int) -> dict[str, Any]:
+        if rank >= world:
+            return {"ok": False, "error": f"rank {rank} is not in a world of {world}"}
+        decision = self.ledger.begin(rank, step, nbytes, world)
+        if isinstance(decision, Grant):
+            self.counts.begun += 1
+            self._refused_ranks.discard(rank)
+            path = self._path(rank, decision.slot)
+            return {"ok": True, "slot": decision.slot, "path": str(path)}
+        if decision.reason == "busy":
+            self.counts.busy += 1
+        else:
+            self.counts.refused += 1
+            if rank not in self._refused_ranks:
+                self._refused_ranks.add(rank)
+                log.warning(
+                    "rank %d's snapshot of step %d refused: %s", rank, step, decision.detail
+                )
+                self.events.emit(
+                    EventKind.CHECKPOINT_REFUSED,
+                    global_rank=rank,
+                    step=step,
+                    bytes=nbytes,
+                    reason=decision.detail,
+                )
+        return {"ok": False, "refused": decision.reason, "error": decision.detail}
+
+    def _done(self, rank: int, slot: int, step: int) -> dict[str, Any]:
+        held = self.ledger.writing(rank, slot, step)
+        if held is None:
+            return {"ok": False, "error": f"slot {slot} is not being written with step {step}"}
+        try:
+            header = read_header(self._path(rank, slot))
+            if (header.step, header.rank, header.world) != (step, rank, held.world):
+                raise SnapshotFormatError(f"it holds step {header.step} of rank {header.rank}")
+        except (OSError, SnapshotFormatError) as error:
+            self.counts.bad_snapshots += 1
+            return {"ok": False, "error": f"the snapshot of step {step} is not whole: {error}"}
+        held.complete = True
+        self.counts.completed += 1
+        return {"ok": True}
+
+    def _restore(self, rank: int, world: int) -> dict[str, Any]:
+        found = self.ledger.restore(rank, world) if rank < world else None
+        step = None if found is None else found[0]
+        self.counts.restored += found is not None
+        self.events.emit(EventKind.CHECKPOINT_RESTORED, global_rank=rank, step=step)
+        if found is None:
+            return {"ok": True, "step": None}
+        return {"ok": True, "step": step, "path": str(self._path(rank, found[1]))}
+
+    def _remove_stale(self) -> None:
+        """A daemon killed before its end left its directory: it is this run's, remove it."""
+        try:
+            stale = Path((self.run_dir / DIRECTORY_RECORD).read_text()[:4096].strip())
+        except (OSError, UnicodeDecodeError):
+            return
+        if stale.parent == self.base and stale.name.startswith("ftd-checkpoint-"):
+            shutil.rmtree(stale, ignore_errors=True)
+
+
+def read_header(path: Path) -> Any:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        return decode_header(os.pread(fd, HEADER.size, 0), os.fstat(fd).st_size)
+    finally:
+        os.close(fd)
+
+
+def auto_budget(base: Path) -> int:
+    try:
+        stats = os.statvfs(base)
+    except OSError:
+        return 0
+    return int(stats.f_bavail * stats.f_frsize * AUTO_SHARE)

@@ -1,0 +1,141 @@
+"""Which slot each rank's next snapshot goes in, and which snapshot a restart restores. Pure.
+
+Every rank has SLOTS slots in the node's memory. A restart must find one step whose snapshot is
+complete on every rank (all ranks resume at the same step), while no rank ever waits for
+another to finish its copy. So a rank may overwrite a slot only when the snapshot in it can
+no longer be that step:
+- it is not complete (a write given up, or cut short by the rank's death);
+- it is older than the newest step complete on every rank (the common step);
+- it is a step some other rank will never hold (it holds no such snapshot and has begun a later
+  one, or was refused that one);
+- or the rank's history went back (its step is at or after the one now begun: the job restarted
+  its count, or redoes steps after a restore).
+The common step is never overwritten by those rules, and a step newer than it that may still
+become common is kept too; when both slots are kept, the save is refused as `busy` (skipped: the
+next one goes in once the peers' copies are done). With two slots a rank therefore holds at most
+the common snapshot and the one being written, as the memory bound promises.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, NamedTuple
+
+SLOTS = 2
+
+
+@dataclass
+class Slot:
+    step: int
+    world: int
+    reserved: int
+    complete: bool = False
+
+
+@dataclass
+class RankSlots:
+    slots: list[Slot | None] = field(default_factory=lambda: [None] * SLOTS)
+    newest_seen: int = -1
+    """The newest step this rank began or was refused: it will never hold an older step it
+    does not hold now (until its history goes back)."""
+
+    def holds(self, step: int, world: int) -> bool:
+        return any(s is not None and s.step == step and s.world == world for s in self.slots)
+
+    def complete(self, step: int, world: int) -> int | None:
+        for index, s in enumerate(self.slots):
+            if s is not None and s.complete and s.step == step and s.world == world:
+                return index
+        return None
+
+
+class Grant(NamedTuple):
+    slot: int
+
+
+class Refusal(NamedTuple):
+    reason: Literal["busy", "too_large"]
+    detail: str
+
+
+class Ledger:
+    def __init__(self, budget_bytes: int) -> None:
+        self.budget_bytes = budget_bytes
+        self._ranks: dict[int, RankSlots] = {}
+
+    @property
+    def reserved_bytes(self) -> int:
+        return sum(s.reserved for r in self._ranks.values() for s in r.slots if s is not None)
+
+    def ranks(self) -> dict[int, RankSlots]:
+        return self._ranks
+
+    def begin(self, rank: int, step: int, nbytes: int, world: int) -> Grant | Refusal:
+        slots = self._ranks.setdefault(rank, RankSlots())
+        slots.newest_seen = step  # granted or refused, it will hold no older step it lacks
+        common = self.common_step(world)
+        free = [i for i, s in enumerate(slots.slots) if self._overwritable(s, step, world, common)]
+        if not free:
+            return Refusal("busy", f"both slots hold snapshots that may be restored ({common=})")
+        index = min(free, key=lambda i: _preference(slots.slots[i], step, world))
+        others = self.reserved_bytes - sum(s.reserved for s in [slots.slots[index]] if s)
+        if others + nbytes > self.budget_bytes:
+            return Refusal(
+                "too_large",
+                f"a snapshot of {nbytes} bytes does not fit --checkpoint-memory "
+                f"{self.budget_bytes}: {others} bytes are held by the other snapshots",
+            )
+        slots.slots[index] = Slot(step, world, nbytes)
+        return Grant(index)
+
+    def writing(self, rank: int, slot: int, step: int) -> Slot | None:
+        """The slot granted for `step` and not yet complete (mark it `complete` once it is)."""
+        slots = self._ranks.get(rank)
+        held = slots.slots[slot] if slots is not None and 0 <= slot < SLOTS else None
+        return None if held is None or held.step != step or held.complete else held
+
+    def common_step(self, world: int) -> int | None:
+        """The newest step complete on every rank of a job of `world` ranks."""
+        if any(rank not in self._ranks for rank in range(world)):
+            return None
+        candidates = {
+            s.step
+            for s in self._ranks[0].slots
+            if s is not None and s.complete and s.world == world
+        }
+        common = [
+            step
+            for step in candidates
+            if all(self._ranks[r].complete(step, world) is not None for r in range(world))
+        ]
+        return max(common, default=None)
+
+    def restore(self, rank: int, world: int) -> tuple[int, int] | None:
+        """(step, slot) of `rank`'s snapshot at the common step, or None when there is none."""
+        step = self.common_step(world)
+        if step is None:
+            return None
+        slot = self._ranks[rank].complete(step, world)
+        return None if slot is None else (step, slot)
+
+    def _overwritable(self, slot: Slot | None, step: int, world: int, common: int | None) -> bool:
+        if slot is None or not slot.complete or slot.step >= step or slot.world != world:
+            return True
+        if common is not None and slot.step < common:
+            return True
+        return self._impossible(slot.step, world)
+
+    def _impossible(self, step: int, world: int) -> bool:
+        return any(
+            r.newest_seen >= step and not r.holds(step, world)
+            for rank, r in self._ranks.items()
+            if rank < world
+        )
+
+
+def _preference(slot: Slot | None, step: int, world: int) -> tuple[int, int]:
+    if slot is None or not slot.complete:
+        return (0, 0)
+    if slot.step >= step or slot.world != world:
+        return (1, 0)
+    return (2, slot.step)
