@@ -184,7 +184,14 @@ class Daemon:
         )
         publish = self._publish if config.multi_node else None
         self.board = StatusBoard(
-            config, self.status, self.events, self.persist, self.run_dir, self.health, publish
+            config,
+            self.status,
+            self.events,
+            self.persist,
+            self.run_dir,
+            self.health,
+            publish,
+            self.checkpoints.view,
         )
         self.events.emit(
             EventKind.DAEMON_STARTED,

@@ -31,7 +31,7 @@ from prometheus_client.registry import Collector
 
 from ftd import containment
 from ftd.api.control import NodeControl
-from ftd.api.metrics_progress import progress_families
+from ftd.api.metrics_progress import checkpoint_families, progress_families
 from ftd.refusals import INPUT_REFUSED
 from ftd.status.event_kind import EventKind
 from ftd.status.instruments import (
@@ -187,6 +187,7 @@ class DaemonCollector(Collector):
                 heartbeat.add_metric([str(view["local_rank"])], now - age)
         yield heartbeat
         yield from progress_families(snapshot, now)
+        yield from checkpoint_families(snapshot)
         ipc = snapshot["ipc"]
         assert isinstance(ipc, dict)
         yield CounterMetricFamily(

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 
 def progress_families(snapshot: dict[str, Any], wall: float) -> Iterable[Metric]:
@@ -71,3 +71,43 @@ def progress_families(snapshot: dict[str, Any], wall: float) -> Iterable[Metric]
             "When the job began on this node (its first attempt's ranks started)",
             value=node["since"],
         )
+
+
+def checkpoint_families(snapshot: dict[str, Any]) -> Iterable[Metric]:
+    """The memory tier's (ftd_client.checkpoint): memory held, its budget, the newest step a
+    restart would resume from, and snapshots by outcome."""
+    view = snapshot.get("checkpoint")
+    if not isinstance(view, dict):
+        return
+    yield GaugeMetricFamily(
+        "ftd_checkpoint_memory_bytes",
+        "Bytes of memory held for the ranks' snapshots",
+        value=view["memory_bytes"],
+    )
+    yield GaugeMetricFamily(
+        "ftd_checkpoint_budget_bytes",
+        "--checkpoint-memory: the most the snapshots may hold",
+        value=view["budget_bytes"],
+    )
+    if view.get("newest_step") is not None:
+        yield GaugeMetricFamily(
+            "ftd_checkpoint_newest_step",
+            "The newest step whose snapshot is complete on every rank (a restart resumes there)",
+            value=view["newest_step"],
+        )
+    outcomes = CounterMetricFamily(
+        "ftd_checkpoint_snapshots",
+        "Snapshots by outcome: begun, completed, busy (asked again), refused (too large), "
+        "restored, bad (a file that was not the snapshot said)",
+        labels=["outcome"],
+    )
+    for outcome, key in (
+        ("begun", "begun"),
+        ("completed", "completed"),
+        ("busy", "busy"),
+        ("refused", "refused"),
+        ("restored", "restored"),
+        ("bad", "bad_snapshots"),
+    ):
+        outcomes.add_metric([outcome], view[key])
+    yield outcomes

@@ -55,6 +55,7 @@ class StatusBoard:
         run_dir: Path,
         live: LiveView,
         publish: Callable[[dict[str, Any]], None] | None = None,
+        checkpoint_view: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         self.config = config
         self.status = status
@@ -62,6 +63,7 @@ class StatusBoard:
         self.persist = persist
         self.run_dir = run_dir
         self._live = live
+        self._checkpoint_view = checkpoint_view
         self.publish = publish
         """Sends this node's summary to the other nodes (fire and forget)."""
         self.group_rank: int | None = None
@@ -147,9 +149,11 @@ class StatusBoard:
     def snapshot(self) -> dict[str, object]:
         """The node status with its live parts: status.json and `GET /v1/status`."""
         live = self._live
-        return self.status.to_dict(
+        snapshot = self.status.to_dict(
             live.snapshot, live.timeouts_view(), live.ipc_view(), live.progress.node_view()
         )
+        snapshot["checkpoint"] = self._checkpoint_view() if self._checkpoint_view else None
+        return snapshot
 
     def write(self) -> None:
         self.persist.write_json(self.run_dir / "status.json", self.snapshot())

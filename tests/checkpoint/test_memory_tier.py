@@ -1,0 +1,103 @@
+"""The memory tier on a live daemon (ftd_client.checkpoint, ftd/checkpoint/): a DDP job killed
+in step 50 resumes at step 50 and ends bit-identical to a run that never failed, under both
+start methods; what a careless or hostile rank sends is refused, counted, and the older
+snapshot stays usable; the memory is private and freed when the job ends."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tests.conftest import BIN, Serve, ServeFactory
+
+TRAIN = BIN / "memory_train.py"
+STEPS = 60
+
+
+def flat(value: Any, path: str = "") -> dict[str, Any]:
+    if isinstance(value, dict):
+        return {k: v for key, item in value.items() for k, v in flat(item, f"{path}/{key}").items()}
+    if isinstance(value, list | tuple):
+        return {k: v for i, item in enumerate(value) for k, v in flat(item, f"{path}/{i}").items()}
+    return {path: value}
+
+
+def assert_identical(expected: Path, got: Path) -> None:
+    a = flat(torch.load(expected, weights_only=False))
+    b = flat(torch.load(got, weights_only=False))
+    assert a.keys() == b.keys()
+    differ = [
+        key
+        for key in a
+        if not (
+            torch.equal(a[key], b[key]) if isinstance(a[key], torch.Tensor) else a[key] == b[key]
+        )
+    ]
+    assert not differ, f"{got} differs from {expected} in {differ}"
+
+
+async def test_a_ddp_job_killed_in_step_50_resumes_there_bit_identical(
+    serve: ServeFactory, tmp_path: Path
+) -> None:
+    common = ("--nproc-per-node", "2", "--max-restarts", "1", "--api-port", "off")
+    runs: dict[str, Serve] = {}
+    for name, flags, kill in (
+        ("reference", (), ()),
+        ("zygote", (), ("--kill-at-step", "50")),
+        ("spawn", ("--start-method", "spawn"), ("--kill-at-step", "50")),
+    ):
+        runs[name] = await serve(
+            *common,
+            *flags,
+            script=TRAIN,
+            script_args=("--out", str(tmp_path / name), "--steps", str(STEPS), *kill),
+            run_id=name,
+            api_port=None,
+        )
+    codes = await asyncio.gather(*(run.wait(240) for run in runs.values()))
+    assert codes == [0, 0, 0], {n: r.stderr.text[-3000:] for n, r in runs.items()}
+    for name in ("zygote", "spawn"):
+        out = tmp_path / name
+        assert [(out / f"resumed-1-{rank}").read_text() for rank in (0, 1)] == ["49", "49"]
+        assert [e["step"] for e in runs[name].event_data("checkpoint_restored")][-2:] == [49, 49]
+        for rank in (0, 1):
+            assert_identical(tmp_path / "reference" / f"final-{rank}.pt", out / f"final-{rank}.pt")
+    for run in runs.values():
+        assert not (run.run_dir / "checkpoint_dir").exists()  # the memory was freed
+        assert run.status()["checkpoint"]["newest_step"] == STEPS  # type: ignore[index]
+
+
+async def test_what_a_rank_cannot_save_is_refused_and_the_older_snapshot_stays(
+    serve: ServeFactory, tmp_path: Path
+) -> None:
+    run = await serve(
+        "--nproc-per-node", "1", "--checkpoint-memory", "8M",
+        script=BIN / "checkpoint_probe.py",
+        script_args=("--out", str(tmp_path)),
+    )  # fmt: skip
+    assert await run.wait(120) == 0, run.stderr.text[-3000:]
+    probe = json.loads((tmp_path / "probe.json").read_text())
+    kept = [1, 1.0]
+    assert probe["first"] == kept
+    assert "cannot be snapshotted" in probe["unpicklable"] and "pickle" in probe["unpicklable"]
+    assert probe["after_unpicklable"] == kept
+    assert "does not fit --checkpoint-memory 8388608" in probe["too_large"]
+    assert probe["after_too_large"] == kept
+    assert probe["forged_done"]["ok"] is False
+    assert "not whole" in probe["headerless_done"]["error"]
+    assert probe["negative"]["ok"] is False
+    assert probe["after_forged"] == kept
+    assert probe["directory_mode"] == "0o700" and probe["file_modes"] == ["0o600"]
+    view = run.status()["checkpoint"]
+    assert isinstance(view, dict)
+    assert (view["refused"], view["bad_snapshots"], view["completed"]) == (1, 1, 1)
+    (refused,) = run.event_data("checkpoint_refused")
+    assert refused["global_rank"] == 0 and refused["bytes"] > 8 << 20
+    assert "bad_checkpoint: bytes -1" in run.stderr.text  # the packet was dropped, said once
+    held = re.search(r"snapshots are held in (\S+)", run.stderr.text)
+    assert held and not Path(held[1]).exists()  # freed when the job ended
