@@ -46,6 +46,7 @@ would delay the clock), but never from before the daemon last began reading with
 | `ckb` | `step`, `bytes`, `world` | yes | begin a snapshot: reply `slot`, `path`, or `refused` |
 | `ckd` | `step`, `slot` | yes | the snapshot in `slot` is written whole |
 | `ckr` | `world` | yes | which snapshot to restore: reply `step` (null: none), `path` |
+| `ckp` |  | yes | where DCP's files go in the node's memory (checkpoint.MemoryWriter): `path` |
 
 `pg` is what the rank observed of its own progress without the script's help (progress.py has
 each field's meaning): integers 0 .. MAX_SEQUENCE, `auto` the automatic sections open (name ->
@@ -96,9 +97,10 @@ PROGRESS = "pg"
 CHECKPOINT_BEGIN = "ckb"
 CHECKPOINT_DONE = "ckd"
 CHECKPOINT_RESTORE = "ckr"
+CHECKPOINT_PLACE = "ckp"
 REPLY = "reply"
 
-CHECKPOINT = frozenset({CHECKPOINT_BEGIN, CHECKPOINT_DONE, CHECKPOINT_RESTORE})
+CHECKPOINT = frozenset({CHECKPOINT_BEGIN, CHECKPOINT_DONE, CHECKPOINT_RESTORE, CHECKPOINT_PLACE})
 ANSWERED = frozenset({HELLO, WORKLOAD_CONTROL, CALCULATE_TIMEOUTS, SET_TIMEOUTS} | CHECKPOINT)
 TYPES = frozenset(
     {HELLO, HEARTBEAT, SECTION_START, SECTION_END, WORKLOAD_CONTROL}
@@ -109,6 +111,7 @@ CHECKPOINT_FIELDS = {
     CHECKPOINT_BEGIN: {"step": 2**53, "bytes": 2**48, "world": 2**20},
     CHECKPOINT_DONE: {"step": 2**53, "slot": 1},
     CHECKPOINT_RESTORE: {"world": 2**20},
+    CHECKPOINT_PLACE: {},
 }
 """Each checkpoint message's required integers and their largest value (`world` >= 1)."""
 PROGRESS_COUNTS = ("steps", "age_ms", "entered", "called", "returned", "fwd_us")

@@ -33,6 +33,9 @@ log = logging.getLogger("ftd.checkpoint")
 DIRECTORY_RECORD = "checkpoint_dir"
 """The run directory's file that names the memory directory of the daemon that last ran there."""
 DEFAULT_BASE = Path("/dev/shm")
+DCP_DIRECTORY = "dcp"
+"""Where checkpoint.MemoryWriter puts torch.distributed.checkpoint's files (one directory per
+checkpoint id), in the same memory, freed with it."""
 AUTO_SHARE = 0.5
 """--checkpoint-memory auto: this share of the tmpfs's free space when the daemon starts."""
 
@@ -90,9 +93,12 @@ class CheckpointHolder:
             return self._begin(global_rank, message["step"], message["bytes"], message["world"])
         if kind == protocol.CHECKPOINT_DONE:
             return self._done(global_rank, message["slot"], message["step"])
+        if kind == protocol.CHECKPOINT_PLACE:
+            return {"ok": True, "path": str(self.directory / DCP_DIRECTORY)}
         return self._restore(global_rank, message["world"])
 
     def view(self) -> dict[str, Any]:
+        """The status' `checkpoint` (openapi.yaml NodeCheckpoint)."""
         ranks = self.ledger.ranks()
         worlds = {s.world for r in ranks.values() for s in r.slots if s is not None}
         common = max((self.ledger.common_step(w) or -1 for w in worlds), default=-1)

@@ -6,6 +6,8 @@ what happened to <out>/probe.json (the test asserts on it; the daemon runs with
 - a state bigger than --checkpoint-memory;
 - a forged `ckd` for a step never begun; a `ckb` whose file is then left without its header;
 - a packet with a negative size;
+- torch.distributed.checkpoint through MemoryWriter/MemoryReader, and a checkpoint id that
+  names a path;
 and after each, what load() restores (step 1, 1.0: the older snapshot stays usable).
 """
 
@@ -36,6 +38,24 @@ def restored() -> list[object]:
     state: dict[str, Any] = {"w": torch.zeros(4)}
     step = checkpoint.load(state)
     return [step, float(state["w"][0])]
+
+
+def dcp_in_memory() -> dict[str, Any]:
+    """torch.distributed.checkpoint through MemoryWriter/MemoryReader (one process, no group)."""
+    import torch.distributed.checkpoint as dcp
+
+    for step in (1, 2, 3):
+        dcp.save({"w": torch.full((4,), float(step))}, storage_writer=checkpoint.MemoryWriter(step))
+    newest = checkpoint.newest_dcp()
+    state = {"w": torch.zeros(4)}
+    dcp.load(state, storage_reader=checkpoint.MemoryReader(newest))
+    kept = sorted(p.name for p in checkpoint.dcp.memory_directory().iterdir())
+    try:
+        checkpoint.MemoryWriter("../escape")
+        refused = ""
+    except checkpoint.CheckpointError as error:
+        refused = str(error)
+    return {"newest": newest, "loaded": float(state["w"][0]), "kept": kept, "refused": refused}
 
 
 def main() -> None:
@@ -72,6 +92,7 @@ def main() -> None:
         {oct(stat.S_IMODE(f.stat().st_mode)) for f in path.parent.iterdir() if f != path}
     )
     result["stats"] = vars(checkpoint.stats())
+    result["dcp"] = dcp_in_memory()
     (out / "probe.json").write_text(json.dumps(result))
 
 

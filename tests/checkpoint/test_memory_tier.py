@@ -93,6 +93,9 @@ async def test_what_a_rank_cannot_save_is_refused_and_the_older_snapshot_stays(
     assert probe["negative"]["ok"] is False
     assert probe["after_forged"] == kept
     assert probe["directory_mode"] == "0o700" and probe["file_modes"] == ["0o600"]
+    dcp = probe["dcp"]  # DCP's files in the same memory, the newest two kept
+    assert (dcp["newest"], dcp["loaded"], dcp["kept"]) == ("3", 3.0, ["2", "3"])
+    assert "is not a plain name" in dcp["refused"]
     view = run.status()["checkpoint"]
     assert isinstance(view, dict)
     assert (view["refused"], view["bad_snapshots"], view["completed"]) == (1, 1, 1)

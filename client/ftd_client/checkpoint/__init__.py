@@ -11,8 +11,10 @@
 RNG states). `load` returns the newest step whose snapshot is complete on every rank of the
 job, so every rank resumes at the same step; tensors of the same shape and type are copied into
 in place (call `model.load_state_dict`/`optimizer.load_state_dict` after it for the parts that
-had none, as with torch.distributed.checkpoint). Outside ftd (no FTD_SOCKET) `save` does nothing
-and `load` returns None. How it works and what it costs: docs/checkpoint.md.
+had none, as with torch.distributed.checkpoint). Sharded states go through DCP into the same
+memory: `dcp.save(state, storage_writer=checkpoint.MemoryWriter(step))` (checkpoint/dcp.py).
+Outside ftd (no FTD_SOCKET) `save` does nothing and `load` returns None. How it works and what
+it costs: docs/checkpoint.md.
 """
 
 from __future__ import annotations
@@ -26,8 +28,19 @@ from typing import Any
 from ftd_client.checkpoint._link import CheckpointLink
 from ftd_client.checkpoint._plan import CheckpointError
 from ftd_client.checkpoint._writer import Checkpointer, Stats
+from ftd_client.checkpoint.dcp import MemoryReader, MemoryWriter, newest_dcp
 
-__all__ = ["CheckpointError", "Stats", "load", "save", "stats", "wait"]
+__all__ = [
+    "CheckpointError",
+    "MemoryReader",
+    "MemoryWriter",
+    "Stats",
+    "load",
+    "newest_dcp",
+    "save",
+    "stats",
+    "wait",
+]
 
 _lock = threading.Lock()
 _checkpointer: Checkpointer | None = None

@@ -1,0 +1,97 @@
+"""Fuzz targets of the memory tier's decoders: a snapshot file's header (what the daemon reads of
+a file a rank wrote) and the checkpoint requests a rank sends, answered by the holder. Any
+input gives a value or the decoder's own refusal, within the per-input budget."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import tempfile
+from pathlib import Path
+
+from ftd_client import protocol
+from ftd_client.protocol import ProtocolError
+from ftd_client.snapshot_format import (
+    HEADER,
+    HEADER_BYTES,
+    SnapshotFormatError,
+    decode_header,
+    layout,
+)
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ftd.checkpoint.holder import CheckpointHolder
+from ftd.status.events import EventLog
+from tests.support.fuzzing import budget, fuzz_target
+
+BUDGET_S = 0.05
+big = st.integers(-(2**64), 2**65)
+u32, u64 = st.integers(0, 2**32 - 1), st.integers(0, 2**64 - 1)
+headers = st.one_of(
+    st.builds(
+        lambda *fields: HEADER.pack(*fields),
+        st.sampled_from([b"FTDSNAP1", b"FTDSNAP2", b"\0" * 8]),
+        st.integers(0, 2),
+        u32,
+        u64,
+        u32,
+        u32,
+        u64,
+        u64,
+        u64,
+        u64,
+        u64,
+    ),
+    st.builds(  # well-formed ones, of any size (the file may be shorter)
+        lambda *fields: layout(*fields).pack(),
+        st.integers(0, 2**54),
+        st.integers(1, 2**21),
+        st.integers(0, 2**21),
+        st.integers(0, 2**40),
+        st.integers(0, 2**50),
+    ),
+)
+
+
+@fuzz_target("snapshot_header", 300)
+@given(st.one_of(st.binary(max_size=200), headers), st.integers(0, 2**50))
+def test_any_header_is_a_snapshot_or_refused(data: bytes, file_bytes: int) -> None:
+    with budget(BUDGET_S):
+        try:
+            header = decode_header(data, file_bytes)
+        except SnapshotFormatError:
+            return
+    assert header.skeleton_offset == HEADER_BYTES
+    assert header.data_offset >= header.skeleton_offset + header.skeleton_bytes
+    assert header.total_bytes == header.data_offset + header.data_bytes <= file_bytes
+
+
+values = st.one_of(st.none(), st.booleans(), big, st.floats(), st.text(max_size=20))
+requests = st.fixed_dictionaries(
+    {"v": st.just(1), "t": st.sampled_from(sorted(protocol.CHECKPOINT)), "id": st.integers(0, 9)},
+    optional={
+        key: st.one_of(values, st.integers(0, 4)) for key in ("step", "bytes", "world", "slot")
+    },
+)
+
+
+@fuzz_target("rank_protocol", 150)
+@given(st.lists(st.tuples(st.integers(0, 5), requests), max_size=40))
+def test_checkpoint_requests_are_answered_or_refused(
+    batch: list[tuple[int, dict[str, object]]],
+) -> None:
+    with tempfile.TemporaryDirectory() as directory:
+        run_dir = Path(directory)
+        holder = CheckpointHolder(run_dir, 64 << 20, EventLog(None), base=run_dir)
+        holder.start()
+        try:
+            for rank, raw in batch:
+                with contextlib.suppress(ProtocolError):
+                    message = protocol.decode(json.dumps(raw).encode())
+                    with budget(BUDGET_S):
+                        reply = holder.answer(rank, message)
+                    assert isinstance(reply.get("ok"), bool)
+            assert holder.ledger.reserved_bytes <= 64 << 20
+        finally:
+            holder.close()
