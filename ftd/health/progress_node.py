@@ -53,6 +53,11 @@ class NodeProgress:
         self.first_step_at = self.last_step_at = None
         self.steps = {}
 
+    @property
+    def attempt_made_steps(self) -> bool:
+        """A rank of the current (or last) attempt made an optimizer step."""
+        return self.first_step_at is not None
+
     def reported(self, local_rank: int, steps: int) -> None:
         self.steps[local_rank] = steps
 

@@ -90,9 +90,12 @@ class CrashLoop:
 
     async def back_off(self, number: int, ran_s: float) -> None:
         """Before the attempt after `number`, which ran `ran_s` seconds: wait if it crashed
-        fast, after others that did (until a signal asks the daemon to stop)."""
+        fast, after others that did (until a signal asks the daemon to stop). An attempt whose
+        ranks made optimizer steps is no crash loop however short it was: waiting would only
+        add to the time a failure costs (it made progress, and the next attempt resumes it)."""
         config = self._tools.config
-        if ran_s >= config.restart_backoff_reset_s or not self.crashed:
+        progressed = self._tools.health.progress.node.attempt_made_steps
+        if ran_s >= config.restart_backoff_reset_s or not self.crashed or progressed:
             self.fast_failures = 0
             self._board.backing_off(0.0)
             return

@@ -7,8 +7,9 @@ the model, Adam's state, a BatchNorm's buffers (changed by every forward), a ran
 tensor and a Python counter.
 
   --steps N           steps in all
-  --kill-at-step N    in the first attempt, rank --kill-rank SIGKILLs itself in step N, once
-                      every rank's snapshot of step N-1 is written (checkpoint.wait, a barrier)
+  --kill-at-step N    in the first --kill-attempts attempts (1), rank --kill-rank SIGKILLs
+                      itself in step N, once every rank's snapshot of step N-1 is written
+                      (checkpoint.wait, a barrier)
   --width W           the model's hidden width (its state grows with W^2)
 Writes <out>/final-<rank>.pt (the final state) and <out>/resumed-<attempt>-<rank> (the step
 load returned, or "none").
@@ -34,6 +35,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--kill-at-step", type=int, default=0)
     parser.add_argument("--kill-rank", type=int, default=1)
+    parser.add_argument("--kill-attempts", type=int, default=1)
     parser.add_argument("--width", type=int, default=64)
     args = parser.parse_args()
     dist.init_process_group("gloo")
@@ -59,7 +61,7 @@ def main() -> None:
         loss = nn.functional.mse_loss(ddp(batch), target)
         optimizer.zero_grad()
         loss.backward()
-        if attempt == 0 and step == args.kill_at_step:
+        if attempt < args.kill_attempts and step == args.kill_at_step:
             checkpoint.wait()
             dist.barrier()
             if rank == args.kill_rank:

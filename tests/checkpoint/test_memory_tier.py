@@ -44,11 +44,17 @@ def assert_identical(expected: Path, got: Path) -> None:
 async def test_a_ddp_job_killed_in_step_50_resumes_there_bit_identical(
     serve: ServeFactory, tmp_path: Path
 ) -> None:
-    common = ("--nproc-per-node", "2", "--max-restarts", "1", "--api-port", "off")
+    """The zygote run is killed in two attempts in a row, with a back-off of a minute for fast
+    failures: an attempt that made steps is no crash loop, so it restarts at once."""
+    common = ("--nproc-per-node", "2", "--max-restarts", "2", "--api-port", "off")
     runs: dict[str, Serve] = {}
     for name, flags, kill in (
         ("reference", (), ()),
-        ("zygote", (), ("--kill-at-step", "50")),
+        (
+            "zygote",
+            ("--restart-backoff", "60:60"),
+            ("--kill-at-step", "50", "--kill-attempts", "2"),
+        ),
         ("spawn", ("--start-method", "spawn"), ("--kill-at-step", "50")),
     ):
         runs[name] = await serve(
@@ -65,6 +71,7 @@ async def test_a_ddp_job_killed_in_step_50_resumes_there_bit_identical(
         out = tmp_path / name
         assert [(out / f"resumed-1-{rank}").read_text() for rank in (0, 1)] == ["49", "49"]
         assert [e["step"] for e in runs[name].event_data("checkpoint_restored")][-2:] == [49, 49]
+        assert not runs[name].events("restart_backoff")
         for rank in (0, 1):
             assert_identical(tmp_path / "reference" / f"final-{rank}.pt", out / f"final-{rank}.pt")
     for run in runs.values():
