@@ -13,6 +13,7 @@ file the daemon reads).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -30,7 +31,7 @@ from ftd.status.events import EventLog
 
 log = logging.getLogger("ftd.checkpoint")
 
-DIRECTORY_RECORD = "checkpoint_dir"
+DIRECTORY_RECORD = "checkpoint.json"
 """The run directory's file that names the memory directory of the daemon that last ran there."""
 DEFAULT_BASE = Path("/dev/shm")
 DCP_DIRECTORY = "dcp"
@@ -70,8 +71,9 @@ class CheckpointHolder:
             return
         self.directory = Path(tempfile.mkdtemp(prefix="ftd-checkpoint-", dir=self.base))
         record = self.run_dir / DIRECTORY_RECORD
-        record.write_text(str(self.directory))
-        record.chmod(0o600)
+        fd = os.open(record, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as out:
+            json.dump({"directory": str(self.directory)}, out)
         log.info(
             "snapshots are held in %s (--checkpoint-memory %d bytes)",
             self.directory,
@@ -167,8 +169,9 @@ class CheckpointHolder:
     def _remove_stale(self) -> None:
         """A daemon killed before its end left its directory: it is this run's, remove it."""
         try:
-            stale = Path((self.run_dir / DIRECTORY_RECORD).read_text()[:4096].strip())
-        except (OSError, UnicodeDecodeError):
+            record = json.loads((self.run_dir / DIRECTORY_RECORD).read_bytes()[:4096])
+            stale = Path(record["directory"])
+        except (OSError, ValueError, TypeError, KeyError):
             return
         if stale.parent == self.base and stale.name.startswith("ftd-checkpoint-"):
             shutil.rmtree(stale, ignore_errors=True)

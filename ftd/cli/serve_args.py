@@ -265,7 +265,8 @@ def _add_ftd(serve: argparse.ArgumentParser) -> None:
         metavar="BASE:CAP[:RESET]",
         help="after attempts that fail fast one after another, wait BASE seconds before the "
         "next, doubling up to CAP; the first restart is immediate, an attempt that ran RESET "
-        "seconds (default 300) starts over, 0 turns it off (default: 1:60)",
+        "seconds (default 300) or made an optimizer step starts over, 0 turns it off "
+        "(default: 1:60)",
     )
     add(
         *_flag("--inprocess-respawn"),

@@ -75,7 +75,7 @@ async def test_a_ddp_job_killed_in_step_50_resumes_there_bit_identical(
         for rank in (0, 1):
             assert_identical(tmp_path / "reference" / f"final-{rank}.pt", out / f"final-{rank}.pt")
     for run in runs.values():
-        assert not (run.run_dir / "checkpoint_dir").exists()  # the memory was freed
+        assert not (run.run_dir / "checkpoint.json").exists()  # the memory was freed
         assert run.status()["checkpoint"]["newest_step"] == STEPS  # type: ignore[index]
 
 
