@@ -95,6 +95,11 @@ def checkpoint_families(snapshot: dict[str, Any]) -> Iterable[Metric]:
             "The newest step whose snapshot is complete on every rank (a restart resumes there)",
             value=view["newest_step"],
         )
+    yield CounterMetricFamily(
+        "ftd_checkpoint_steps_lost",
+        "Steps the ranks finished but no restore kept (redone after a failure), over every restore",
+        value=view["steps_lost"],
+    )
     outcomes = CounterMetricFamily(
         "ftd_checkpoint_snapshots",
         "Snapshots by outcome: begun, completed, busy (asked again), refused (too large), "

@@ -18,6 +18,7 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,11 @@ class CheckpointHolder:
         self.directory: Path | None = None
         self.ledger = Ledger(budget_bytes if budget_bytes is not None else auto_budget(self.base))
         self.counts = Counts()
+        self.steps_lost = 0
+        """Steps the ranks finished (began to save) but no restore kept, over every restore."""
+        self.last_restore: dict[str, Any] | None = None
+        self._restoring = False
+        """Ranks are restoring and none saved since: the first restore request said the loss."""
         self._refused_ranks: set[int] = set()
         """Ranks whose last snapshot was refused as too large: said once per episode."""
 
@@ -108,6 +114,8 @@ class CheckpointHolder:
             "memory_bytes": self.ledger.reserved_bytes,
             "budget_bytes": self.ledger.budget_bytes,
             "newest_step": common if common >= 0 else None,
+            "steps_lost": self.steps_lost,
+            "last_restore": self.last_restore,
             **vars(self.counts),
         }
 
@@ -121,6 +129,7 @@ class CheckpointHolder:
         decision = self.ledger.begin(rank, step, nbytes, world)
         if isinstance(decision, Grant):
             self.counts.begun += 1
+            self._restoring = False
             self._refused_ranks.discard(rank)
             path = self._path(rank, decision.slot)
             return {"ok": True, "slot": decision.slot, "path": str(path)}
@@ -161,7 +170,15 @@ class CheckpointHolder:
         found = self.ledger.restore(rank, world) if rank < world else None
         step = None if found is None else found[0]
         self.counts.restored += found is not None
-        self.events.emit(EventKind.CHECKPOINT_RESTORED, global_rank=rank, step=step)
+        lost = None
+        if step is not None and not self._restoring:  # the first request after the failure
+            self._restoring = True
+            lost = max((self.ledger.newest_seen(world) or 0) - step, 0)
+            self.steps_lost += lost
+            self.last_restore = {"step": step, "steps_lost": lost, "time": round(time.time(), 3)}
+        self.events.emit(
+            EventKind.CHECKPOINT_RESTORED, global_rank=rank, step=step, steps_lost=lost
+        )
         if found is None:
             return {"ok": True, "step": None}
         return {"ok": True, "step": step, "path": str(self._path(rank, found[1]))}

@@ -110,6 +110,10 @@ class Ledger:
         ]
         return max(common, default=None)
 
+    def newest_seen(self, world: int) -> int | None:
+        """The newest step any rank of the job began (or was refused): the job's last step."""
+        return max((r.newest_seen for n, r in self._ranks.items() if n < world), default=None)
+
     def restore(self, rank: int, world: int) -> tuple[int, int] | None:
         """(step, slot) of `rank`'s snapshot at the common step, or None when there is none."""
         step = self.common_step(world)

@@ -181,11 +181,43 @@ def format_status(
         )
     if progress := progress_text(status):
         lines.append(progress)
+    if memory := checkpoint_text(status):
+        lines.append(memory)
     lines.append("")
     rows = rank_rows(status)
     lines += table(RANK_HEADER, rows) if rows else ["(no ranks)"]
     lines += cluster_lines(status, cluster)
     return "\n".join(lines)
+
+
+def checkpoint_text(status: dict[str, Any]) -> str:
+    """`snapshots: step 60 in memory (24.0 MiB of 8.0 GiB), 1 step lost; last restore after
+    step 49 (1 lost)`: the memory tier (docs/checkpoint.md); '' without it."""
+    memory = status.get("checkpoint")
+    if not isinstance(memory, dict) or not memory.get("budget_bytes"):
+        return ""
+    newest = memory.get("newest_step")
+    text = (
+        f"snapshots: {'no step' if newest is None else f'step {value(newest)}'} in memory "
+        f"({size_text(memory.get('memory_bytes'))} of {size_text(memory.get('budget_bytes'))}), "
+        f"{value(memory.get('steps_lost'))} steps lost"
+    )
+    last = memory.get("last_restore")
+    if isinstance(last, dict):
+        text += (
+            f"; last restore after step {value(last.get('step'))} "
+            f"({value(last.get('steps_lost'))} lost)"
+        )
+    return text
+
+
+def size_text(size: object) -> str:
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        return NO_VALUE
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if size >= 1 << shift:
+            return f"{size / (1 << shift):.1f} {unit}"
+    return f"{size} B"
 
 
 def cluster_lines(status: dict[str, Any], cluster: dict[str, Any]) -> list[str]:

@@ -29,6 +29,7 @@ from ftd.cli.status_view import (
     RANK_HEADER,
     Ending,
     backoff_text,
+    checkpoint_text,
     ending_text,
     listed,
     progress_text,
@@ -251,6 +252,8 @@ def render(snapshot: Snapshot, width: int, height: int, colour: bool, events: in
     lines += table(RANK_HEADER, ranks) if ranks else ["(no ranks)"]
     if progress := progress_text(s):
         lines.append(progress)
+    if memory := checkpoint_text(s):
+        lines.append(memory)
     timeouts = s.get("timeouts")
     if isinstance(timeouts, dict):
         lines.append(

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,16 @@ from tests.conftest import BIN, Serve, ServeFactory
 
 TRAIN = BIN / "memory_train.py"
 STEPS = 60
+
+
+async def ftd_status(run_dir: Path) -> str:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "ftd", "status", "--run-dir", str(run_dir),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await proc.communicate()
+    assert proc.returncode == 0, err
+    return out.decode()
 
 
 def flat(value: Any, path: str = "") -> dict[str, Any]:
@@ -74,6 +85,12 @@ async def test_a_ddp_job_killed_in_step_50_resumes_there_bit_identical(
         assert not runs[name].events("restart_backoff")
         for rank in (0, 1):
             assert_identical(tmp_path / "reference" / f"final-{rank}.pt", out / f"final-{rank}.pt")
+    last = runs["zygote"].status()["checkpoint"]["last_restore"]  # type: ignore[index]
+    assert (last["step"], last["steps_lost"]) == (49, 0)
+    shown = await ftd_status(runs["zygote"].run_dir)
+    assert (
+        "snapshots: step 60 in memory" in shown and "last restore after step 49 (0 lost)" in shown
+    )
     for run in runs.values():
         assert not (run.run_dir / "checkpoint.json").exists()  # the memory was freed
         assert run.status()["checkpoint"]["newest_step"] == STEPS  # type: ignore[index]
