@@ -166,6 +166,8 @@ class Restorer:
             for index, value in enumerate(stored):
                 target[index] = self.into(target[index], value)
             return target
+        if isinstance(stored, tuple) and hasattr(stored, "_fields"):  # a named tuple
+            return type(stored)(*(self.into(None, value) for value in stored))
         if isinstance(stored, (list, tuple)):
             return type(stored)(self.into(None, value) for value in stored)
         if isinstance(stored, dict):
