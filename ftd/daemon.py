@@ -171,7 +171,7 @@ class Daemon:
                 lambda: asyncio.to_thread(shutil.rmtree, private, ignore_errors=True),
             )
         self.checkpoints = CheckpointHolder(
-            self.run_dir, config.checkpoint_memory_bytes, self.events
+            self.run_dir, config.checkpoint_memory_bytes, self.events, multi_node=config.multi_node
         )
         self.health = HealthService(
             config.ft,

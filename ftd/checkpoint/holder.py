@@ -35,6 +35,10 @@ log = logging.getLogger("ftd.checkpoint")
 DIRECTORY_RECORD = "checkpoint.json"
 """The run directory's file that names the memory directory of the daemon that last ran there."""
 DEFAULT_BASE = Path("/dev/shm")
+MULTI_NODE = (
+    "the memory tier holds the snapshots of single-node jobs only, so far: this job spans "
+    "several nodes (checkpoint to a disk meanwhile)"
+)
 DCP_DIRECTORY = "dcp"
 """Where checkpoint.MemoryWriter puts torch.distributed.checkpoint's files (one directory per
 checkpoint id), in the same memory, freed with it."""
@@ -55,7 +59,12 @@ class Counts:
 
 class CheckpointHolder:
     def __init__(
-        self, run_dir: Path, budget_bytes: int | None, events: EventLog, base: Path = DEFAULT_BASE
+        self,
+        run_dir: Path,
+        budget_bytes: int | None,
+        events: EventLog,
+        base: Path = DEFAULT_BASE,
+        multi_node: bool = False,
     ) -> None:
         self.run_dir = run_dir
         self.base = base if base.is_dir() else run_dir
@@ -63,6 +72,8 @@ class CheckpointHolder:
         self.directory: Path | None = None
         self.ledger = Ledger(budget_bytes if budget_bytes is not None else auto_budget(self.base))
         self.counts = Counts()
+        self.multi_node = multi_node
+        """A job of several nodes: its ranks' snapshots are refused (see answer)."""
         self.steps_lost = 0
         """Steps the ranks finished (began to save) but no restore kept, over every restore."""
         self.last_restore: dict[str, Any] | None = None
@@ -97,6 +108,10 @@ class CheckpointHolder:
         if self.directory is None:
             return {"ok": False, "error": "the daemon holds no snapshots"}
         kind = message["t"]
+        if self.multi_node:
+            # A restart must resume every node's ranks at one step, and this daemon knows only
+            # its own ranks' snapshots: none is taken rather than one restored inconsistently.
+            return {"ok": False, "refused": "unsupported", "error": MULTI_NODE}
         if kind == protocol.CHECKPOINT_BEGIN:
             return self._begin(global_rank, message["step"], message["bytes"], message["world"])
         if kind == protocol.CHECKPOINT_DONE:

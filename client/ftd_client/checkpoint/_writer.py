@@ -88,6 +88,8 @@ class Checkpointer:
         self.world = world
         self.stats = Stats()
         self.last_error: str | None = None
+        self.disabled: str | None = None
+        """Why the daemon takes no snapshot of this job (a job of several nodes, so far)."""
         self._job: _Job | None = None
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -99,7 +101,7 @@ class Checkpointer:
 
     def save(self, state: dict[str, Any], step: int) -> bool:
         self.settle()
-        if self.link is None:
+        if self.link is None or self.disabled:
             self.stats.skipped += 1
             return False
         snapshot = plan(state)
@@ -131,6 +133,8 @@ class Checkpointer:
             if self.link is None
             else self.link.request({"t": protocol.CHECKPOINT_RESTORE, "world": self.world})
         )
+        if reply and reply.get("refused") == "unsupported":
+            self._disable(str(reply.get("error")))
         if not reply or not reply.get("ok") or reply.get("step") is None:
             return None
         started = time.perf_counter()
@@ -184,6 +188,12 @@ class Checkpointer:
             job.done.wait(timeout_s)
         self._hook.remove()
 
+    def _disable(self, reason: str) -> None:
+        """The daemon holds no snapshots of this job: every later save is a no-op (said once)."""
+        if self.disabled is None:
+            self.disabled = reason[:500]
+            print(f"ftd_client.checkpoint: saves do nothing: {self.disabled}", file=sys.stderr)
+
     # -- the copying thread -----------------------------------------------------------------
 
     def _before_step(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
@@ -223,6 +233,10 @@ class Checkpointer:
         if reply.get("ok"):
             job.slot, job.path, job.state = int(reply["slot"]), str(reply["path"]), "copying"
             return True
+        if reply.get("refused") == "unsupported":
+            self._disable(str(reply.get("error")))
+            job.state = "canceled"
+            return False
         if reply.get("refused") != "busy":
             job.state, job.error = "failed", str(reply.get("error", "refused"))[:500]
         return False

@@ -1,0 +1,66 @@
+"""The daemon's side of the memory tier without ranks (ftd/checkpoint/holder.py): its private
+directory's life, the refusal of a job of several nodes, and what --checkpoint-memory 0 means."""
+
+from __future__ import annotations
+
+import json
+import stat
+from pathlib import Path
+
+from ftd_client import protocol
+
+from ftd.checkpoint.holder import MULTI_NODE, CheckpointHolder
+from ftd.status.events import EventLog
+
+
+def begin(step: int, world: int = 1) -> dict[str, object]:
+    return {
+        "v": 1,
+        "t": protocol.CHECKPOINT_BEGIN,
+        "id": 1,
+        "step": step,
+        "bytes": 1,
+        "world": world,
+    }
+
+
+def test_the_directory_is_private_recorded_and_removed(tmp_path: Path) -> None:
+    base = tmp_path / "shm"
+    base.mkdir()
+    holder = CheckpointHolder(tmp_path, 1 << 20, EventLog(None), base=base)
+    holder.start()
+    assert holder.directory is not None
+    assert stat.S_IMODE(holder.directory.stat().st_mode) == 0o700
+    record = tmp_path / "checkpoint.json"
+    assert json.loads(record.read_text()) == {"directory": str(holder.directory)}
+    assert stat.S_IMODE(record.stat().st_mode) == 0o600
+    left = holder.directory
+    # A daemon killed here leaves its directory; the next one on this run directory removes it.
+    again = CheckpointHolder(tmp_path, 1 << 20, EventLog(None), base=base)
+    again.start()
+    assert not left.exists() and again.directory is not None and again.directory.exists()
+    again.close()
+    assert not record.exists() and list(base.iterdir()) == []
+
+
+def test_a_job_of_several_nodes_gets_no_snapshot_it_could_restore_inconsistently(
+    tmp_path: Path,
+) -> None:
+    holder = CheckpointHolder(tmp_path, 1 << 20, EventLog(None), base=tmp_path, multi_node=True)
+    holder.start()
+    try:
+        reply = holder.answer(0, begin(1, world=2))
+        assert reply == {"ok": False, "refused": "unsupported", "error": MULTI_NODE}
+        restore = {"v": 1, "t": protocol.CHECKPOINT_RESTORE, "id": 2, "world": 2}
+        assert holder.answer(0, restore)["refused"] == "unsupported"
+        place = holder.answer(0, {"v": 1, "t": protocol.CHECKPOINT_PLACE, "id": 3})
+        assert place["refused"] == "unsupported"  # DCP's metadata would be on one node only
+    finally:
+        holder.close()
+
+
+def test_no_memory_no_directory(tmp_path: Path) -> None:
+    holder = CheckpointHolder(tmp_path, 0, EventLog(None), base=tmp_path)
+    holder.start()
+    assert holder.directory is None and not (tmp_path / "checkpoint.json").exists()
+    assert holder.answer(0, begin(1))["ok"] is False
