@@ -45,7 +45,7 @@ would delay the clock), but never from before the daemon last began reading with
 | `pg` | `steps`, `age_ms`, `entered`, `called`, `returned`, `fwd_us`, `auto` | no | progress |
 | `ckb` | `step`, `bytes`, `world` | yes | begin a snapshot: reply `slot`, `path`, or `refused` |
 | `ckd` | `step`, `slot` | yes | the snapshot in `slot` is written whole |
-| `ckr` | `world` | yes | which snapshot to restore: reply `step` (null: none), `path` |
+| `ckr` | `world`, `step`? | yes | what to restore: `step` (null: none), `path`; or `steps` |
 | `ckp` |  | yes | where DCP's files go in the node's memory (checkpoint.MemoryWriter): `path` |
 
 `pg` is what the rank observed of its own progress without the script's help (progress.py has
@@ -62,7 +62,9 @@ generation start from the same timeouts).
 
 The `ck*` messages are ftd_client.checkpoint's, on a connection of their own (never a sign of
 life): `refused` in a `ckb` reply is `busy` (every slot of the rank holds a snapshot that may
-still be needed: the save is skipped) or `too_large` (it cannot fit `--checkpoint-memory`).
+still be needed: the save is skipped) or `too_large` (it cannot fit `--checkpoint-memory`). In a
+job of several nodes a `ckr` without `step` is answered with `agree: true` and `steps`, the
+rank's complete snapshots: the ranks agree on one (checkpoint/_agree.py) and ask for it by `step`.
 """
 
 from __future__ import annotations
@@ -109,7 +111,7 @@ TYPES = frozenset(
 )
 CHECKPOINT_FIELDS = {
     CHECKPOINT_BEGIN: {"step": 2**53, "bytes": 2**48, "world": 2**20},
-    CHECKPOINT_DONE: {"step": 2**53, "slot": 1},
+    CHECKPOINT_DONE: {"step": 2**53, "slot": 2},
     CHECKPOINT_RESTORE: {"world": 2**20},
     CHECKPOINT_PLACE: {},
 }
@@ -197,6 +199,9 @@ def decode(data: bytes) -> dict[str, Any]:
 
 
 def _check_checkpoint(kind: str, message: dict[str, Any]) -> None:
+    step = message.get("step") if kind == CHECKPOINT_RESTORE else 0
+    if step is not None and not (isinstance(step, int) and _is_int(step) and 0 <= step <= 2**53):
+        raise ProtocolError("bad_checkpoint", f"step {step!r:.40}")
     for key, largest in CHECKPOINT_FIELDS[kind].items():
         value = message.get(key)
         smallest = 1 if key == "world" else 0

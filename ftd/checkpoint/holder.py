@@ -36,8 +36,8 @@ DIRECTORY_RECORD = "checkpoint.json"
 """The run directory's file that names the memory directory of the daemon that last ran there."""
 DEFAULT_BASE = Path("/dev/shm")
 MULTI_NODE = (
-    "the memory tier holds the snapshots of single-node jobs only, so far: this job spans "
-    "several nodes (checkpoint to a disk meanwhile)"
+    "DCP's files in the node's memory are for single-node jobs: this job spans several nodes "
+    "(its metadata would be on one node only; use checkpoint.save, or DCP to a shared disk)"
 )
 DCP_DIRECTORY = "dcp"
 """Where checkpoint.MemoryWriter puts torch.distributed.checkpoint's files (one directory per
@@ -70,10 +70,13 @@ class CheckpointHolder:
         self.base = base if base.is_dir() else run_dir
         self.events = events
         self.directory: Path | None = None
-        self.ledger = Ledger(budget_bytes if budget_bytes is not None else auto_budget(self.base))
+        self.ledger = Ledger(
+            budget_bytes if budget_bytes is not None else auto_budget(self.base),
+            agreement=multi_node,
+        )
         self.counts = Counts()
         self.multi_node = multi_node
-        """A job of several nodes: its ranks' snapshots are refused (see answer)."""
+        """A job of several nodes: the ranks agree on the step to restore (ledger.py)."""
         self.steps_lost = 0
         """Steps the ranks finished (began to save) but no restore kept, over every restore."""
         self.last_restore: dict[str, Any] | None = None
@@ -108,9 +111,7 @@ class CheckpointHolder:
         if self.directory is None:
             return {"ok": False, "error": "the daemon holds no snapshots"}
         kind = message["t"]
-        if self.multi_node:
-            # A restart must resume every node's ranks at one step, and this daemon knows only
-            # its own ranks' snapshots: none is taken rather than one restored inconsistently.
+        if self.multi_node and kind == protocol.CHECKPOINT_PLACE:
             return {"ok": False, "refused": "unsupported", "error": MULTI_NODE}
         if kind == protocol.CHECKPOINT_BEGIN:
             return self._begin(global_rank, message["step"], message["bytes"], message["world"])
@@ -118,13 +119,17 @@ class CheckpointHolder:
             return self._done(global_rank, message["slot"], message["step"])
         if kind == protocol.CHECKPOINT_PLACE:
             return {"ok": True, "path": str(self.directory / DCP_DIRECTORY)}
-        return self._restore(global_rank, message["world"])
+        return self._restore(global_rank, message["world"], message.get("step"))
 
     def view(self) -> dict[str, Any]:
         """The status' `checkpoint` (openapi.yaml NodeCheckpoint)."""
         ranks = self.ledger.ranks()
         worlds = {s.world for r in ranks.values() for s in r.slots if s is not None}
-        common = max((self.ledger.common_step(w) or -1 for w in worlds), default=-1)
+        if self.multi_node:  # what this node's ranks hold: the ranks agree on the rest
+            newest = [r.complete_steps(w) for w in worlds for r in ranks.values()]
+            common = min((steps[-1] if steps else -1 for steps in newest), default=-1)
+        else:
+            common = max((self.ledger.common_step(w) or -1 for w in worlds), default=-1)
         return {
             "memory_bytes": self.ledger.reserved_bytes,
             "budget_bytes": self.ledger.budget_bytes,
@@ -181,8 +186,12 @@ class CheckpointHolder:
         self.counts.completed += 1
         return {"ok": True}
 
-    def _restore(self, rank: int, world: int) -> dict[str, Any]:
-        found = self.ledger.restore(rank, world) if rank < world else None
+    def _restore(self, rank: int, world: int, agreed: int | None) -> dict[str, Any]:
+        if self.multi_node and agreed is None:  # the ranks agree first, on what they hold
+            slots = self.ledger.ranks().get(rank)
+            steps = slots.complete_steps(world) if slots else []
+            return {"ok": True, "agree": True, "steps": steps}
+        found = self.ledger.restore(rank, world, agreed) if rank < world else None
         step = None if found is None else found[0]
         self.counts.restored += found is not None
         lost = None

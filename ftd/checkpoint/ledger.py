@@ -14,6 +14,14 @@ The common step is never overwritten by those rules, and a step newer than it th
 become common is kept too; when both slots are kept, the save is refused as `busy` (skipped: the
 next one goes in once the peers' copies are done). With two slots a rank therefore holds at most
 the common snapshot and the one being written, as the memory bound promises.
+
+A job of several nodes (`agreement`): no daemon sees every rank, so none can tell the common
+step; the ranks agree on it when they restore (ftd_client/checkpoint/_agree.py), and each rank
+keeps its newest two complete snapshots plus the one being written (AGREEMENT_SLOTS). Why
+three: ranks meet in collectives every step, so when a rank begins step S+1 every peer has
+completed S-1 and begun S, whose copy may still run; a rank that kept only S and S+1 would
+leave no step complete everywhere should the job fail in that moment. Saves are never refused
+as busy then.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
 SLOTS = 2
+AGREEMENT_SLOTS = 3
 
 
 @dataclass
@@ -42,6 +51,9 @@ class RankSlots:
     def holds(self, step: int, world: int) -> bool:
         return any(s is not None and s.step == step and s.world == world for s in self.slots)
 
+    def complete_steps(self, world: int) -> list[int]:
+        return sorted(s.step for s in self.slots if s and s.complete and s.world == world)
+
     def complete(self, step: int, world: int) -> int | None:
         for index, s in enumerate(self.slots):
             if s is not None and s.complete and s.step == step and s.world == world:
@@ -59,8 +71,10 @@ class Refusal(NamedTuple):
 
 
 class Ledger:
-    def __init__(self, budget_bytes: int) -> None:
+    def __init__(self, budget_bytes: int, agreement: bool = False) -> None:
         self.budget_bytes = budget_bytes
+        self.agreement = agreement
+        self.slot_count = AGREEMENT_SLOTS if agreement else SLOTS
         self._ranks: dict[int, RankSlots] = {}
 
     @property
@@ -71,10 +85,16 @@ class Ledger:
         return self._ranks
 
     def begin(self, rank: int, step: int, nbytes: int, world: int) -> Grant | Refusal:
-        slots = self._ranks.setdefault(rank, RankSlots())
+        slots = self._ranks.setdefault(rank, RankSlots([None] * self.slot_count))
         slots.newest_seen = step  # granted or refused, it will hold no older step it lacks
-        common = self.common_step(world)
-        free = [i for i, s in enumerate(slots.slots) if self._overwritable(s, step, world, common)]
+        common = None if self.agreement else self.common_step(world)
+        kept = set(slots.complete_steps(world)[-2:]) if self.agreement else set()
+        free = [
+            i
+            for i, s in enumerate(slots.slots)
+            if self._overwritable(s, step, world, common)
+            and (s is None or not s.complete or s.step not in kept or s.step >= step)
+        ]
         if not free:
             return Refusal("busy", f"both slots hold snapshots that may be restored ({common=})")
         index = min(free, key=lambda i: _preference(slots.slots[i], step, world))
@@ -91,7 +111,7 @@ class Ledger:
     def writing(self, rank: int, slot: int, step: int) -> Slot | None:
         """The slot granted for `step` and not yet complete (mark it `complete` once it is)."""
         slots = self._ranks.get(rank)
-        held = slots.slots[slot] if slots is not None and 0 <= slot < SLOTS else None
+        held = slots.slots[slot] if slots is not None and 0 <= slot < len(slots.slots) else None
         return None if held is None or held.step != step or held.complete else held
 
     def common_step(self, world: int) -> int | None:
@@ -114,10 +134,11 @@ class Ledger:
         """The newest step any rank of the job began (or was refused): the job's last step."""
         return max((r.newest_seen for n, r in self._ranks.items() if n < world), default=None)
 
-    def restore(self, rank: int, world: int) -> tuple[int, int] | None:
-        """(step, slot) of `rank`'s snapshot at the common step, or None when there is none."""
-        step = self.common_step(world)
-        if step is None:
+    def restore(self, rank: int, world: int, step: int | None = None) -> tuple[int, int] | None:
+        """(step, slot) of `rank`'s snapshot at the common step (at `step`, the one the ranks
+        agreed on), or None when there is none."""
+        step = self.common_step(world) if step is None else step
+        if step is None or rank not in self._ranks:
             return None
         slot = self._ranks[rank].complete(step, world)
         return None if slot is None else (step, slot)
@@ -125,6 +146,8 @@ class Ledger:
     def _overwritable(self, slot: Slot | None, step: int, world: int, common: int | None) -> bool:
         if slot is None or not slot.complete or slot.step >= step or slot.world != world:
             return True
+        if self.agreement:
+            return True  # the caller keeps the newest two complete
         if common is not None and slot.step < common:
             return True
         return self._impossible(slot.step, world)

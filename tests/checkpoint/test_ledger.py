@@ -8,7 +8,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ftd.checkpoint.ledger import SLOTS, Grant, Ledger, Refusal
+from ftd.checkpoint.ledger import SLOTS, Grant, Ledger, RankSlots, Refusal
 
 MiB = 1 << 20
 
@@ -140,3 +140,54 @@ def test_a_job_of_another_size_restores_nothing() -> None:
     held.complete = True
     assert ledger.restore(0, 1) == (3, grant.slot)
     assert ledger.restore(0, 2) is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(2, 4), st.integers(1, 25), st.randoms(use_true_random=False))
+def test_nodes_that_cannot_see_each_other_keep_a_step_every_rank_holds(
+    world: int, steps: int, order: object
+) -> None:
+    """A job of several nodes: each rank on a ledger of its own (no daemon sees another's ranks),
+    three slots, the DDP order of the test above (a rank's save of S may come before or after a
+    peer's copy of S-1 ends). After every event, the steps complete on every rank (what the
+    ranks agree on at a restore) hold a step once one did, never an older one than before; and
+    no save is refused."""
+    import random
+
+    assert isinstance(order, random.Random)
+    ledgers = [Ledger(budget_bytes=1 << 40, agreement=True) for _ in range(world)]
+    writing: dict[int, tuple[int, int]] = {}
+    newest: int | None = None
+
+    def check() -> None:
+        nonlocal newest
+        held = [
+            set(ledgers[r].ranks().get(r, RankSlots()).complete_steps(world)) for r in range(world)
+        ]
+        common = max(set.intersection(*held), default=None)
+        if newest is not None:
+            assert common is not None and common >= newest, (held, newest)
+        newest = common
+
+    def finish(rank: int) -> None:
+        slot, at = writing.pop(rank)
+        held = ledgers[rank].writing(rank, slot, at)
+        assert held is not None
+        held.complete = True
+        check()
+
+    for step in range(1, steps + 1):
+        # Each rank: its copy of S-1 ends (pre-step hook), then it begins S; ranks interleave.
+        pending = {r: [("done", r)] * (r in writing) + [("begin", r)] for r in range(world)}
+        while pending:
+            rank = order.choice(sorted(pending))
+            kind, _ = pending[rank].pop(0)
+            if not pending[rank]:
+                del pending[rank]
+            if kind == "done":
+                finish(rank)
+            else:
+                decision = ledgers[rank].begin(rank, step, MiB, world)
+                assert isinstance(decision, Grant), decision
+                writing[rank] = (decision.slot, step)
+                check()

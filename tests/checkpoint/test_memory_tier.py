@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from tests.conftest import BIN, Serve, ServeFactory
+from tests.support.cluster import Cluster
 
 TRAIN = BIN / "memory_train.py"
 STEPS = 60
@@ -55,45 +56,52 @@ def assert_identical(expected: Path, got: Path) -> None:
 async def test_a_ddp_job_killed_in_step_50_resumes_there_bit_identical(
     serve: ServeFactory, tmp_path: Path
 ) -> None:
-    """The zygote run is killed in two attempts in a row, with a back-off of a minute for fast
-    failures: an attempt that made steps is no crash loop, so it restarts at once."""
-    common = ("--nproc-per-node", "2", "--max-restarts", "2", "--api-port", "off")
+    """Each run against one that never failed: zygote (killed in two attempts in a row, with a
+    back-off of a minute for fast failures: an attempt that made steps is no crash loop, so it
+    restarts at once), spawn, and two daemons of one rank each (the ranks agree on the step
+    through the attempt's store). One thread per rank everywhere, so every layout computes
+    bit for bit alike."""
+    single = ("--nproc-per-node", "2", "--max-restarts", "2", "--api-port", "off")
+    nodes = Cluster(serve, "2", "--nproc-per-node", "1", "--max-restarts", "1")
+    kill = ("--kill-at-step", "50")
     runs: dict[str, Serve] = {}
-    for name, flags, kill in (
-        ("reference", (), ()),
-        (
-            "zygote",
-            ("--restart-backoff", "60:60"),
-            ("--kill-at-step", "50", "--kill-attempts", "2"),
-        ),
-        ("spawn", ("--start-method", "spawn"), ("--kill-at-step", "50")),
+    for name, flags, args in (
+        ("reference", single, ()),
+        ("zygote", (*single, "--restart-backoff", "60:60"), (*kill, "--kill-attempts", "2")),
+        ("spawn", (*single, "--start-method", "spawn"), kill),
+        ("node-a", ("--node-id", "a", *nodes.flags), kill),
+        ("node-b", ("--node-id", "b", *nodes.flags), kill),
     ):
+        out = tmp_path / ("nodes" if name.startswith("node") else name)
         runs[name] = await serve(
-            *common,
             *flags,
             script=TRAIN,
-            script_args=("--out", str(tmp_path / name), "--steps", str(STEPS), *kill),
-            run_id=name,
+            script_args=("--out", str(out), "--steps", str(STEPS), *args),
+            run_id=nodes.job if name.startswith("node") else name,
             api_port=None,
+            env={"OMP_NUM_THREADS": "1", **(nodes.env or {})},
         )
     codes = await asyncio.gather(*(run.wait(240) for run in runs.values()))
-    assert codes == [0, 0, 0], {n: r.stderr.text[-3000:] for n, r in runs.items()}
-    for name in ("zygote", "spawn"):
+    assert codes == [0] * 5, {n: r.stderr.text[-3000:] for n, r in runs.items()}
+    for name in ("zygote", "spawn", "nodes"):
         out = tmp_path / name
         assert [(out / f"resumed-1-{rank}").read_text() for rank in (0, 1)] == ["49", "49"]
-        assert [e["step"] for e in runs[name].event_data("checkpoint_restored")][-2:] == [49, 49]
-        assert not runs[name].events("restart_backoff")
         for rank in (0, 1):
             assert_identical(tmp_path / "reference" / f"final-{rank}.pt", out / f"final-{rank}.pt")
+    for name in ("zygote", "spawn"):
+        assert [e["step"] for e in runs[name].event_data("checkpoint_restored")][-2:] == [49, 49]
+        assert not runs[name].events("restart_backoff")
     last = runs["zygote"].status()["checkpoint"]["last_restore"]  # type: ignore[index]
     assert (last["step"], last["steps_lost"]) == (49, 0)
     shown = await ftd_status(runs["zygote"].run_dir)
     assert (
         "snapshots: step 60 in memory" in shown and "last restore after step 49 (0 lost)" in shown
     )
-    for run in runs.values():
-        assert not (run.run_dir / "checkpoint.json").exists()  # the memory was freed
-        assert run.status()["checkpoint"]["newest_step"] == STEPS  # type: ignore[index]
+    for name, run in runs.items():
+        node_dir = run.log_dir / name[-1] / run.run_id if name.startswith("node") else run.run_dir
+        assert not (node_dir / "checkpoint.json").exists()  # the memory was freed
+        status = json.loads((node_dir / "status.json").read_text())
+        assert status["checkpoint"]["newest_step"] == STEPS
 
 
 async def test_what_a_rank_cannot_save_is_refused_and_the_older_snapshot_stays(

@@ -30,6 +30,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from ftd_client import protocol
+from ftd_client.checkpoint._agree import agreed_step
 from ftd_client.checkpoint._link import CheckpointLink
 from ftd_client.checkpoint._plan import (
     CheckpointError,
@@ -88,6 +89,7 @@ class Checkpointer:
         self.world = world
         self.stats = Stats()
         self.last_error: str | None = None
+        self._loads = 0
         self.disabled: str | None = None
         """Why the daemon takes no snapshot of this job (a job of several nodes, so far)."""
         self._job: _Job | None = None
@@ -133,8 +135,18 @@ class Checkpointer:
             if self.link is None
             else self.link.request({"t": protocol.CHECKPOINT_RESTORE, "world": self.world})
         )
-        if reply and reply.get("refused") == "unsupported":
-            self._disable(str(reply.get("error")))
+        if reply and reply.get("ok") and reply.get("agree"):
+            steps = reply.get("steps")
+            held = [s for s in steps if isinstance(s, int)] if isinstance(steps, list) else []
+            self._loads += 1
+            step = agreed_step(held, self.rank, self.world, self._loads)
+            reply = (
+                None
+                if step is None
+                else self.link.request(  # type: ignore[union-attr]
+                    {"t": protocol.CHECKPOINT_RESTORE, "world": self.world, "step": step}
+                )
+            )
         if not reply or not reply.get("ok") or reply.get("step") is None:
             return None
         started = time.perf_counter()
