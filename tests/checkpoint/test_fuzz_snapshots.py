@@ -95,3 +95,19 @@ def test_checkpoint_requests_are_answered_or_refused(
             assert holder.ledger.reserved_bytes <= 64 << 20
         finally:
             holder.close()
+
+
+@fuzz_target("checkpoint_agreement", 200)
+@given(st.lists(st.one_of(st.binary(max_size=300), st.lists(big, max_size=12).map(
+    lambda steps: json.dumps(steps).encode())), min_size=1, max_size=6))  # fmt: skip
+def test_any_lists_in_the_store_agree_on_one_step_or_none(values: list[bytes]) -> None:
+    """The ranks' lists of the steps they hold, as read from the attempt's store
+    (ftd_client/checkpoint/_agree.py): any bytes give a set of plausible steps, and the
+    agreement is a step every list holds, or None."""
+    from ftd_client.checkpoint._agree import MAX_STEPS, newest_common, parse
+
+    with budget(BUDGET_S):
+        held = [parse(value) for value in values]
+        step = newest_common(held)
+    assert all(len(steps) <= MAX_STEPS and all(0 <= s <= 2**53 for s in steps) for steps in held)
+    assert step is None or all(step in steps for steps in held)

@@ -3,7 +3,8 @@ ranks' snapshots, so the ranks tell each other what they hold through the attemp
 TCPStore at MASTER_ADDR:MASTER_PORT that the daemon hosts and init_process_group uses) and each
 takes the newest step all of them hold. Every rank computes it from the same values, so every
 rank resumes at the same step; a value that is not a short list of steps counts as holding
-nothing (that rank, and so the job, then starts without a snapshot).
+nothing (that rank, and so the job, then starts without a snapshot). The store is as trusted as
+it is for init_process_group; a rank whose own list was overwritten refuses to restore.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import datetime
 import json
 import os
 from collections.abc import Sequence
+
+from ftd_client.checkpoint._plan import CheckpointError
 
 MAX_STEPS = 8
 WAIT_S = 600.0
@@ -30,10 +33,16 @@ def agreed_step(held: Sequence[int], rank: int, world: int, round_number: int) -
     )
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     prefix = f"ftd/checkpoint/{attempt}/{round_number}/"
-    store.set(prefix + str(rank), json.dumps(sorted(held)[-MAX_STEPS:]))
+    mine = json.dumps(sorted(held)[-MAX_STEPS:]).encode()
+    store.set(prefix + str(rank), mine)
     keys = [prefix + str(r) for r in range(world)]
     store.wait(keys)
-    return newest_common([parse(value) for value in store.multi_get(keys)])
+    values = store.multi_get(keys)
+    if values[rank] != mine:  # another wrote this rank's list: the ranks may not agree
+        raise CheckpointError(
+            f"the attempt's store holds another list of rank {rank}'s snapshots than it wrote"
+        )
+    return newest_common([parse(value) for value in values])
 
 
 def parse(value: bytes) -> set[int]:
