@@ -278,6 +278,8 @@ class HealthService:
             at = sent_at(message.get("m"), now, self.server.reading_since)
             self.progress.observe(rank, link.id, message, at)
             self.monitor.on_progress_link(rank, message.get("stack_signal"))
+            if message.get("steps") and rank.local_rank in self._not_stepped:  # the restart's end
+                self._on_first_step(rank, at - message.get("age_ms", 0) / 1000)
             return None
         if message["t"] in protocol.CHECKPOINT:  # the memory tier's: no sign of life either
             if self.checkpoints is None:

@@ -8,7 +8,8 @@ tensor and a Python counter.
 
   --steps N           steps in all
   --kill-at-step N    in the first --kill-attempts attempts (1), rank --kill-rank SIGKILLs
-                      itself in step N, once every rank's snapshot of step N-1 is written
+                      itself in step N (N+5 in the second attempt, N+10 in the third, ...),
+                      once every rank's snapshot of the step before is written
                       (checkpoint.wait, a barrier)
   --width W           the model's hidden width (its state grows with W^2)
 Writes <out>/final-<rank>.pt (the final state) and <out>/resumed-<attempt>-<rank> (the step
@@ -61,7 +62,7 @@ def main() -> None:
         loss = nn.functional.mse_loss(ddp(batch), target)
         optimizer.zero_grad()
         loss.backward()
-        if attempt < args.kill_attempts and step == args.kill_at_step:
+        if attempt < args.kill_attempts and step == args.kill_at_step + 5 * attempt:
             checkpoint.wait()
             dist.barrier()
             if rank == args.kill_rank:

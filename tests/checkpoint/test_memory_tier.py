@@ -88,14 +88,21 @@ async def test_a_ddp_job_killed_in_step_50_resumes_there_bit_identical(
         assert [(out / f"resumed-1-{rank}").read_text() for rank in (0, 1)] == ["49", "49"]
         for rank in (0, 1):
             assert_identical(tmp_path / "reference" / f"final-{rank}.pt", out / f"final-{rank}.pt")
+    assert [(tmp_path / "zygote" / f"resumed-2-{rank}").read_text() for rank in (0, 1)] == [
+        "54",
+        "54",
+    ]  # killed again in step 55 of its second attempt: the second fast failure in a row
     for name in ("zygote", "spawn"):
-        assert [e["step"] for e in runs[name].event_data("checkpoint_restored")][-2:] == [49, 49]
+        restored = [e["step"] for e in runs[name].event_data("checkpoint_restored")]
+        assert restored[:2] == [None, None] and restored[2:4] == [49, 49]
         assert not runs[name].events("restart_backoff")
+        recoveries = runs[name].event_data("recovery")  # ended by the first optimizer step
+        assert recoveries and all(r["stages"]["first_step"] is not None for r in recoveries)
     last = runs["zygote"].status()["checkpoint"]["last_restore"]  # type: ignore[index]
-    assert (last["step"], last["steps_lost"]) == (49, 0)
+    assert (last["step"], last["steps_lost"]) == (54, 0)
     shown = await ftd_status(runs["zygote"].run_dir)
     assert (
-        "snapshots: step 60 in memory" in shown and "last restore after step 49 (0 lost)" in shown
+        "snapshots: step 60 in memory" in shown and "last restore after step 54 (0 lost)" in shown
     )
     for name, run in runs.items():
         node_dir = run.log_dir / name[-1] / run.run_id if name.startswith("node") else run.run_dir
