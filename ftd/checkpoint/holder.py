@@ -13,6 +13,7 @@ file the daemon reads).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -86,14 +87,21 @@ class CheckpointHolder:
         """Ranks whose last snapshot was refused as too large: said once per episode."""
 
     def start(self) -> None:
+        """Make the memory directory; where it cannot be made (a full disk), the daemon goes on
+        without a memory tier and says why once (the ranks' saves then do nothing)."""
         self._remove_stale()
         if self.ledger.budget_bytes == 0:  # --checkpoint-memory 0: no memory tier
             return
-        self.directory = Path(tempfile.mkdtemp(prefix="ftd-checkpoint-", dir=self.base))
-        record = self.run_dir / DIRECTORY_RECORD
-        fd = os.open(record, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "w") as out:
-            json.dump({"directory": str(self.directory)}, out)
+        try:
+            self.directory = Path(tempfile.mkdtemp(prefix="ftd-checkpoint-", dir=self.base))
+            record = self.run_dir / DIRECTORY_RECORD
+            fd = os.open(record, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "w") as out:
+                json.dump({"directory": str(self.directory)}, out)
+        except OSError as error:
+            log.error("no memory for snapshots (ftd_client.checkpoint): %s", error)
+            self.close()
+            return
         log.info(
             "snapshots are held in %s (--checkpoint-memory %d bytes)",
             self.directory,
@@ -103,7 +111,8 @@ class CheckpointHolder:
     def close(self) -> None:
         if self.directory is not None:
             shutil.rmtree(self.directory, ignore_errors=True)
-            (self.run_dir / DIRECTORY_RECORD).unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                (self.run_dir / DIRECTORY_RECORD).unlink(missing_ok=True)
             self.directory = None
 
     def answer(self, global_rank: int, message: dict[str, Any]) -> dict[str, Any]:
@@ -121,8 +130,10 @@ class CheckpointHolder:
             return {"ok": True, "path": str(self.directory / DCP_DIRECTORY)}
         return self._restore(global_rank, message["world"], message.get("step"))
 
-    def view(self) -> dict[str, Any]:
-        """The status' `checkpoint` (openapi.yaml NodeCheckpoint)."""
+    def view(self) -> dict[str, Any] | None:
+        """The status' `checkpoint` (openapi.yaml NodeCheckpoint); None until a rank used it."""
+        if not self.counts.begun and not self.counts.refused and self.last_restore is None:
+            return None
         ranks = self.ledger.ranks()
         worlds = {s.world for r in ranks.values() for s in r.slots if s is not None}
         if self.multi_node:  # what this node's ranks hold: the ranks agree on the rest

@@ -7,6 +7,7 @@ Standard library only (the CLI's `--help` must not import pydantic or torch).
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -330,16 +331,13 @@ _UNSET: Any = object()
 
 
 def memory_size(text: str) -> str | int:
-    """`auto`, or bytes: `123`, `512K`, `512M`, `8G`, `1T` (powers of 1024)."""
-    text = text.strip()
-    if text == "auto":
-        return text
-    units = {"": 0, "K": 10, "M": 20, "G": 30, "T": 40}
-    number, unit = text.rstrip("KMGTkmgtiBb"), text[len(text.rstrip("KMGTkmgtiBb")) :]
-    unit = unit.upper().removesuffix("B").removesuffix("I")
-    if not number.isdigit() or unit not in units or len(number) > 15:
-        raise argparse.ArgumentTypeError(f"{text!r:.40} is no size (auto, 0, 512M, 8G, ...)")
-    return int(number) << units[unit]
+    """`auto`, or bytes: `123`, `512K`, `512M`, `8G`, `1T` (powers of 1024; `MiB`, `MB` too)."""
+    size = re.fullmatch(r"(\d{1,15})([KMGT]?)(?:i?B)?", text.strip(), re.IGNORECASE)
+    if size:
+        return int(size[1]) << 10 * " KMGT".index(size[2].upper() or " ")
+    if text.strip() == "auto":
+        return "auto"
+    raise argparse.ArgumentTypeError(f"{text!r:.40} is no size (auto, 0, 512M, 8G, ...)")
 
 
 def split_script(parser: argparse.ArgumentParser, argv: Sequence[str]) -> tuple[list[str], int]:

@@ -48,6 +48,8 @@ class ProgressTimer:
             if now - planned > STALL_THRESHOLD_S:
                 self.watch.paused(now - planned)
             planned = now + PROGRESS_TICK_S
+            if not self.watch.armed:  # nothing to judge before an attempt's first step
+                continue
             try:
                 containment.inject("monitor")
                 self._tick(now)

@@ -55,7 +55,7 @@ class StatusBoard:
         run_dir: Path,
         live: LiveView,
         publish: Callable[[dict[str, Any]], None] | None = None,
-        checkpoint_view: Callable[[], dict[str, Any]] | None = None,
+        checkpoint_view: Callable[[], dict[str, Any] | None] | None = None,
     ) -> None:
         self.config = config
         self.status = status
