@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import re
 import shutil
 import sys
 from collections.abc import Iterable, Sequence
@@ -106,3 +107,13 @@ def shown_spellings(options: Sequence[str]) -> list[str]:
             continue
         shown.append(option)
     return shown
+
+
+def memory_size(text: str) -> str | int:
+    """`auto`, or bytes: `123`, `512K`, `512M`, `8G`, `1T` (powers of 1024; `MiB`, `MB` too)."""
+    size = re.fullmatch(r"(\d{1,15})([KMGT]?)(?:i?B)?", text.strip(), re.IGNORECASE)
+    if size:
+        return int(size[1]) << 10 * " KMGT".index(size[2].upper() or " ")
+    if text.strip() == "auto":
+        return "auto"
+    raise argparse.ArgumentTypeError(f"{text!r:.40} is no size (auto, 0, 512M, 8G, ...)")

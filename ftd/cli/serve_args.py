@@ -7,13 +7,12 @@ Standard library only (the CLI's `--help` must not import pydantic or torch).
 from __future__ import annotations
 
 import argparse
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ftd.cli.fault_tolerance_args import add_fault_tolerance
-from ftd.cli.formatting import HelpFormatter, UsageParser
+from ftd.cli.formatting import HelpFormatter, UsageParser, memory_size
 
 DEFAULT_API_PORT = 29610  # ftd.config.serve.DEFAULT_API_PORT, without importing pydantic for --help
 DEFAULT_PROGRESS_FLOOR_S = 300.0  # ftd.health.progress.DEFAULT_FLOOR_S, likewise
@@ -328,16 +327,6 @@ class ServeArgs:
 
 
 _UNSET: Any = object()
-
-
-def memory_size(text: str) -> str | int:
-    """`auto`, or bytes: `123`, `512K`, `512M`, `8G`, `1T` (powers of 1024; `MiB`, `MB` too)."""
-    size = re.fullmatch(r"(\d{1,15})([KMGT]?)(?:i?B)?", text.strip(), re.IGNORECASE)
-    if size:
-        return int(size[1]) << 10 * " KMGT".index(size[2].upper() or " ")
-    if text.strip() == "auto":
-        return "auto"
-    raise argparse.ArgumentTypeError(f"{text!r:.40} is no size (auto, 0, 512M, 8G, ...)")
 
 
 def split_script(parser: argparse.ArgumentParser, argv: Sequence[str]) -> tuple[list[str], int]:

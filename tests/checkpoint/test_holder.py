@@ -8,6 +8,7 @@ import stat
 from pathlib import Path
 
 from ftd_client import protocol
+from ftd_client.snapshot_format import layout
 
 from ftd.checkpoint.holder import MULTI_NODE, CheckpointHolder
 from ftd.status.events import EventLog
@@ -43,18 +44,25 @@ def test_the_directory_is_private_recorded_and_removed(tmp_path: Path) -> None:
     assert not record.exists() and list(base.iterdir()) == []
 
 
-def test_a_job_of_several_nodes_gets_no_snapshot_it_could_restore_inconsistently(
+def test_a_job_of_several_nodes_tells_its_ranks_what_they_hold_to_agree_on(
     tmp_path: Path,
 ) -> None:
-    holder = CheckpointHolder(tmp_path, 1 << 20, EventLog(None), base=tmp_path, multi_node=True)
+    holder = CheckpointHolder(tmp_path, 1 << 30, EventLog(None), base=tmp_path, multi_node=True)
     holder.start()
     try:
-        reply = holder.answer(0, begin(1, world=2))
-        assert reply == {"ok": False, "refused": "unsupported", "error": MULTI_NODE}
-        restore = {"v": 1, "t": protocol.CHECKPOINT_RESTORE, "id": 2, "world": 2}
-        assert holder.answer(0, restore)["refused"] == "unsupported"
-        place = holder.answer(0, {"v": 1, "t": protocol.CHECKPOINT_PLACE, "id": 3})
-        assert place["refused"] == "unsupported"  # DCP's metadata would be on one node only
+        for step in (1, 2, 3, 4):  # three slots: the newest two complete and one being written
+            grant = holder.answer(1, begin(step, world=2))
+            done = {"v": 1, "t": protocol.CHECKPOINT_DONE, "id": 2, "step": step}
+            assert grant["ok"] is True
+            Path(str(grant["path"])).write_bytes(layout(step, 2, 1, 0, 0).pack().ljust(4096, b"\0"))
+            assert holder.answer(1, {**done, "slot": grant["slot"]})["ok"] is True
+        restore = {"v": 1, "t": protocol.CHECKPOINT_RESTORE, "id": 3, "world": 2}
+        assert holder.answer(1, restore) == {"ok": True, "agree": True, "steps": [2, 3, 4]}
+        agreed = holder.answer(1, {**restore, "step": 3})
+        assert agreed["step"] == 3 and str(agreed["path"]).startswith(str(holder.directory))
+        assert holder.answer(1, {**restore, "step": 1})["step"] is None  # no longer held
+        place = holder.answer(0, {"v": 1, "t": protocol.CHECKPOINT_PLACE, "id": 4})
+        assert place == {"ok": False, "refused": "unsupported", "error": MULTI_NODE}
     finally:
         holder.close()
 
