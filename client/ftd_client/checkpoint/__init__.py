@@ -28,7 +28,17 @@ from typing import Any
 from ftd_client.checkpoint._link import CheckpointLink
 from ftd_client.checkpoint._plan import CheckpointError
 from ftd_client.checkpoint._writer import Checkpointer, Stats
-from ftd_client.checkpoint.dcp import MemoryReader, MemoryWriter, newest_dcp
+
+_DCP = frozenset({"MemoryReader", "MemoryWriter", "newest_dcp"})
+
+
+def __getattr__(name: str) -> Any:
+    """DCP's pair on first use: importing torch.distributed.checkpoint costs a rank ~1 s."""
+    if name in _DCP:
+        from ftd_client.checkpoint import dcp
+
+        return getattr(dcp, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     "CheckpointError",
