@@ -40,6 +40,7 @@ def __getattr__(name: str) -> Any:
         return getattr(dcp, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
+
 __all__ = [
     "CheckpointError",
     "MemoryReader",

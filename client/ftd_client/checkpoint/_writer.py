@@ -49,6 +49,7 @@ RESERVE_QUANTUM = 1 << 20
 RETRY_FIRST_S = 0.001
 RETRY_MAX_S = 0.016
 EXIT_WAIT_S = 60.0
+RESTORE_TIMEOUT_S = 120.0
 _NO_HEADER = bytes(8)
 
 
@@ -130,24 +131,20 @@ class Checkpointer:
         if not isinstance(state, dict):
             raise CheckpointError("checkpoint.load fills a dict in place")
         self.settle()
-        reply = (
-            None
-            if self.link is None
-            else self.link.request({"t": protocol.CHECKPOINT_RESTORE, "world": self.world})
-        )
-        if reply and reply.get("ok") and reply.get("agree"):
+        if self.link is None:
+            return None
+        reply = self._ask_restore({"t": protocol.CHECKPOINT_RESTORE, "world": self.world})
+        if reply.get("ok") and reply.get("agree"):
             steps = reply.get("steps")
             held = [s for s in steps if isinstance(s, int)] if isinstance(steps, list) else []
             self._loads += 1
             step = agreed_step(held, self.rank, self.world, self._loads)
-            reply = (
-                None
-                if step is None
-                else self.link.request(  # type: ignore[union-attr]
-                    {"t": protocol.CHECKPOINT_RESTORE, "world": self.world, "step": step}
-                )
+            if step is None:
+                return None
+            reply = self._ask_restore(
+                {"t": protocol.CHECKPOINT_RESTORE, "world": self.world, "step": step}
             )
-        if not reply or not reply.get("ok") or reply.get("step") is None:
+        if not reply.get("ok") or reply.get("step") is None:
             return None
         started = time.perf_counter()
         step = int(reply["step"])
@@ -173,6 +170,18 @@ class Checkpointer:
                 view.close()
         self.stats.restore_s = time.perf_counter() - started
         return step
+
+    def _ask_restore(self, message: dict[str, Any]) -> dict[str, Any]:
+        """The daemon's answer, waited for: a rank that went on without it (from step 0 while
+        its peers restore) would train apart from them, silently."""
+        assert self.link is not None
+        reply = self.link.request(message, timeout_s=RESTORE_TIMEOUT_S)
+        if reply is None:
+            raise CheckpointError(
+                f"the node's daemon did not answer which snapshot to restore in "
+                f"{RESTORE_TIMEOUT_S:.0f} s (the rank fails rather than train apart from its peers)"
+            )
+        return reply
 
     def settle(self) -> None:
         """Before the saved tensors may change: a save still waiting for a slot asks once more
