@@ -90,10 +90,14 @@ async def test_steps_pace_and_time_lost_in_status_metrics_cli_and_dashboard(
         assert before["steps_per_s"] > 1 and before["steps"] == min(steps(later))
         # Rank 1 crashes at step CRASH_AT; the second attempt resumes from its checkpoint.
         await run.stderr.expect(rf"rank 1: crashing at step {CRASH_AT}", timeout=120)
-        resumed = await until(
-            api,
-            "steps and a pace after the restart",
-            lambda s: stepping(1, 5)(s) and s["progress"]["steps_per_s"] > 0,
+        resumed = await until(  # a step time needs two of a rank's reports (the first may
+            api,  # already count 5 steps on a busy machine)
+            "steps, step times and a pace after the restart",
+            lambda s: (
+                stepping(1, 5)(s)
+                and s["progress"]["steps_per_s"] > 0
+                and all(r["progress"]["step_time_s"] is not None for r in s["ranks"])
+            ),
         )
         assert resumed["last_failure"]["kind"] == "exit", resumed["last_failure"]
         after = accounted(resumed, time.time())
