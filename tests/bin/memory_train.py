@@ -7,10 +7,11 @@ the model, Adam's state, a BatchNorm's buffers (changed by every forward), a ran
 tensor and a Python counter.
 
   --steps N           steps in all
-  --kill-at-step N    in the first --kill-attempts attempts (1), rank --kill-rank SIGKILLs
-                      itself in step N (N+5 in the second attempt, N+10 in the third, ...),
-                      once every rank's snapshot of the step before is written
-                      (checkpoint.wait, a barrier)
+  --kill-at-step N    rank --kill-rank SIGKILLs itself in step N, then in step N+5 of a later
+                      attempt, N+10 ..., --kill-attempts times in all (1), each once every
+                      rank's snapshot of the step before is written (checkpoint.wait, a
+                      barrier); <out>/killed-<k> counts them (an attempt ended by something
+                      else, such as a lost node, kills nothing)
   --width W           the model's hidden width (its state grows with W^2)
 Writes <out>/final-<rank>.pt (the final state) and <out>/resumed-<attempt>-<rank> (the step
 load returned, or "none").
@@ -55,6 +56,7 @@ def main() -> None:
         mine = state["mine"]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"resumed-{attempt}-{rank}").write_text(str(resumed) if resumed else "none")
+    kills = len(list(args.out.glob("killed-*")))  # before any rank of this attempt kills
     for step in range((resumed or 0) + 1, args.steps + 1):
         generator = torch.Generator().manual_seed(step * 1000 + rank)
         batch = torch.randn(32, 16, generator=generator)
@@ -62,10 +64,11 @@ def main() -> None:
         loss = nn.functional.mse_loss(ddp(batch), target)
         optimizer.zero_grad()
         loss.backward()
-        if attempt < args.kill_attempts and step == args.kill_at_step + 5 * attempt:
+        if kills < args.kill_attempts and step == args.kill_at_step + 5 * kills:
             checkpoint.wait()
             dist.barrier()
             if rank == args.kill_rank:
+                (args.out / f"killed-{kills}").touch()
                 os.kill(os.getpid(), signal.SIGKILL)
             dist.barrier()  # the others wait here until the daemon stops them
         optimizer.step()

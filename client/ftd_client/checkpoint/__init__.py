@@ -73,10 +73,12 @@ def load(state_dict: dict[str, Any]) -> int | None:
     return _get().load(state_dict)
 
 
-def wait() -> None:
-    """Wait for the copy under way: call it before changing a saved tensor outside
-    `optimizer.step` (the pre-step hook waits for the optimizer's own tensors)."""
-    _get().settle()
+def wait(timeout_s: float = 60.0) -> None:
+    """Wait for the last save to be complete: call it before changing a saved tensor outside
+    `optimizer.step` (the pre-step hook waits for the optimizer's own tensors), and at the end.
+    A save waiting for its peers' copies (both its slots still needed) waits up to `timeout_s`
+    for them, then is skipped."""
+    _get().settle(patience_s=timeout_s)
 
 
 def stats() -> Stats:

@@ -183,17 +183,24 @@ class Checkpointer:
             )
         return reply
 
-    def settle(self) -> None:
+    def settle(self, patience_s: float = 0.0) -> None:
         """Before the saved tensors may change: a save still waiting for a slot asks once more
         (the peers' copies are done by now in a job whose ranks meet in collectives every
-        step) and is skipped if refused again; a copy under way is waited for."""
+        step) and is skipped if refused again; a copy under way is waited for. With
+        `patience_s` (wait(), the end of the script: no next step comes to supersede it) it
+        asks again for that long before it gives up."""
         job = self._job
         if job is None or job.done.is_set():
             return
         started = time.perf_counter()
+        delay, deadline = RETRY_FIRST_S, time.monotonic() + patience_s
         with job.asking:
-            if job.state == "waiting":
+            while job.state == "waiting":
                 self._begin(job)
+                if job.state == "waiting" and time.monotonic() < deadline:
+                    time.sleep(delay)
+                    delay = min(delay * 2, RETRY_MAX_S)
+                    continue
                 if job.state != "copying":
                     job.state = "canceled"
                     self.stats.skipped += 1
@@ -203,10 +210,13 @@ class Checkpointer:
         self.stats.waited_s += time.perf_counter() - started
 
     def close(self, timeout_s: float = EXIT_WAIT_S) -> None:
-        """The last copy finishes (so the newest snapshot is complete), then the files close."""
+        """The last save completes (so the newest snapshot is the last step), then the hook
+        goes; bounded, as a peer that died never finishes its copy."""
         job = self._job
-        if job is not None and job.state == "copying":
-            job.done.wait(timeout_s)
+        if job is not None and not job.done.is_set():
+            waiter = threading.Thread(target=self.settle, args=(timeout_s,), daemon=True)
+            waiter.start()
+            waiter.join(timeout_s)
         self._hook.remove()
 
     def _disable(self, reason: str) -> None:
