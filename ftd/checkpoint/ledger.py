@@ -88,15 +88,14 @@ class Ledger:
         slots = self._ranks.setdefault(rank, RankSlots([None] * self.slot_count))
         slots.newest_seen = step  # granted or refused, it will hold no older step it lacks
         common = None if self.agreement else self.common_step(world)
-        kept = set(slots.complete_steps(world)[-2:]) if self.agreement else set()
+        newest_two = set(slots.complete_steps(world)[-2:])
         free = [
             i
-            for i, s in enumerate(slots.slots)
-            if self._overwritable(s, step, world, common)
-            and (s is None or not s.complete or s.step not in kept or s.step >= step)
+            for i, held in enumerate(slots.slots)
+            if self._overwritable(held, step, world, common, newest_two)
         ]
         if not free:
-            return Refusal("busy", f"both slots hold snapshots that may be restored ({common=})")
+            return Refusal("busy", f"every slot holds a snapshot that may be restored ({common=})")
         index = min(free, key=lambda i: _preference(slots.slots[i], step, world))
         others = self.reserved_bytes - sum(s.reserved for s in [slots.slots[index]] if s)
         if others + nbytes > self.budget_bytes:
@@ -143,11 +142,13 @@ class Ledger:
         slot = self._ranks[rank].complete(step, world)
         return None if slot is None else (step, slot)
 
-    def _overwritable(self, slot: Slot | None, step: int, world: int, common: int | None) -> bool:
+    def _overwritable(
+        self, slot: Slot | None, step: int, world: int, common: int | None, newest_two: set[int]
+    ) -> bool:
         if slot is None or not slot.complete or slot.step >= step or slot.world != world:
             return True
-        if self.agreement:
-            return True  # the caller keeps the newest two complete
+        if self.agreement:  # no daemon sees every rank: the rank's newest two complete stay
+            return slot.step not in newest_two
         if common is not None and slot.step < common:
             return True
         return self._impossible(slot.step, world)
