@@ -128,7 +128,8 @@ async def test_attention_deadlines_backoff_history_and_no_exclude_on_one_node(
     a back-off counts down; failed attempts per node and hangs per rank; no exclude form on a
     single node (and one where the status says multi-node)."""
     now = time.time()
-    stub = Stub(stub_status(state="restarting", backoff_s=30.0))
+    memory = {"newest_step": 60, "steps_lost": 1, "memory_bytes": 1, "budget_bytes": 2}
+    stub = Stub(stub_status(state="restarting", backoff_s=30.0, checkpoint=memory))
     stub.event("attempt_started", now - 40, attempt=0, pids={})
     for attempt in (0, 1):
         stub.event("rank_hung", now - 30 + attempt, global_rank=2, reason="no heartbeat")
@@ -163,6 +164,8 @@ async def test_attention_deadlines_backoff_history_and_no_exclude_on_one_node(
         assert "stacks=/x/stacks.txt" in events
         change = await page.locator("#events li.k-timeouts_changed").first.inner_text()
         assert "by=b rank_heartbeat_timeout 5 → 3" in change, change
+        facts = await page.locator("#facts").inner_text()  # the memory tier's
+        assert "snapshot step 60" in facts and "steps lost 1" in facts, facts
         assert await page.locator("#exclude-form").is_hidden()
         assert await page.locator("#exclude-note").is_visible()
         await shot(page, tmp_path, "truth-attention")

@@ -107,6 +107,7 @@ function renderStatus() {
     ["uptime", duration(s.uptime_s)],
     ["pid", s.pid],
     ...progressFacts(s.progress),
+    ...checkpointFacts(s.checkpoint),
   ];
   const box = $("facts");
   box.replaceChildren(...facts.map(([k, v]) => {
@@ -132,6 +133,17 @@ function progressFacts(progress) {
     ["steps", progress.steps ?? "–"],
     ["steps/s", pace],
     ["time lost", duration(progress.time_lost_s)],
+  ];
+}
+
+// The memory tier (docs/checkpoint.md): the step a restart resumes after, and the steps the
+// ranks finished that restores did not keep; none before a rank used it.
+function checkpointFacts(memory) {
+  if (!memory || typeof memory !== "object") return [];
+  const newest = typeof memory.newest_step === "number" ? `step ${memory.newest_step}` : "–";
+  return [
+    ["snapshot", newest],
+    ["steps lost", memory.steps_lost ?? "–"],
   ];
 }
 
