@@ -17,6 +17,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -36,6 +37,10 @@ log = logging.getLogger("ftd.checkpoint")
 DIRECTORY_RECORD = "checkpoint.json"
 """The run directory's file that names the memory directory of the daemon that last ran there."""
 DEFAULT_BASE = Path("/dev/shm")
+PREFIX = "ftd-checkpoint-"
+OWNED = re.compile(PREFIX + r"(?P<ns>\d{1,20})-(?P<pid>\d{1,10})-[A-Za-z0-9_]{1,32}")
+"""The memory directory's name: the daemon's pid namespace and pid, then mkdtemp's letters."""
+MAX_SCANNED = 10_000
 MULTI_NODE = (
     "DCP's files in the node's memory are for single-node jobs: this job spans several nodes "
     "(its metadata would be on one node only; use checkpoint.save, or DCP to a shared disk)"
@@ -93,7 +98,7 @@ class CheckpointHolder:
         if self.ledger.budget_bytes == 0:  # --checkpoint-memory 0: no memory tier
             return
         try:
-            self.directory = Path(tempfile.mkdtemp(prefix="ftd-checkpoint-", dir=self.base))
+            self.directory = Path(tempfile.mkdtemp(prefix=owner_prefix(), dir=self.base))
             record = self.run_dir / DIRECTORY_RECORD
             fd = os.open(record, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
             with os.fdopen(fd, "w") as out:
@@ -219,14 +224,52 @@ class CheckpointHolder:
         return {"ok": True, "step": step, "path": str(self._path(rank, found[1]))}
 
     def _remove_stale(self) -> None:
-        """A daemon killed before its end left its directory: it is this run's, remove it."""
+        """Directories that daemons killed before their end left behind: this run's (named in
+        its record), and any of this user's whose daemon, named in the directory's name with
+        its pid namespace, is gone (memory a SIGKILL would otherwise hold until a reboot)."""
         try:
             record = json.loads((self.run_dir / DIRECTORY_RECORD).read_bytes()[:4096])
             stale = Path(record["directory"])
         except (OSError, ValueError, TypeError, KeyError):
-            return
-        if stale.parent == self.base and stale.name.startswith("ftd-checkpoint-"):
+            stale = None
+        if stale is not None and stale.parent == self.base and stale.name.startswith(PREFIX):
             shutil.rmtree(stale, ignore_errors=True)
+        namespace = pid_namespace()
+        try:
+            entries = list(os.scandir(self.base))[:MAX_SCANNED]
+        except OSError:
+            return
+        for entry in entries:
+            owner = OWNED.fullmatch(entry.name)
+            if owner is None or owner["ns"] != namespace or _alive(int(owner["pid"])):
+                continue
+            with contextlib.suppress(OSError):
+                if (
+                    entry.is_dir(follow_symlinks=False)
+                    and entry.stat(follow_symlinks=False).st_uid == os.getuid()
+                ):
+                    shutil.rmtree(entry.path, ignore_errors=True)
+
+
+def owner_prefix() -> str:
+    return f"{PREFIX}{pid_namespace()}-{os.getpid()}-"
+
+
+def pid_namespace() -> str:
+    try:
+        return os.readlink("/proc/self/ns/pid").removeprefix("pid:[").removesuffix("]")
+    except OSError:
+        return "0"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: alive
+        return True
+    return True
 
 
 def read_header(path: Path) -> Any:

@@ -4,13 +4,15 @@ directory's life, the refusal of a job of several nodes, and what --checkpoint-m
 from __future__ import annotations
 
 import json
+import os
 import stat
+import subprocess
 from pathlib import Path
 
 from ftd_client import protocol
 from ftd_client.snapshot_format import layout
 
-from ftd.checkpoint.holder import MULTI_NODE, CheckpointHolder
+from ftd.checkpoint.holder import MULTI_NODE, CheckpointHolder, pid_namespace
 from ftd.status.events import EventLog
 
 
@@ -65,6 +67,38 @@ def test_a_job_of_several_nodes_tells_its_ranks_what_they_hold_to_agree_on(
         assert place == {"ok": False, "refused": "unsupported", "error": MULTI_NODE}
     finally:
         holder.close()
+
+
+def test_directories_of_daemons_that_are_gone_are_removed(tmp_path: Path) -> None:
+    """A SIGKILLed daemon's memory is freed by the next daemon of this user on the machine,
+    whatever its run directory; a live daemon's, and another pid namespace's, are kept."""
+    ns = pid_namespace()
+    names = {
+        "gone": f"ftd-checkpoint-{ns}-{_exited_pid()}-abc123",
+        "alive": f"ftd-checkpoint-{ns}-{os.getpid()}-def456",
+        "elsewhere": f"ftd-checkpoint-1{ns}-{_exited_pid()}-ghi789",
+        "other": "not-ftd-1-2-x",
+    }
+    for name in names.values():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "rank0.0").write_bytes(b"x")
+    holder = CheckpointHolder(tmp_path / "run", 1 << 20, EventLog(None), base=tmp_path)
+    (tmp_path / "run").mkdir()
+    holder.start()
+    try:
+        left = {p.name for p in tmp_path.iterdir()}
+        assert names["gone"] not in left
+        assert {names["alive"], names["elsewhere"], names["other"]} <= left
+        assert holder.directory is not None
+        assert holder.directory.name.startswith(f"ftd-checkpoint-{ns}-{os.getpid()}-")
+    finally:
+        holder.close()
+
+
+def _exited_pid() -> int:
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
 
 
 def test_no_memory_no_directory(tmp_path: Path) -> None:
