@@ -31,6 +31,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -146,6 +147,25 @@ def live_rank(out: Path, launcher: int, rank: int) -> tuple[int, int] | None:
     return best
 
 
+class LoadSampler:
+    """The 1-minute load average every 5 s while a variant runs: the VM is shared."""
+
+    def __init__(self) -> None:
+        self.samples: list[float] = []
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._done.wait(5.0):
+            with contextlib.suppress(OSError, ValueError):
+                self.samples.append(float(Path("/proc/loadavg").read_text().split()[0]))
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join()
+
+
 def baseline(args: argparse.Namespace, root: Path, name: str) -> list[float]:
     """Rank 0's step times of plain training (no checkpoint, no fault), `--baseline-steps`."""
     work = benchlib.fresh_dir(root / name)
@@ -170,6 +190,7 @@ def run_with_kills(variant: str, args: argparse.Namespace, root: Path) -> dict[s
     cmd = command(variant, work, out, args, deadline, restarts)
     print(f"## {variant}: {shlex.join(cmd)}", flush=True)
     proc = start(cmd, work, "launcher")
+    load = LoadSampler()
     kills: list[dict[str, Any]] = []
     try:
         for k in range(1, kills_planned + 1):
@@ -194,6 +215,7 @@ def run_with_kills(variant: str, args: argparse.Namespace, root: Path) -> dict[s
                   f"{t_kill - t_launch:.1f} s", flush=True)  # fmt: skip
         code = stop(proc, args.duration + args.grace_s - (time.time() - t_launch))
     finally:
+        load.stop()
         if proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -210,8 +232,11 @@ def run_with_kills(variant: str, args: argparse.Namespace, root: Path) -> dict[s
             result["steps_kept"] * statistics.median(plain) / result["wall_s"]
         )
     result |= {
+        "loadavg_1m": benchlib.summary(load.samples) if load.samples else None,
         "baseline_step_s": plain,
         "variant": variant,
+        "t_launch": t_launch,
+        "out": str(out),
         "command": shlex.join(cmd),
         "exit": code,
         "kills": kills,
@@ -252,6 +277,9 @@ def analyse(out: Path, kills: list[dict[str, Any]], t_launch: float, t_ff: float
         "goodput": kept * t_ff / wall,
         "finished": any(r["kind"] == "end" for r in logs[0]),
     }
+    paces = [b["t"] - a["t"] for a, b in itertools.pairwise(done) if a["a"] == b["a"]]
+    if paces:
+        result["run_step_s"] = statistics.median(paces)
     saves = [r["save_s"] for r in done if r.get("save_s") is not None]
     if saves:
         result["save_call_s"] = benchlib.summary(saves) | {"mean": statistics.fmean(saves)}
@@ -289,6 +317,9 @@ def analyse(out: Path, kills: list[dict[str, Any]], t_launch: float, t_ff: float
         }
         failures.append(failure)
     result["failures"] = failures
+    lost = [f["total_s"] for f in failures if f.get("total_s") is not None]
+    result["failures_lost_s"] = sum(lost)
+    result["failures_lost_share"] = sum(lost) / wall
     for key in ("launcher_s", "init_s", "restore_s", "redo_s", "total_s", "steps_lost"):
         values = [f[key] for f in failures if f.get(key) is not None]
         if values:
@@ -370,7 +401,7 @@ def report(results: dict[str, Any]) -> None:
               f"{fmt(restore['around_load_s'], 1000, 'ms')}, "
               f"bit-checked {restore['all_ok']}")  # fmt: skip
     print("\n| variant | goodput | adjacent | wall s | kept | lost | kills | launcher+init |"
-          " restore | redo | per failure (median / max) |")  # fmt: skip
+          " restore | redo | per failure (median / max) | load |")  # fmt: skip
     for run in results["variants"]:
         if "goodput" not in run:
             print(f"| {run['variant']} | failed: {run.get('error')} |")
@@ -381,14 +412,38 @@ def report(results: dict[str, Any]) -> None:
               f"{run['steps_kept']} | {run['steps_lost']} | {len(run['kills'])} | "
               f"{fmt(benchlib.summary(launch) if launch else None)} | "
               f"{fmt(run.get('per_failure_restore_s'))} | {fmt(run.get('per_failure_redo_s'))} | "
-              f"{fmt(run.get('per_failure_total_s'))} |")  # fmt: skip
+              f"{fmt(run.get('per_failure_total_s'))} | "
+              f"{fmt(run.get('loadavg_1m'), unit='')} |")  # fmt: skip
+    for run in results["variants"]:
+        if "run_step_s" in run:
+            print(f"{run['variant']}: step in the run {run['run_step_s'] * 1000:.0f} ms (median), "
+                  f"failures cost {run['failures_lost_s']:.1f} s = "
+                  f"{run['failures_lost_share']:.1%} of the wall time")  # fmt: skip
+
+
+def reanalyse(path: Path) -> None:
+    results = json.loads(path.read_text())
+    for i, run in enumerate(results["variants"]):
+        cmd = shlex.split(run["command"])
+        out = Path(run.get("out") or cmd[cmd.index("--out") + 1])
+        t_launch = run.get("t_launch")
+        if t_launch is None:
+            t_launch = float(cmd[cmd.index("--deadline") + 1]) - results["args"]["duration"]
+        fresh = analyse(out, run["kills"], t_launch, results["t_ff_pooled_s"])
+        if "t_ff_adjacent_s" in run:
+            fresh["goodput_adjacent"] = (
+                fresh["steps_kept"] * run["t_ff_adjacent_s"] / fresh["wall_s"]
+            )
+        results["variants"][i] = run | fresh | {"t_launch": t_launch, "out": str(out)}
+    benchlib.write_atomic(path, json.dumps(results, indent=2))
+    report(results)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--duration", type=float, default=600.0, help="seconds per variant")
     parser.add_argument("--kill-every", type=float, default=60.0)
-    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(DEFAULT_VARIANTS))
+    parser.add_argument("--variants", nargs="*", choices=VARIANTS, default=list(DEFAULT_VARIANTS))
     parser.add_argument("--dcp-every", type=int, default=50)
     parser.add_argument("--nvrx-every", type=int, default=15, help="see GOODPUT.md: why 15")
     parser.add_argument("--ftd-args", default="--restart-backoff 0",
@@ -408,7 +463,12 @@ def main() -> None:
     )
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/ftd-bench/goodput"))
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--reanalyse", type=Path, default=None,
+                        help="read the ranks' logs of this results file's runs again")  # fmt: skip
     args = parser.parse_args()
+    if args.reanalyse:
+        reanalyse(args.reanalyse)
+        return
     info = benchlib.machine()
     benchlib.print_machine(info)
     print(f"# command: {shlex.join([sys.executable, *sys.argv])}", flush=True)
@@ -418,6 +478,9 @@ def main() -> None:
     args.t_ff = results["cost"]["t_ff_s"]
     results["restore"] = restore_phase(args, root)
     results["args"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    results["t_ff_pooled_s"] = results["cost"]["t_ff_s"]
+    if not args.variants:
+        report(results)
     for variant in args.variants:
         results["variants"].append(run_with_kills(variant, args, root))
         pool = results["cost"]["plain_samples"] + [
