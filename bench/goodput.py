@@ -310,6 +310,7 @@ def analyse(out: Path, kills: list[dict[str, Any]], t_launch: float, t_ff: float
             "steps_lost": lost,
             "launcher_s": t_script - kill["t"],
             "init_s": t_ready - t_script,
+            "pg_s": max(n["t_dist"] for n in nxt) - t_script if "t_dist" in nxt[0] else None,
             "restore_s": t_restored - t_ready,
             "restore_inner_s": [n.get("restore_s") for n in nxt],
             "redo_s": None if back is None else back - t_restored,

@@ -174,6 +174,12 @@ class Nvrx:
 
         self.manager = LocalCheckpointManager(str(root), session_id="goodput")
         self.model, self.optimizer, self.every = model, optimizer, every
+        # The bench's workaround (not NVRx's): a rank SIGKILLed inside save leaves
+        # iter_<N>_<rank>_local.dirty.pt, and NVRx opens the next save of N with "bx", so the
+        # rank fails with SameMachineReplicationException at step N in every later attempt
+        # (seen: a crash loop until --max-restarts ran out). Remove this rank's leftovers.
+        for stale in self.manager.local_ckpt_dir.glob("*.dirty.pt"):
+            stale.unlink(missing_ok=True)
 
     def restore(self) -> int:
         iteration = self.manager.find_latest()
@@ -240,8 +246,8 @@ def train(args: argparse.Namespace, log: Log) -> None:
     restore_s = None
     if args.mode == "ftd":
         restore_s = keeper.checkpoint.stats().restore_s if resumed else None
-    log.write("start", t0=T_SCRIPT, t_pg=t_pg, t_restored=t_restored, resumed=resumed,
-              restore_s=restore_s)  # fmt: skip
+    log.write("start", t0=T_SCRIPT, t_dist=args.t_dist, t_pg=t_pg, t_restored=t_restored,
+              resumed=resumed, restore_s=restore_s)  # fmt: skip
     stop = torch.zeros(1)
     step = resumed
     while True:
@@ -345,6 +351,7 @@ def main() -> None:
     if args.mode == "nvrx":
         CpuStateDict = cpu_state_dict_class()
     dist.init_process_group("gloo")
+    args.t_dist = time.time()
     if args.mode == "cost":
         cost(args, log)
     else:
