@@ -321,6 +321,12 @@ def analyse(out: Path, kills: list[dict[str, Any]], t_launch: float, t_ff: float
     lost = [f["total_s"] for f in failures if f.get("total_s") is not None]
     result["failures_lost_s"] = sum(lost)
     result["failures_lost_share"] = sum(lost) / wall
+    # where the wall time went, independent of t_ff (the VM's load moves t_ff by up to 2x)
+    first = [s.get(0) for s in starts]
+    if all(first):
+        result["startup_s"] = max(f["t_restored"] for f in first if f) - t_launch
+    result["saves_s"] = sum(saves)
+    result["stepping_s"] = wall - result.get("startup_s", 0.0) - sum(lost) - sum(saves)
     for key in ("launcher_s", "init_s", "restore_s", "redo_s", "total_s", "steps_lost"):
         values = [f[key] for f in failures if f.get(key) is not None]
         if values:
