@@ -172,6 +172,10 @@ class ProgressWatch:
             if name not in auto:  # it ended: how long it took teaches its deadline
                 took = max(at - opened, 0.0)
                 self._auto_longest[name] = max(self._auto_longest.get(name, 0.0), took)
+                # The ranks that waited for this one (in a barrier, a collective) are timed
+                # from now: their reports of moving on may come up to a report later.
+                for other in self._ranks.values():
+                    other.advanced_at = max(other.advanced_at, at)
         if changed:
             if previous.steps > 0 and not previous.auto and not auto:
                 interval = at - previous.advanced_at

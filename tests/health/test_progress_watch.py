@@ -91,6 +91,21 @@ def test_an_automatic_section_is_judged_by_its_own_deadline() -> None:
     assert "inside auto:torch.save" in verdict.reason
 
 
+def test_a_rank_that_waited_on_a_long_phase_is_timed_from_its_end() -> None:
+    """The slow torch.save ends (rank 0's report says so) before rank 1's next report says it
+    left the barrier: rank 1 waited on rank 0, it is not the culprit of those 15 s (seen on
+    a clean clone: rank 1 judged at the floor in the moment between the two reports)."""
+    watch, group = ProgressWatch(FLOOR), ranks(2)
+    now = train(watch, group, 10, 0.1)
+    watch.observe(group[0], 0, report(10, 20, {"auto:torch.save": 0}), now)
+    watch.observe(group[1], 1, report(10, 21), now)
+    watch.observe(group[0], 0, report(10, 21), now + 15)
+    assert watch.check(now + 15.1) is None
+    assert watch.check(now + 15 + FLOOR - 0.01) is None
+    verdict = watch.check(now + 15 + FLOOR + 0.01)  # still nothing from either: a hang
+    assert verdict is not None
+
+
 def test_a_section_seen_to_end_learns_its_deadline() -> None:
     watch, group = ProgressWatch(FLOOR), ranks(1)
     now = train(watch, group, 3, 0.1)
