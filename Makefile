@@ -8,11 +8,13 @@ VENV := .venv
 PY := $(VENV)/bin/python
 # pip shows what it downloads (torch alone is hundreds of MB): no -q.
 PIP := $(PY) -m pip install --disable-pip-version-check --progress-bar on -c constraints.txt
-# torch's ~15000 modules are byte-compiled after pip, on every core (pip compiles one at a time:
-# 28 of the 40 s torch's install takes on 2 cores). compileall writes even where
-# PYTHONDONTWRITEBYTECODE is set: no rank compiles torch again.
-TORCH_PIP := $(PIP) --no-compile
-COMPILE := $(PY) -m compileall -q -q -j 0 "$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"
+# Modules are byte-compiled after pip, on every core (pip compiles one at a time: 28 of the 40 s
+# torch's install takes on 2 cores); torch's while pip resolves the test tools (which waits on
+# the network). compileall writes even where PYTHONDONTWRITEBYTECODE is set (as on these
+# machines): no rank or daemon compiles torch, or ftd itself, again.
+PIP_NO_COMPILE := $(PIP) --no-compile
+PURELIB = "$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"
+COMPILE := $(PY) -m compileall -q -q -j 0
 # ftd itself is built by the venv's setuptools (torch brings one) where it is recent enough: a
 # build in isolation first installs setuptools into a throwaway environment (10-15 s).
 EDITABLE = $$($(PY) -c 'import setuptools, sys; sys.exit(int(setuptools.__version__.split(".")[0]) < 71)' 2>/dev/null && echo --no-build-isolation) -e
@@ -43,24 +45,24 @@ $(VENV_STAMP):
 $(TORCH_STAMP): $(VENV_STAMP) constraints.txt
 ifeq ($(TORCH_INDEX),)
 	@echo "=== installing torch 2.13.0 ($(if $(GPU),an NVIDIA GPU is here,TORCH_INDEX is empty): PyPI's default build, CUDA on Linux) and numpy into $(VENV): a few minutes the first time ==="
-	$(TORCH_PIP) torch numpy
+	$(PIP_NO_COMPILE) torch numpy
 else
 	@echo "=== installing torch 2.13.0 ($(if $(GPU),from $(TORCH_INDEX),CPU build: no NVIDIA GPU here)) and numpy from $(TORCH_INDEX) into $(VENV): a few minutes the first time ==="
 	if $(PY) -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=10)' \
 		'$(TORCH_INDEX)/torch/' 2>/dev/null; then \
-		$(TORCH_PIP) --index-url '$(TORCH_INDEX)' torch numpy; \
+		$(PIP_NO_COMPILE) --index-url '$(TORCH_INDEX)' torch numpy; \
 	else \
 		echo "$(TORCH_INDEX) cannot be reached from here: torch and numpy from pip's configured indexes instead (see pip config list)"; \
-		$(TORCH_PIP) torch numpy; \
+		$(PIP_NO_COMPILE) torch numpy; \
 	fi
 endif
-	$(COMPILE) || true
 	touch $(TORCH_STAMP)
 
 # What the demo needs: ftd, torch and numpy.
 $(DEMO_STAMP): $(TORCH_STAMP) pyproject.toml constraints.txt
 	@echo "=== installing ftd into $(VENV) ==="
-	$(PIP) $(EDITABLE) .
+	$(PIP_NO_COMPILE) $(EDITABLE) .
+	$(COMPILE) $(PURELIB) ftd client || true
 	touch $(DEMO_STAMP)
 
 # What the tests need, in one pip run after torch's: ftd, the test tools and NVIDIA's
@@ -68,9 +70,12 @@ $(DEMO_STAMP): $(TORCH_STAMP) pyproject.toml constraints.txt
 # without it, and its tests skip.
 $(STAMP): $(TORCH_STAMP) pyproject.toml constraints.txt
 	@echo "=== installing ftd, the test tools and nvidia-resiliency-ext into $(VENV): a few minutes the first time ==="
-	$(PIP) $(EDITABLE) '.[test,nvrx]' \
+	$(COMPILE) $(PURELIB)/torch $(PURELIB)/numpy > /dev/null 2>&1 & compiling=$$!; \
+	$(PIP_NO_COMPILE) $(EDITABLE) '.[test,nvrx]' \
 		|| { echo "nvidia-resiliency-ext not installed: its tests in tests/health/nvrx/test_nvrx_compat.py are skipped"; \
-		     $(PIP) $(EDITABLE) '.[test]'; }
+		     $(PIP_NO_COMPILE) $(EDITABLE) '.[test]'; }; \
+		installed=$$?; wait $$compiling; exit $$installed
+	$(COMPILE) $(PURELIB) || true
 	touch $(STAMP)
 
 # The main job: examples/train_ddp.py under `ftd serve` on 2 ranks. Rank 1 crashes at step 25 of
@@ -111,6 +116,7 @@ unit: $(STAMP)
 # cost them a few); its report follows theirs, and either's failure fails `make test`.
 MYPY_LOG := $(VENV)/mypy.log
 test: lint
+	@$(COMPILE) ftd client tests || true
 	@echo "=== the tests, with mypy beside them (its report follows) ==="
 	( $(VENV)/bin/mypy > $(MYPY_LOG) 2>&1; echo $$? > $(MYPY_LOG).rc ) & \
 	$(PYTEST); tests=$$?; wait; \

@@ -33,13 +33,14 @@ def _cpu() -> float:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
-    cpu, wall = _cpu(), time.monotonic()
+    cpu, wall, start = _cpu(), time.monotonic(), time.time()
     yield
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
     line = {
         "id": item.nodeid,
         "cpu": round(_cpu() - cpu, 2),
         "wall": round(time.monotonic() - wall, 2),
+        "start": round(start, 2),
     }
     with open(f"{OUT}-{worker}.jsonl", "a") as out:
         out.write(json.dumps(line) + "\n")

@@ -41,6 +41,7 @@ from typing import Any
 
 from ftd_client import _import_watch, protocol
 from ftd_client._progress_torch import Counters, TorchHooks, register_fork_reset
+from ftd_client.rank_setup import keep_stack_signal_off_this_thread
 
 log = logging.getLogger("ftd_client")
 
@@ -173,6 +174,7 @@ class Observer:
         self._thread = None
 
     def _run(self) -> None:
+        keep_stack_signal_off_this_thread()
         while not self._stop.wait(self.interval_s):
             self.tick()
 

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ftd_client import protocol
+from ftd_client.rank_setup import keep_stack_signal_off_this_thread
 
 _NO_SIGNAL = socket.MSG_NOSIGNAL  # a daemon that went away must not SIGPIPE the rank
 MAX_TEMPLATES = 1024
@@ -193,6 +194,7 @@ class Sender:
 
 
 def _retry_loop(ref: weakref.ref[Sender], wanted: threading.Event) -> None:
+    keep_stack_signal_off_this_thread()
     while True:
         if not wanted.wait(timeout=60.0):
             if ref() is None:

@@ -42,6 +42,14 @@ def unregister_stack_dump(stack_file: IO[str]) -> None:
     stack_file.close()
 
 
+def keep_stack_signal_off_this_thread() -> None:
+    """For ftd_client's own threads: the stack signal is then handled by another thread, the
+    main one where it can, whose frames stay still while the handler reads them (a handler on
+    a helper thread walks the frames of a main thread that runs on: a SIGSEGV, seen)."""
+    with contextlib.suppress(ValueError, OSError):
+        signal.pthread_sigmask(signal.SIG_BLOCK, {stack_signal()})
+
+
 def stack_signal() -> signal.Signals:
     return signal.Signals(int(os.environ.get("FTD_STACK_SIGNAL", int(signal.SIGUSR2))))
 

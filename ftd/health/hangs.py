@@ -172,9 +172,11 @@ class HangHandler:
         notes: list[str] = []
 
         def resume() -> None:
-            # A stopped process runs no signal handler. Resumed after the stack signal is
-            # pending, its faulthandler writes the stacks of where it stopped, before any
-            # Python runs, and before the termination signal ends it.
+            # A stopped process runs no signal handler: resumed first. Not after the stack
+            # signal: a signal sent while every thread is stopped goes to whichever thread
+            # wakes first, whose handler then walks the frames of a main thread that runs on
+            # (a SIGSEGV in faulthandler, seen); sent to a running process, it goes to the
+            # main thread, whose frames stay still while the handler reads them.
             if _is_stopped(rank.pid):
                 notes.append("the rank was stopped (SIGSTOP/SIGTSTP): resumed with SIGCONT")
                 group.signal_rank(rank.local_rank, signal.SIGCONT)
@@ -282,14 +284,14 @@ def _is_stopped(pid: int) -> bool:
 
 
 async def _dump_stacks(
-    send: Callable[[int], bool], stack_signal: int, path: Path, after_signal: Callable[[], None]
+    send: Callable[[int], bool], stack_signal: int, path: Path, before_signal: Callable[[], None]
 ) -> bool:
     """Signal the rank's faulthandler (through its pidfd: `send`) and await its dump (the file
     grows, then settles)."""
     before = _size(path)
+    before_signal()
     if not send(stack_signal):
         return False
-    after_signal()
     loop = asyncio.get_running_loop()
     deadline = loop.time() + STACK_DUMP_WAIT_S
     last, settled_at = before, loop.time()

@@ -113,10 +113,13 @@ async def test_stopped_rank_is_a_hang_resumed_then_killed(serve: ServeFactory) -
     notes = hang["data"]["notes"]  # type: ignore[index]
     assert any("SIGSTOP" in note and "SIGCONT" in note for note in notes), notes
     stacks = run.attempt_dir(0) / "1" / "stacks.txt"
-    assert any(note == f"Python stacks in {stacks}" for note in notes), notes
-    # The stacks are those of where it stopped: SIGCONT came after the stack signal.
-    text = stacks.read_text()
-    assert "health_worker.py" in text and "sleep" not in text.split("File")[1], text
+    # Rank 1 is the culprit, unless rank 0 was starved past the 0.5 s itself on a busy
+    # machine (then both are judged, and rank 1's notes carry its name).
+    assert any(note.endswith(f"Python stacks in {stacks}") for note in notes), notes
+    # Resumed first, then signalled: the main thread handles the stack signal, so the dump
+    # is whole (a helper thread's handler raced the running main thread into a SIGSEGV).
+    current = stacks.read_text().split("Current thread")[1].split("\n\n")[0]
+    assert "health_worker.py" in current, current
     assert "terminated with SIGKILL" in run.stderr.text
 
 

@@ -40,6 +40,7 @@ from ftd_client.checkpoint._plan import (
     skeleton_of,
     tensor_in,
 )
+from ftd_client.rank_setup import keep_stack_signal_off_this_thread
 from ftd_client.snapshot_format import HEADER, HEADER_BYTES, Header, decode_header, layout
 
 log = logging.getLogger("ftd_client.checkpoint")
@@ -278,6 +279,7 @@ class Checkpointer:
             self._thread.start()
 
     def _run(self) -> None:
+        keep_stack_signal_off_this_thread()
         while True:
             with self._cond:
                 self._cond.wait_for(lambda: self._job is not None and not self._job.done.is_set())
