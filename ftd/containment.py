@@ -32,8 +32,8 @@ T = TypeVar("T")
 FAULT_ENV = "FTD_INTERNAL_FAULT"
 COMPONENTS = frozenset(
     {
-        "rank_messages", "monitor", "hangs", "learning", "summary", "persistence", "events",
-        "metrics", "attempt",
+        "rank_messages", "monitor", "stragglers", "hangs", "learning", "summary",
+        "persistence", "events", "metrics", "attempt",
     }
 )  # fmt: skip
 

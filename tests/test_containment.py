@@ -22,6 +22,8 @@ CASES: dict[str, tuple[tuple[str, ...], tuple[str, ...], int]] = {
     "rank_messages": (("--max-restarts", "0"), BEATS, 0),
     # The first timer's work fails: that attempt fails naming the monitor; the next one runs.
     "monitor": (("--max-restarts", "1", "--ft-param-rank_heartbeat_timeout=0.5"), BEATS, 0),
+    # A straggler check fails: it is said, and the next one runs (no attempt ends for it).
+    "stragglers": (("--max-restarts", "0"), BEATS, 0),
     # The hang's stacks are not collected (a note); the hung rank is still killed, restarted.
     "hangs": (
         ("--max-restarts", "1", "--ft-param-rank_heartbeat_timeout=0.5"),

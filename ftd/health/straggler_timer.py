@@ -111,7 +111,7 @@ class StragglerTimer:
             ):
                 read_at = time.monotonic()
                 await self._read_peers(self._cluster)
-            containment.call("monitor", self.tick, time.monotonic(), time.time())
+            containment.call("stragglers", self.tick, time.monotonic(), time.time())
 
     async def _read_peers(self, cluster: Callable[[], Awaitable[dict[str, Any]]]) -> None:
         try:

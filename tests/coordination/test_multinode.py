@@ -260,6 +260,54 @@ async def test_last_joiner_waits_for_a_counted_join_record_not_written_yet() -> 
     assert (rnd.number, rnd.node_ids, rnd.group_rank) == (0, ["first", "second"], 1)
 
 
+async def test_a_node_whose_join_meets_the_close_is_late_and_scales_the_round_up() -> None:
+    """c10d. A node that joined round 0 in the moment it closed without it (seen on a busy
+    machine) is late for it, as one that found it closed: it asks the round to scale up, and
+    both nodes meet in round 1. It used to open round 1 on its own and close it alone after the
+    last call: two jobs of one node each, on one store."""
+    from ftd_client.store import tcp_store_server
+
+    from ftd.config.serve import ServeConfig
+    from ftd.coordination.c10d.coordinator import StoreCoordinator
+    from ftd.coordination.records import Member
+
+    port = free_port()
+    server = tcp_store_server("127.0.0.1", port)
+
+    def node(name: str, last_call_s: float) -> StoreCoordinator:
+        config = ServeConfig(
+            entrypoint=__file__,
+            nnodes_min=1,
+            nnodes_max=2,
+            rdzv_endpoint=f"127.0.0.1:{port}",
+            rdzv_last_call_timeout_s=last_call_s,
+            run_id="late-join",
+            node_id=name,
+            local_addr="127.0.0.1",
+        )
+        return StoreCoordinator(config, secret=b"s" * 32)
+
+    a, b = node("a", 0.05), node("b", 60)  # b's round 1 closes when a joins it, not alone
+    ma, mb = (Member(node_id=n, addr="127.0.0.1", nproc=1, store_port=1) for n in "ab")
+    try:
+        for coordinator in (a, b):
+            await coordinator.start(lambda node, reason: None)
+        first = await asyncio.wait_for(a.join(ma), 30)
+        assert first.node_ids == ["a"]
+        enter = b._rounds.enter
+        raced = iter([(0, 2)])  # b's join counted in round 0 after a closed it
+        b._rounds.enter = lambda s, me: next(raced, None) or enter(s, me)  # type: ignore[method-assign]
+        joining = asyncio.ensure_future(b.join(mb))
+        request = await asyncio.wait_for(a.ended(first), 20)
+        assert request.action == "restart" and "b joined: scaling up" in request.reason, request
+        rounds = [await asyncio.wait_for(a.join(ma), 20), await asyncio.wait_for(joining, 20)]
+    finally:
+        for coordinator in (a, b):
+            await coordinator.close()
+        del server
+    assert [(r.number, r.node_ids) for r in rounds] == [(1, ["a", "b"])] * 2
+
+
 async def test_a_store_wait_that_never_wakes_costs_seconds_not_the_job(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

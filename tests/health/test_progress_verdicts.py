@@ -22,19 +22,22 @@ SLOW_PHASES = (
 async def test_an_unmodified_script_whose_rank_stops_is_judged_with_the_right_culprit(
     serve: ServeFactory, tmp_path: Path, start_method: str
 ) -> None:
+    # Under spawn, the verdict only: each spawned DDP rank imports torch and torch._dynamo
+    # (~4 CPU-s); the resume after the restart is the same under both start methods.
+    restarts = 1 if start_method == "zygote" else 0
     run = await serve(
         "--start-method",
         start_method,
         "--nproc-per-node",
         "2",
         "--max-restarts",
-        "1",
+        str(restarts),
         "--progress-timeout-floor",
         "5",
         script=PLAIN_DDP,
         script_args=("--steps", "60", "--stop-at-step", "40", "--ckpt-dir", str(tmp_path / "c")),
     )
-    assert await run.wait(timeout=240) == 0, run.stderr.text[-3000:]
+    assert await run.wait(timeout=240) == 1 - restarts, run.stderr.text[-3000:]
     [hung] = run.event_data("rank_hung")
     assert hung["global_rank"] == 1 and hung["culprit"] is True, hung
     assert hung["victims"] == [0], hung
@@ -43,8 +46,9 @@ async def test_an_unmodified_script_whose_rank_stops_is_judged_with_the_right_cu
         stacks = (run.attempt_dir(0) / str(local_rank) / "stacks.txt").read_text()
         assert "plain_ddp.py" in stacks, stacks
     assert "threading.py" in (run.attempt_dir(0) / "1" / "stacks.txt").read_text()
-    assert "rank 1: resumed at step 40" in run.stdout.text  # from its checkpoint
-    assert "rank 0: finished 60 steps" in run.stdout.text
+    if restarts:
+        assert "rank 1: resumed at step 40" in run.stdout.text  # from its checkpoint
+        assert "rank 0: finished 60 steps" in run.stdout.text
 
 
 async def test_long_phases_without_steps_are_no_hang(serve: ServeFactory, tmp_path: Path) -> None:

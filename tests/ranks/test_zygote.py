@@ -18,6 +18,9 @@ import pytest
 from tests.conftest import BIN, ROOT, WORKER, ServeFactory, pids_with_env, wait_pids_gone
 
 ZYGOTE = ("--start-method", "zygote")
+BARE_ZYGOTE = (*ZYGOTE, "--preload", "none")
+"""For the zygote's mechanics (exits, signals, its death, the daemon's): no torch import (2-3
+CPU-s). What a rank forked with torch loaded gets is the other tests' subject."""
 TRAPS = BIN / "zygote_traps.py"
 READY = r"zygote \(pid (\d+)\) ready"
 FALLBACK = "starting the ranks the ordinary way"
@@ -208,7 +211,7 @@ def _shape(value: object) -> object:
 async def test_signal_and_exit_code_reach_the_daemon(
     serve: ServeFactory, fail_mode: str, expected: str, code: int
 ) -> None:
-    run = await serve(*ZYGOTE, script_args=("--fail-attempts", "1", "--fail-mode", fail_mode))
+    run = await serve(*BARE_ZYGOTE, script_args=("--fail-attempts", "1", "--fail-mode", fail_mode))
     assert await run.wait() == 1
     assert expected in run.stderr.text
     assert run.status()["last_failure"]["exit_code"] == code  # type: ignore[index]
@@ -217,7 +220,7 @@ async def test_signal_and_exit_code_reach_the_daemon(
 async def test_rank_that_exits_at_once(serve: ServeFactory, tmp_path: Path) -> None:
     script = tmp_path / "exit_now.py"
     script.write_text("raise SystemExit(5)\n")
-    run = await serve(*ZYGOTE, "--nproc-per-node", "2", script=script)
+    run = await serve(*BARE_ZYGOTE, "--nproc-per-node", "2", script=script)
     assert await run.wait() == 1
     assert "failed with exit code 5" in run.stderr.text
     assert FALLBACK not in run.stderr.text
@@ -247,7 +250,7 @@ async def test_module_mode_runs_as_python_dash_m(serve: ServeFactory, tmp_path: 
 
 
 async def test_no_python_falls_back_with_the_reason(serve: ServeFactory) -> None:
-    run = await serve(*ZYGOTE, "--no-python", script="true")
+    run = await serve(*BARE_ZYGOTE, "--no-python", script="true")
     assert await run.wait() == 0
     assert "'true' is not a Python script (--no-python)" in run.stderr.text
     assert FALLBACK in run.stderr.text
@@ -299,7 +302,7 @@ async def test_dead_zygote_is_restarted_and_none_left_after_sigterm(
     serve: ServeFactory, tmp_path: Path
 ) -> None:
     run = await serve(
-        *ZYGOTE,
+        *BARE_ZYGOTE,
         "--nproc-per-node",
         "2",
         "--max-restarts",
@@ -325,7 +328,7 @@ async def test_dead_zygote_is_restarted_and_none_left_after_sigterm(
 
 
 async def test_sigkill_of_daemon_leaves_no_zygote_or_rank(serve: ServeFactory) -> None:
-    run = await serve(*ZYGOTE, "--nproc-per-node", "2", script_args=("--hang", "--children"))
+    run = await serve(*BARE_ZYGOTE, "--nproc-per-node", "2", script_args=("--hang", "--children"))
     zygote = int((await run.stderr.expect(READY))[1])
     children = []
     for rank in (0, 1):

@@ -227,9 +227,13 @@ class StoreCoordinator:
             ids = [m.node_id for m in record.members]
             if me.node_id not in ids and me.node_id in record.excluded:
                 raise excluded_error(me.node_id, self.config.run_id, record.excluded[me.node_id])
-            if me.node_id not in ids:
+            if me.node_id not in ids:  # it closed as we joined: it runs without us
                 self._rounds.round_hint = number + 1
-                continue  # the round closed without us: the next one
+                # Late for it, as if we had found it closed: a scale-up where it has room. Not
+                # a round of our own next, which would close without the nodes it runs on
+                # (seen on a busy machine: two jobs of one node each).
+                await self._as_late(Late(number, record))
+                continue
             if record.restarts < self._rounds.known_restarts:
                 log.warning(
                     "round %d carries %d restarts used, fewer than the %d seen before "

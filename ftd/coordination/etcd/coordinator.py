@@ -166,8 +166,9 @@ class EtcdCoordinator:
             if me.node_id not in ids and me.node_id in record.excluded:
                 raise excluded_error(me.node_id, self.config.run_id, record.excluded[me.node_id])
             rounds.round_hint = number + 1
-            if me.node_id not in ids:
-                continue  # its join key went with a lease etcd ended: the next round
+            if me.node_id not in ids:  # its join key came too late, or went with its lease
+                await self._as_late(Late(number, record), deadline)  # as c10d's join: a scale-up
+                continue
             if record.restarts < rounds.known_restarts:
                 log.warning(
                     "round %d carries %d restarts used, fewer than the %d seen before "
