@@ -22,6 +22,13 @@ three: ranks meet in collectives every step, so when a rank begins step S+1 ever
 completed S-1 and begun S, whose copy may still run; a rank that kept only S and S+1 would
 leave no step complete everywhere should the job fail in that moment. Saves are never refused
 as busy then.
+
+With replicas on a peer node (replication.py), the survivors of a lost node must still hold a
+step that the lost node's replica holds. Each node says which steps its successor acknowledged
+for all its ranks; the newest step every node's successor acknowledged (`keep_from`, as this
+daemon last read it: a stale view is older, so it keeps more; None before any is known: keep
+everything) and every complete snapshot after it are kept too (`pinned`), in more slots, and
+over the budget the save is refused as busy.
 """
 
 from __future__ import annotations
@@ -39,6 +46,8 @@ class Slot:
     world: int
     reserved: int
     complete: bool = False
+    sending: bool = False
+    """Being copied to the peer that keeps its replica: not overwritten until that ends."""
 
 
 @dataclass
@@ -76,10 +85,21 @@ class Ledger:
         self.agreement = agreement
         self.slot_count = AGREEMENT_SLOTS if agreement else SLOTS
         self._ranks: dict[int, RankSlots] = {}
+        self.pinned = False
+        """Replicas are kept on a peer: complete snapshots at `keep_from` or later stay."""
+        self.keep_from: int | None = None
+        self.replica_bytes = 0
+        """The peers' replicas held in the same memory, counted against the same budget."""
+        self.pinned_busy = 0
+        """Saves refused because the snapshots kept for the replicas' sake fill the budget."""
 
     @property
     def reserved_bytes(self) -> int:
         return sum(s.reserved for r in self._ranks.values() for s in r.slots if s is not None)
+
+    def keeps(self, step: int) -> bool:
+        """Whether a complete snapshot of `step` stays for the replicas' sake."""
+        return self.pinned and (self.keep_from is None or step >= self.keep_from)
 
     def ranks(self) -> dict[int, RankSlots]:
         return self._ranks
@@ -94,10 +114,21 @@ class Ledger:
             for i, held in enumerate(slots.slots)
             if self._overwritable(held, step, world, common, newest_two)
         ]
+        if not free and self.pinned:  # one more slot, if the budget has room for it
+            if self.reserved_bytes + self.replica_bytes + nbytes > self.budget_bytes:
+                self.pinned_busy += 1
+                return Refusal(
+                    "busy",
+                    "the snapshots kept until the peers' replicas hold a newer step fill "
+                    f"--checkpoint-memory {self.budget_bytes} (replicated since {self.keep_from})",
+                )
+            slots.slots.append(None)
+            free = [len(slots.slots) - 1]
         if not free:
             return Refusal("busy", f"every slot holds a snapshot that may be restored ({common=})")
         index = min(free, key=lambda i: _preference(slots.slots[i], step, world))
         others = self.reserved_bytes - sum(s.reserved for s in [slots.slots[index]] if s)
+        others += self.replica_bytes
         if others + nbytes > self.budget_bytes:
             return Refusal(
                 "too_large",
@@ -145,10 +176,12 @@ class Ledger:
     def _overwritable(
         self, slot: Slot | None, step: int, world: int, common: int | None, newest_two: set[int]
     ) -> bool:
+        if slot is not None and slot.sending:
+            return False
         if slot is None or not slot.complete or slot.step >= step or slot.world != world:
             return True
         if self.agreement:  # no daemon sees every rank: the rank's newest two complete stay
-            return slot.step not in newest_two
+            return slot.step not in newest_two and not self.keeps(slot.step)
         if common is not None and slot.step < common:
             return True
         return self._impossible(slot.step, world)

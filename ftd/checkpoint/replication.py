@@ -1,0 +1,374 @@
+"""A replica of each node's snapshots on the next node of the round, and the lost ranks'
+snapshots fetched from it by the node that takes a lost node's place (docs/checkpoint.md).
+
+The ring is the current round's members in node-id order; a node pushes to the one after it.
+Once a snapshot of each of the node's ranks is complete at one step, that step is pushed in the
+background (one push in flight; the newest complete step next, so a slow peer skips steps and
+never queues them), every rank's file read in a thread while its slot is marked `sending` (the
+ledger does not give it to a newer save meanwhile). The peer acknowledges each one it kept.
+
+Survivors of a lost node must still hold a step its replica holds: each node publishes the steps
+its successor acknowledged for all its ranks (NodeSummary.replicated_steps) and the address of
+its replica server; every node reads the others' and keeps, locally and as replicas, every
+complete snapshot from the newest step all of them replicated (ledger.keep_from; ledger.py).
+
+Replication is on only when the job has a secret: the frames are signed with a key derived from
+it (replica_frame.py), and without one anyone who reaches the port could plant a rank's state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ftd.checkpoint.replica_frame import FrameError, FrameHeader
+from ftd.checkpoint.replica_server import ReplicaServer
+from ftd.checkpoint.replica_store import Incoming, ReplicaStore
+from ftd.checkpoint.replica_wire import file_digest, read_body, read_header, send
+from ftd.config.serve import ServeConfig
+from ftd.coordination.base import Coordinator
+from ftd.coordination.records import RecordCodec
+from ftd.status.board import StatusBoard
+from ftd.status.event_kind import EventKind
+from ftd.status.events import EventLog
+from ftd.tasks import Background
+
+if TYPE_CHECKING:
+    from ftd.checkpoint.holder import CheckpointHolder
+
+log = logging.getLogger("ftd.checkpoint")
+
+TICK_S = 0.5
+"""How often the peers' summaries are read (their replica servers, what they replicated)."""
+PUSH_TIMEOUT_S = 60.0
+PULL_TIMEOUT_S = 30.0
+MAX_ACKED = 16
+
+
+class Ring:
+    """What this node knows of the round: its ranks and the peers' replica servers."""
+
+    def __init__(self) -> None:
+        self.members: list[str] = []
+        self.ranks: range = range(0)
+        self.world = 0
+        self.addresses: dict[str, str] = {}
+        self.replicated: dict[str, tuple[int, ...]] = {}
+
+    def successor(self, me: str) -> str | None:
+        ring = sorted(self.members)
+        if me not in ring or len(ring) < 2:
+            return None
+        return ring[(ring.index(me) + 1) % len(ring)]
+
+
+def replicated_by_all(lists: Sequence[Iterable[int]]) -> int | None:
+    """The newest step every node's successor acknowledged, or None (then everything stays)."""
+    common = set.intersection(*(set(steps) for steps in lists)) if lists else set()
+    return max(common) if common else None
+
+
+class Replication:
+    def __init__(
+        self,
+        key: bytes,
+        node_id: str,
+        events: EventLog,
+        round_view: Callable[[], tuple[list[str], range, int] | None],
+        cluster: Callable[[], Awaitable[dict[str, Any]]],
+    ) -> None:
+        """`round_view`: the current round's member ids, this node's global ranks and the world
+        size (None between rounds); `cluster`: the members' published summaries."""
+        self.key = key
+        self.node_id = node_id
+        self.events = events
+        self._round_view = round_view
+        self._cluster = cluster
+        self._board: StatusBoard | None = None
+        self.ring = Ring()
+        self.holder: CheckpointHolder | None = None
+        self.store: ReplicaStore | None = None
+        self.server: ReplicaServer | None = None
+        self.host = ""
+        self.acked: list[int] = []
+        self._acked_by: str | None = None
+        self._wake = asyncio.Event()
+        self._background = Background()
+        self._pulls: dict[tuple[int, int], asyncio.Task[None]] = {}
+        self.pulled = 0
+
+    async def start(self, holder: CheckpointHolder, host: str, board: StatusBoard) -> None:
+        """Serve replicas on `host` (this node's own address), start the pusher and the reads of
+        the peers' summaries, publish the server's address in the node's summary (`board`'s);
+        nothing when the holder has no memory directory."""
+        if holder.directory is None:
+            return
+        self._board = board
+        board.summary_parts.append(self.summary)
+        self.holder = holder
+        holder.ledger.pinned = True
+        self.store = ReplicaStore(holder.directory, holder.ledger)
+        self.server = ReplicaServer(self.key, self.node_id, self.store, self.events)
+        await self.server.start(host)
+        self.host = host
+        log.info("snapshots are replicated to the next node; replicas served at %s", self.address)
+        self._background.spawn(self._push_loop(), "replica-push")
+        self._background.spawn(self._watch_loop(), "replica-watch")
+        self._publish()
+
+    async def close(self) -> None:
+        await self._background.close()
+        for task in self._pulls.values():
+            task.cancel()
+        if self.server is not None:
+            await self.server.close()
+        if self.store is not None:
+            await asyncio.to_thread(self.store.close)
+
+    def _publish(self) -> None:
+        if self._board is not None and self._board.publish is not None:
+            self._board.publish(self._board.summary())
+
+    @property
+    def address(self) -> str | None:
+        return f"{self.host}:{self.server.port}" if self.server is not None else None
+
+    def summary(self) -> dict[str, Any]:
+        """This node's part of its published summary."""
+        return {"replica_addr": self.address, "replicated_steps": tuple(self.acked)}
+
+    # -- the holder's hooks ------------------------------------------------------------------
+
+    def completed(self) -> None:
+        """A rank's snapshot is complete: maybe a newer step to push."""
+        self._wake.set()
+
+    def restoring(self, rank: int, world: int) -> bool:
+        """A rank asks to restore and this node holds nothing of it: fetch it from the peers'
+        replicas first. True while that runs (the rank asks again)."""
+        task = self._pulls.get((rank, world))
+        if task is None:
+            task = asyncio.ensure_future(self._pull(rank, world))
+            self._pulls[(rank, world)] = task
+        return not task.done()
+
+    def view(self) -> dict[str, Any]:
+        holder = self.holder
+        newest = self._newest_complete() if holder is not None else None
+        acked = self.acked[-1] if self.acked else None
+        lag = None if newest is None else newest - (acked if acked is not None else 0)
+        held = self.store.view() if self.store is not None else {}
+        return {
+            "replica_lag_steps": lag if self.ring.successor(self.node_id) else None,
+            "replicated_step": acked,
+            "replica_keep_from": holder.ledger.keep_from if holder is not None else None,
+            **held,
+            "replicas_pulled": self.pulled,
+            "replica_refused": sum(self.server.refused.values()) if self.server else 0,
+        }
+
+    # -- the ring ----------------------------------------------------------------------------
+
+    async def _watch_loop(self) -> None:
+        while True:
+            with contextlib.suppress(Exception):
+                await self._watch()
+            await asyncio.sleep(TICK_S)
+
+    async def _watch(self) -> None:
+        view = self._round_view()
+        if view is None:
+            return
+        self.ring.members, self.ring.ranks, self.ring.world = view
+        answer = await self._cluster()
+        for node in answer.get("nodes", ()):
+            node_id = node.get("node_id")
+            if node_id in self.ring.members and node.get("replica_addr"):
+                self.ring.addresses[node_id] = node["replica_addr"]
+            if node_id in self.ring.members:
+                self.ring.replicated[node_id] = tuple(node.get("replicated_steps", ()))
+        successor = self.ring.successor(self.node_id)
+        if successor != self._acked_by:  # acknowledged by another node: counts for nothing now
+            self._acked_by, self.acked = successor, []
+            self._publish()
+        lists = [
+            self.acked if n == self.node_id else self.ring.replicated.get(n, ())
+            for n in self.ring.members
+        ]
+        assert self.holder is not None and self.store is not None
+        self.holder.ledger.keep_from = replicated_by_all(lists) if len(lists) > 1 else None
+        await asyncio.to_thread(self.store.trim)
+        self._wake.set()
+
+    def _newest_complete(self) -> int | None:
+        """The newest step complete on every rank of this node in this round."""
+        assert self.holder is not None
+        ranks = self.holder.ledger.ranks()
+        held = [
+            set(ranks[r].complete_steps(self.ring.world)) if r in ranks else set()
+            for r in self.ring.ranks
+        ]
+        return replicated_by_all(held) if held else None
+
+    async def _push_loop(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            successor = self.ring.successor(self.node_id)
+            step = self._newest_complete()
+            address = self.ring.addresses.get(successor) if successor else None
+            if step is None or address is None or (self.acked and step <= self.acked[-1]):
+                continue
+            try:
+                await asyncio.wait_for(self._push(successor, address, step), PUSH_TIMEOUT_S)
+            except (OSError, FrameError, EOFError, TimeoutError) as error:
+                log.debug("pushing step %d to %s: %s", step, successor, error)
+                await asyncio.sleep(TICK_S)  # the next completed save, or the next look, retries
+                continue
+            if successor == self._acked_by:
+                self.acked = [*self.acked, step][-MAX_ACKED:]
+                self._publish()
+
+    async def _push(self, successor: str | None, address: str, step: int) -> None:
+        holder = self.holder
+        assert holder is not None and successor is not None
+        slots = []
+        for rank in self.ring.ranks:
+            index = holder.ledger.ranks()[rank].complete(step, self.ring.world)
+            if index is None:
+                return
+            slots.append((rank, index, holder.ledger.ranks()[rank].slots[index]))
+        host, _, port = address.rpartition(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        try:
+            for _, _, slot in slots:
+                assert slot is not None
+                slot.sending = True
+            for rank, index, slot in slots:
+                assert slot is not None
+                path = holder.slot_path(rank, index)
+                nbytes = (await asyncio.to_thread(path.stat)).st_size
+                digest = await asyncio.to_thread(file_digest, path, nbytes)
+                if digest is None:
+                    raise FrameError("truncated", f"{path} is shorter than it was")
+                header = FrameHeader(
+                    kind="push",
+                    source=self.node_id,
+                    to=successor,
+                    rank=rank,
+                    world=self.ring.world,
+                    step=step,
+                    body_bytes=nbytes,
+                    body_sha256=digest,
+                )
+                await send(writer, self.key, header, path)
+                ack = await read_header(reader, self.key, self.node_id, 0)
+                if (ack.kind, ack.rank, ack.step) != ("ack", rank, step):
+                    raise FrameError("unexpected", f"a {ack.kind} frame for a push")
+        finally:
+            for _, _, slot in slots:
+                assert slot is not None
+                slot.sending = False
+            writer.transport.abort()
+
+    # -- a replacement node's restore --------------------------------------------------------
+
+    async def _pull(self, rank: int, world: int) -> None:
+        """Every peer's replicas of `rank`, newest first, into this node's slots."""
+        got: dict[int, str] = {}
+        peers = [n for n in self.ring.members if n != self.node_id]
+        for _ in range(int(PULL_TIMEOUT_S / TICK_S)):  # the peers' addresses may come late
+            if all(n in self.ring.addresses for n in peers) and peers:
+                break
+            await asyncio.sleep(TICK_S)
+        for node in peers:
+            address = self.ring.addresses.get(node)
+            if address is None:
+                continue
+            try:
+                steps = await asyncio.wait_for(
+                    self._pull_from(node, address, rank, world), PULL_TIMEOUT_S
+                )
+            except (OSError, FrameError, EOFError, TimeoutError) as error:
+                log.warning("could not pull rank %d's snapshots from %s: %s", rank, node, error)
+                self.events.emit(
+                    EventKind.REPLICA_PULLED, global_rank=rank, source=node, steps=[],
+                    error=str(error)[:400],
+                )  # fmt: skip
+                continue
+            for step in steps:
+                got.setdefault(step, node)
+        self.pulled += len(got)
+        log.info("rank %d's snapshots from the peers' replicas: steps %s", rank, sorted(got))
+        sources = sorted(set(got.values()))
+        self.events.emit(
+            EventKind.REPLICA_PULLED, global_rank=rank, steps=sorted(got), source=sources
+        )
+
+    async def _pull_from(self, node: str, address: str, rank: int, world: int) -> list[int]:
+        holder, store = self.holder, self.store
+        assert holder is not None and store is not None
+        host, _, port = address.rpartition(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        received: list[tuple[int, Incoming]] = []
+        try:
+            ask = FrameHeader(kind="pull", source=self.node_id, to=node, rank=rank, world=world)
+            await send(writer, self.key, ask)
+            while True:
+                header = await read_header(reader, self.key, self.node_id, holder.budget_bytes)
+                if header.kind == "end":
+                    break
+                if (header.kind, header.rank, header.world) != ("snapshot", rank, world):
+                    raise FrameError("unexpected", f"a {header.kind} frame of rank {header.rank}")
+                if not store.room(header.body_bytes):
+                    raise FrameError("over_budget", "the pulled snapshot does not fit")
+                incoming = store.incoming(header.body_bytes)
+                try:
+                    digest = await read_body(reader, incoming)
+                    await asyncio.to_thread(store.check, header, incoming, digest)
+                finally:
+                    received.append((header.step, incoming))
+            kept = []
+            for step, incoming in sorted(received, key=lambda item: item[0]):  # oldest first
+                if step not in kept and holder.adopt(rank, world, step, incoming.path):
+                    kept.append(step)
+            return kept
+        finally:
+            writer.transport.abort()
+            for _, incoming in received:
+                incoming.discard()
+                store.release(incoming)
+
+
+def replication_for(
+    config: ServeConfig,
+    coordinator: Coordinator,
+    events: EventLog,
+    cluster: Callable[[], Awaitable[dict[str, Any]]],
+) -> Replication | None:
+    """Replicas of the snapshots on the next node: for a job of several nodes with a memory tier
+    and a secret to sign them with (unsigned, anyone who reaches the port could plant state)."""
+    if not config.multi_node or config.checkpoint_memory_bytes == 0:
+        return None
+    codec = getattr(coordinator, "codec", None)
+    key = codec.replica_key() if isinstance(codec, RecordCodec) else None
+    if key is None:
+        log.info(
+            "snapshots are not replicated to a peer node: the job has no secret to sign them "
+            "with (--rdzv-conf secret_file=PATH or FTD_RDZV_SECRET)"
+        )
+        return None
+
+    def round_view() -> tuple[list[str], range, int] | None:
+        rnd = coordinator.round
+        if rnd is None:
+            return None
+        placement = rnd.placement()
+        first = placement.base_global_rank
+        ranks = range(first, first + rnd.members[rnd.group_rank].nproc)
+        return rnd.node_ids, ranks, placement.world_size
+
+    return Replication(key, config.node_id, events, round_view, cluster)

@@ -1,0 +1,158 @@
+"""The replica server (ftd/checkpoint/replica_server.py) on a real loopback port, against a peer
+that follows the protocol and peers that do not: a forged frame, a body that is not the one its
+signed header names, a snapshot whose header lies, a frame for another node, an oversized one,
+a flood of connections. Each is a counted refusal with an event naming its source, and the
+replica kept before stays whole and is what a pull returns."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import stat
+from pathlib import Path
+
+import pytest
+from ftd_client.snapshot_format import HEADER_BYTES, layout
+
+from ftd.checkpoint.ledger import Ledger
+from ftd.checkpoint.replica_frame import MAGIC, PREFIX, VERSION, FrameHeader, encode
+from ftd.checkpoint.replica_server import MAX_CONNECTIONS, ReplicaServer
+from ftd.checkpoint.replica_store import ReplicaStore
+from ftd.checkpoint.replica_wire import read_header
+from ftd.status.events import EventLog
+
+KEY = hashlib.sha256(b"the job's replica key").digest()
+BUDGET = 1 << 20
+
+
+def snapshot(step: int, rank: int, world: int, fill: int = 7) -> bytes:
+    header = layout(step, world, rank, 100, 1000)
+    body = header.pack().ljust(HEADER_BYTES, b"\0") + bytes([fill]) * 100
+    return body.ljust(header.total_bytes, bytes([fill]))
+
+
+def frame(
+    body: bytes,
+    step: int = 1,
+    rank: int = 1,
+    world: int = 2,
+    to: str = "a",
+    key: bytes = KEY,
+    digest_of: bytes | None = None,
+    kind: str = "push",
+) -> bytes:
+    header = FrameHeader(
+        kind=kind,  # type: ignore[arg-type]
+        source="b",
+        to=to,
+        rank=rank,
+        world=world,
+        step=step,
+        body_bytes=len(body),
+        body_sha256=hashlib.sha256(body if digest_of is None else digest_of).hexdigest(),
+    )
+    return encode(key, header) + body
+
+
+class Peer:
+    def __init__(self, server: ReplicaServer) -> None:
+        self.port = server.port
+
+    async def exchange(self, data: bytes) -> FrameHeader | None:
+        """Send `data`; the server's reply frame, or None when it closed the connection."""
+        reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
+        try:
+            writer.write(data)
+            await writer.drain()
+            return await read_header(reader, KEY, "b", BUDGET)
+        except (EOFError, ConnectionError):
+            return None
+        finally:
+            writer.close()
+
+    async def pull(self, rank: int) -> list[tuple[FrameHeader, bytes]]:
+        reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
+        got = []
+        try:
+            writer.write(frame(b"", kind="pull", rank=rank))
+            while (header := await read_header(reader, KEY, "b", BUDGET)).kind != "end":
+                got.append((header, await reader.readexactly(header.body_bytes)))
+        finally:
+            writer.close()
+        return got
+
+
+@pytest.fixture
+async def served(tmp_path: Path) -> tuple[ReplicaServer, EventLog, Peer]:
+    memory = tmp_path / "memory"
+    memory.mkdir(mode=0o700)
+    ledger = Ledger(BUDGET, agreement=True)
+    ledger.pinned = True
+    events = EventLog(None)
+    server = ReplicaServer(KEY, "a", ReplicaStore(memory, ledger), events)
+    await server.start("127.0.0.1")
+    yield server, events, Peer(server)  # type: ignore[misc]
+    await server.close()
+
+
+async def test_a_pushed_snapshot_is_kept_privately_and_acknowledged(
+    served: tuple[ReplicaServer, EventLog, Peer],
+) -> None:
+    server, _, peer = served
+    ack = await peer.exchange(frame(snapshot(1, 1, 2)))
+    assert ack is not None and (ack.kind, ack.rank, ack.step, ack.to) == ("ack", 1, 1, "b")
+    (kept,) = server.store.newest(1, 8)
+    assert (kept.step, kept.world, kept.path.read_bytes()) == (1, 2, snapshot(1, 1, 2))
+    assert stat.S_IMODE(kept.path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(kept.path.parent.stat().st_mode) == 0o700
+    assert server.store.ledger.replica_bytes == len(snapshot(1, 1, 2))
+    for step in (2, 3, 4):  # the newest two stay (no step is replicated by every node yet: all)
+        assert await peer.exchange(frame(snapshot(step, 1, 2), step=step)) is not None
+    server.store.ledger.keep_from = 3
+    server.store.trim()
+    assert [r.step for r in server.store.newest(1, 8)] == [4, 3]
+
+
+async def test_forged_corrupt_oversized_and_flooding_peers_are_refused_and_the_replica_stays(
+    served: tuple[ReplicaServer, EventLog, Peer],
+) -> None:
+    server, events, peer = served
+    good = snapshot(1, 1, 2)
+    assert await peer.exchange(frame(good)) is not None
+    other = hashlib.sha256(b"not the job's key").digest()
+    liar = snapshot(3, 1, 2)  # a whole snapshot, of step 3, sent as step 2
+    attacks = {
+        "bad_signature": frame(snapshot(2, 1, 2, fill=9), step=2, key=other),
+        "corrupt": frame(snapshot(2, 1, 2, fill=9), step=2, digest_of=snapshot(2, 1, 2)),
+        "misdirected": frame(snapshot(2, 1, 2), step=2, to="c"),
+        # a prefix announcing more than the budget: refused before its header is read
+        "oversized": PREFIX.pack(MAGIC, VERSION, 0, 100, BUDGET + 1, b"\0" * 32),
+        "malformed": b"GET / HTTP/1.1\r\nHost: a\r\n\r\n".ljust(PREFIX.size, b" "),
+    }
+    for cause, data in [*attacks.items(), ("corrupt", frame(liar, step=2))]:
+        assert await peer.exchange(data) is None, cause
+        assert server.refused[cause] >= 1, (cause, dict(server.refused))
+    flood = [await asyncio.open_connection("127.0.0.1", peer.port) for _ in range(MAX_CONNECTIONS)]
+    await asyncio.sleep(0)
+    for _ in range(100):  # the server saw them all: one more is closed at once
+        if len(server._connections) == MAX_CONNECTIONS:
+            break
+        await asyncio.sleep(0.01)
+    assert await peer.exchange(frame(good)) is None
+    assert server.refused["too_many_connections"] == 1
+    for _, writer in flood:
+        writer.close()
+    refused = [e.data for e in events.since(0) if e.kind == "replica_refused"]
+    assert {e["reason"] for e in refused} == {*attacks, "too_many_connections"}
+    assert all(e["source"].startswith("127.0.0.1:") for e in refused)
+    (kept,) = server.store.newest(1, 8)  # the older replica, whole, is what a pull returns
+    assert kept.step == 1 and kept.path.read_bytes() == good
+    for _ in range(100):
+        if not server._connections:
+            break
+        await asyncio.sleep(0.01)
+    pulled = await peer.pull(1)
+    assert [(h.kind, h.step, h.rank, h.world, body) for h, body in pulled] == [
+        ("snapshot", 1, 1, 2, good)
+    ]
+    assert list(server.store.directory.iterdir()) == [kept.path]  # no partial body left
