@@ -111,9 +111,12 @@ TYPES = frozenset(
     | {CALCULATE_TIMEOUTS, SET_TIMEOUTS, GOODBYE, FAULT, RESUMED, STATE, PROGRESS}
     | CHECKPOINT
 )
+MAX_SLOTS = 64
+"""A rank's slots in the node's memory: 2 or 3, more while snapshots are kept for the replicas
+on a peer node (ftd/checkpoint/ledger.py)."""
 CHECKPOINT_FIELDS = {
     CHECKPOINT_BEGIN: {"step": 2**53, "bytes": 2**48, "world": 2**20},
-    CHECKPOINT_DONE: {"step": 2**53, "slot": 2},
+    CHECKPOINT_DONE: {"step": 2**53, "slot": MAX_SLOTS - 1},
     CHECKPOINT_RESTORE: {"world": 2**20},
     CHECKPOINT_PLACE: {},
 }

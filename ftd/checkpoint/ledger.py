@@ -36,6 +36,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
+from ftd_client.protocol import MAX_SLOTS
+
 SLOTS = 2
 AGREEMENT_SLOTS = 3
 
@@ -115,12 +117,14 @@ class Ledger:
             if self._overwritable(held, step, world, common, newest_two)
         ]
         if not free and self.pinned:  # one more slot, if the budget has room for it
-            if self.reserved_bytes + self.replica_bytes + nbytes > self.budget_bytes:
+            full = len(slots.slots) >= MAX_SLOTS
+            if full or self.reserved_bytes + self.replica_bytes + nbytes > self.budget_bytes:
                 self.pinned_busy += 1
                 return Refusal(
                     "busy",
-                    "the snapshots kept until the peers' replicas hold a newer step fill "
-                    f"--checkpoint-memory {self.budget_bytes} (replicated since {self.keep_from})",
+                    f"the snapshots kept until the peers' replicas hold a newer step fill "
+                    f"--checkpoint-memory {self.budget_bytes} or {MAX_SLOTS} slots "
+                    f"(replicated by every node: step {self.keep_from})",
                 )
             slots.slots.append(None)
             free = [len(slots.slots) - 1]
