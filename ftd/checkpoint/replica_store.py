@@ -15,6 +15,7 @@ import hashlib
 import itertools
 import os
 import shutil
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,12 @@ class Replica:
     step: int
     path: Path
     nbytes: int
+
+
+def kept_steps(steps: Iterable[int], keeps: Callable[[int], bool]) -> set[int]:
+    """The replicas of one rank that stay: the newest two, and those `keeps` names."""
+    ordered = sorted(steps)
+    return {*ordered[-NEWEST_KEPT:], *(s for s in ordered if keeps(s))}
 
 
 class Incoming:
@@ -139,8 +146,8 @@ class ReplicaStore:
         """Drop what is neither among a rank's newest two nor kept for the step every node has
         replicated."""
         for steps in self._held.values():
-            newest = sorted(steps)[-NEWEST_KEPT:]
-            for step in [s for s in steps if s not in newest and not self.ledger.keeps(s)]:
+            kept = kept_steps(steps, self.ledger.keeps)
+            for step in [s for s in steps if s not in kept]:
                 with contextlib.suppress(OSError):
                     steps.pop(step).path.unlink()
         self._account()

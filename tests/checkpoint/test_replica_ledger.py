@@ -1,0 +1,151 @@
+"""The replicas' keeping rule (ledger.keep_from, replica_store.kept_steps, replication.py's
+replicated_by_all), on pure ledgers, for any interleaving of a DDP job's saves and copies, of
+the pushes to the next node and their acknowledgements, and of each node's stale reads of what
+the others replicated: whenever some step was replicated by every node, then for whichever node
+is lost, one step is complete on every survivor and held by the lost node's replica.
+
+A simpler rule, keeping everything from the oldest of the nodes' newest replicated steps, fails
+here: a node whose pushes skipped steps holds replicas of none its peers kept."""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ftd.checkpoint.ledger import Grant, Ledger, RankSlots
+from ftd.checkpoint.replica_store import kept_steps
+from ftd.checkpoint.replication import replicated_by_all
+
+MiB = 1 << 20
+
+
+class Node:
+    """One node of one rank (its global rank is its index): its ledger, the replicas it holds
+    of its predecessor's rank, what its successor acknowledged, and what it last read of the
+    others' acknowledgements."""
+
+    def __init__(self, rank: int, world: int) -> None:
+        self.rank = rank
+        self.ledger = Ledger(1 << 40, agreement=True)
+        self.ledger.pinned = True
+        self.replicas: set[int] = set()
+        self.acked: list[int] = []
+        self.seen: list[list[int]] = [[] for _ in range(world)]
+        self.writing: tuple[int, int] | None = None
+        self.pushing: int | None = None
+
+    def complete(self) -> set[int]:
+        world = len(self.seen)
+        return set(self.ledger.ranks().get(self.rank, RankSlots()).complete_steps(world))
+
+    def read(self, nodes: list[Node]) -> None:
+        """A look at the published summaries (each node's acknowledged steps, as they are now);
+        the replicas kept follow the new view."""
+        self.seen = [list(n.acked) for n in nodes]
+        self.seen[self.rank] = self.acked
+        self.ledger.keep_from = replicated_by_all(self.seen)
+        self.replicas = kept_steps(self.replicas, self.ledger.keeps)
+
+
+def check(nodes: list[Node]) -> None:
+    world = len(nodes)
+    if replicated_by_all([n.acked for n in nodes]) is None:
+        return
+    for lost in range(world):
+        holder = nodes[(lost + 1) % world]
+        survivors = [n.complete() for n in nodes if n.rank != lost]
+        common = set.intersection(*survivors) & holder.replicas
+        assert common, (lost, survivors, holder.replicas, [n.acked for n in nodes])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(2, 4), st.integers(1, 20), st.randoms(use_true_random=False))
+def test_a_step_survives_any_one_node_s_loss_once_every_node_replicated_one(
+    world: int, steps: int, order: random.Random
+) -> None:
+    nodes = [Node(r, world) for r in range(world)]
+
+    def side_events() -> None:
+        """Pushes, acknowledgements and reads, interleaved at random with the saves."""
+        for _ in range(order.randint(0, 6)):
+            node = order.choice(nodes)
+            kind = order.choice(["push", "ack", "read"])
+            if kind == "push" and node.pushing is None:
+                newest = max(node.complete(), default=None)
+                if newest is not None and (not node.acked or newest > node.acked[-1]):
+                    index = node.ledger.ranks()[node.rank].complete(newest, world)
+                    slot = node.ledger.ranks()[node.rank].slots[index]  # type: ignore[index]
+                    assert slot is not None
+                    slot.sending = True
+                    node.pushing = newest
+            elif kind == "ack" and node.pushing is not None:
+                successor = nodes[(node.rank + 1) % world]
+                successor.replicas = kept_steps(
+                    {*successor.replicas, node.pushing}, successor.ledger.keeps
+                )
+                node.acked = [*node.acked, node.pushing][-16:]
+                for slot in node.ledger.ranks()[node.rank].slots:
+                    if slot is not None:
+                        slot.sending = False
+                node.pushing = None
+            elif kind == "read":
+                node.read(nodes)
+            check(nodes)
+
+    for step in range(1, steps + 1):
+        pending = {n.rank: ["done"] * (n.writing is not None) + ["begin"] for n in nodes}
+        while pending:
+            rank = order.choice(sorted(pending))
+            kind = pending[rank].pop(0)
+            if not pending[rank]:
+                del pending[rank]
+            node = nodes[rank]
+            if kind == "done":
+                assert node.writing is not None
+                slot, at = node.writing
+                held = node.ledger.writing(rank, slot, at)
+                assert held is not None
+                held.complete = True
+                node.writing = None
+            else:
+                decision = node.ledger.begin(rank, step, MiB, world)
+                assert isinstance(decision, Grant), decision
+                node.writing = (decision.slot, step)
+            check(nodes)
+            side_events()
+
+
+def save(ledger: Ledger, step: int) -> None:
+    grant = ledger.begin(0, step, MiB, 1)
+    assert isinstance(grant, Grant)
+    held = ledger.writing(0, grant.slot, step)
+    assert held is not None
+    held.complete = True
+
+
+def test_without_a_step_every_node_replicated_everything_stays() -> None:
+    """Before the peers said what they replicated, nothing complete is overwritten (a step all
+    of them replicate later must still be there); once they did, the newest two and those from
+    that step on."""
+    ledger = Ledger(1 << 40, agreement=True)
+    ledger.pinned = True
+    for step in range(1, 7):
+        save(ledger, step)
+    assert ledger.ranks()[0].complete_steps(1) == [1, 2, 3, 4, 5, 6]
+    ledger.keep_from = 4
+    for step in (7, 8):
+        save(ledger, step)
+    assert isinstance(ledger.begin(0, 9, MiB, 1), Grant)
+    assert ledger.ranks()[0].complete_steps(1) == [4, 5, 6, 7, 8]  # 1, 2, 3 overwritten
+    assert len(ledger.ranks()[0].slots) == 6
+    assert kept_steps([1, 2, 3, 5, 6], ledger.keeps) == {5, 6}
+    tight = Ledger(3 * MiB, agreement=True)
+    tight.pinned = True
+    for step in (1, 2, 3):
+        save(tight, step)
+    refused = tight.begin(0, 4, MiB, 1)
+    assert not isinstance(refused, Grant) and refused.reason == "busy"
+    assert "kept until the peers' replicas hold a newer step" in refused.detail
+    assert tight.pinned_busy == 1
