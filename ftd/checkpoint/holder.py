@@ -48,6 +48,8 @@ MULTI_NODE = (
 DCP_DIRECTORY = "dcp"
 """Where checkpoint.MemoryWriter puts torch.distributed.checkpoint's files (one directory per
 checkpoint id), in the same memory, freed with it."""
+NOT_REPLICATED: dict[str, Any] = {"replica_lag_steps": None, "replica": None}
+"""The status' replica fields of a node whose snapshots have no replica on a peer."""
 AUTO_SHARE = 0.5
 """--checkpoint-memory auto: this share of the tmpfs's free space when the daemon starts."""
 
@@ -168,7 +170,7 @@ class CheckpointHolder:
             "steps_lost": self.steps_lost,
             "last_restore": self.last_restore,
             **vars(self.counts),
-            **(self.replicas.view() if self.replicas is not None else {}),
+            **(self.replicas.view() if self.replicas is not None else NOT_REPLICATED),
         }
 
     @property

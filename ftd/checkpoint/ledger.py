@@ -25,14 +25,19 @@ as busy then.
 
 With replicas on a peer node (replication.py), the survivors of a lost node must still hold a
 step that the lost node's replica holds. Each node says which steps its successor acknowledged
-for all its ranks; the newest step every node's successor acknowledged (`keep_from`, as this
-daemon last read it: a stale view is older, so it keeps more; None before any is known: keep
-everything) and every complete snapshot after it are kept too (`pinned`), in more slots, and
-over the budget the save is refused as busy.
+for all its ranks (the newest ones), and the successor keeps its newest three replicas of each
+rank (those two, and one whose acknowledgement may be on its way). Every node keeps, besides its
+newest two, every complete snapshot from `keep_from` on: the oldest of the other nodes'
+second-newest acknowledged steps (`replica_floor`), as this daemon last read them (a stale view
+is older, so it keeps more; a node that has not said two: everything stays). Why the
+second-newest: when a node's step S is acknowledged, its peers may not have completed S yet,
+but they have completed S-1, and so the step before S that node replicated. Over the budget
+(or MAX_SLOTS) the save is refused as busy (tests/checkpoint/test_replica_ledger.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
@@ -70,6 +75,14 @@ class RankSlots:
             if s is not None and s.complete and s.step == step and s.world == world:
                 return index
         return None
+
+
+def replica_floor(others: Sequence[Sequence[int]]) -> int | None:
+    """`keep_from`, from the other nodes' acknowledged steps (each list oldest first): the oldest
+    of their second-newest ones; None (keep everything) while one has fewer than two."""
+    if any(len(steps) < 2 for steps in others):
+        return None
+    return min((sorted(steps)[-2] for steps in others), default=None)
 
 
 class Grant(NamedTuple):

@@ -4,8 +4,8 @@ step), counted against the same --checkpoint-memory as the node's own snapshots.
 
 A replica is kept only once whole: its frame verified (replica_frame.py) and its snapshot header
 describing exactly the rank, world and step the frame names (the same check as a rank's own
-snapshot). Per rank the newest two are kept, and every one at or after the step every node has
-replicated (`keep_from`: the ledger's, as this daemon last read it; None keeps all).
+snapshot). Per rank the newest three are kept: the two newest the sender knows acknowledged,
+and one whose acknowledgement may not have reached it (ledger.py says why that is enough).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import hashlib
 import itertools
 import os
 import shutil
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,7 @@ from ftd.checkpoint.ledger import Ledger
 from ftd.checkpoint.replica_frame import FrameError, FrameHeader
 
 SUBDIRECTORY = "replicas"
-NEWEST_KEPT = 2
+NEWEST_KEPT = 3
 MAX_RANKS = 65536
 
 
@@ -40,10 +40,9 @@ class Replica:
     nbytes: int
 
 
-def kept_steps(steps: Iterable[int], keeps: Callable[[int], bool]) -> set[int]:
-    """The replicas of one rank that stay: the newest two, and those `keeps` names."""
-    ordered = sorted(steps)
-    return {*ordered[-NEWEST_KEPT:], *(s for s in ordered if keeps(s))}
+def kept_steps(steps: Iterable[int]) -> set[int]:
+    """The replicas of one rank that stay: the newest three."""
+    return set(sorted(steps)[-NEWEST_KEPT:])
 
 
 class Incoming:
@@ -143,10 +142,9 @@ class ReplicaStore:
         return sorted(found, key=lambda r: r.step, reverse=True)[:limit]
 
     def trim(self) -> None:
-        """Drop what is neither among a rank's newest two nor kept for the step every node has
-        replicated."""
+        """Drop each rank's replicas but the newest three."""
         for steps in self._held.values():
-            kept = kept_steps(steps, self.ledger.keeps)
+            kept = kept_steps(steps)
             for step in [s for s in steps if s not in kept]:
                 with contextlib.suppress(OSError):
                     steps.pop(step).path.unlink()
@@ -154,8 +152,8 @@ class ReplicaStore:
 
     def view(self) -> dict[str, Any]:
         return {
-            "replicas_held": sum(len(steps) for steps in self._held.values()),
-            "replica_bytes": self.held_bytes,
+            "held": sum(len(steps) for steps in self._held.values()),
+            "held_bytes": self.held_bytes,
         }
 
     def close(self) -> None:

@@ -9,8 +9,8 @@ ledger does not give it to a newer save meanwhile). The peer acknowledges each o
 
 Survivors of a lost node must still hold a step its replica holds: each node publishes the steps
 its successor acknowledged for all its ranks (NodeSummary.replicated_steps) and the address of
-its replica server; every node reads the others' and keeps, locally and as replicas, every
-complete snapshot from the newest step all of them replicated (ledger.keep_from; ledger.py).
+its replica server; every node reads the others' and keeps every complete snapshot from the
+oldest of their second-newest acknowledged steps on (ledger.keep_from, ledger.py says why).
 
 Replication is on only when the job has a secret: the frames are signed with a key derived from
 it (replica_frame.py), and without one anyone who reaches the port could plant a rank's state.
@@ -24,6 +24,7 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ftd.checkpoint.ledger import replica_floor
 from ftd.checkpoint.replica_frame import FrameError, FrameHeader
 from ftd.checkpoint.replica_server import ReplicaServer
 from ftd.checkpoint.replica_store import Incoming, ReplicaStore
@@ -65,8 +66,8 @@ class Ring:
         return ring[(ring.index(me) + 1) % len(ring)]
 
 
-def replicated_by_all(lists: Sequence[Iterable[int]]) -> int | None:
-    """The newest step every node's successor acknowledged, or None (then everything stays)."""
+def newest_common(lists: Sequence[Iterable[int]]) -> int | None:
+    """The newest step in every list, or None."""
     common = set.intersection(*(set(steps) for steps in lists)) if lists else set()
     return max(common) if common else None
 
@@ -109,7 +110,7 @@ class Replication:
         self._board = board
         board.summary_parts.append(self.summary)
         self.holder = holder
-        holder.ledger.pinned = True
+        holder.ledger.pinned = True  # until the peers said what they replicated: keep all
         self.store = ReplicaStore(holder.directory, holder.ledger)
         self.server = ReplicaServer(self.key, self.node_id, self.store, self.events)
         await self.server.start(host)
@@ -156,18 +157,27 @@ class Replication:
         return not task.done()
 
     def view(self) -> dict[str, Any]:
+        """The status' `replica_lag_steps` and `replica` (openapi.yaml NodeCheckpoint)."""
         holder = self.holder
-        newest = self._newest_complete() if holder is not None else None
+        if holder is None or self.store is None or self.server is None:
+            return {"replica_lag_steps": None, "replica": None}
+        newest = self._newest_complete()
         acked = self.acked[-1] if self.acked else None
-        lag = None if newest is None else newest - (acked if acked is not None else 0)
-        held = self.store.view() if self.store is not None else {}
+        successor = self.ring.successor(self.node_id)
+        lag = None if newest is None or successor is None else newest - (acked or 0)
         return {
-            "replica_lag_steps": lag if self.ring.successor(self.node_id) else None,
-            "replicated_step": acked,
-            "replica_keep_from": holder.ledger.keep_from if holder is not None else None,
-            **held,
-            "replicas_pulled": self.pulled,
-            "replica_refused": sum(self.server.refused.values()) if self.server else 0,
+            "replica_lag_steps": max(lag, 0) if lag is not None else None,
+            "replica": {
+                "address": self.address,
+                "successor": successor,
+                "replicated_step": acked,
+                "keep_from": holder.ledger.keep_from,
+                "kept_busy": holder.ledger.pinned_busy,
+                **self.store.view(),
+                "received": self.server.pushes,
+                "pulled": self.pulled,
+                "refused": sum(self.server.refused.values()),
+            },
         }
 
     # -- the ring ----------------------------------------------------------------------------
@@ -194,13 +204,10 @@ class Replication:
         if successor != self._acked_by:  # acknowledged by another node: counts for nothing now
             self._acked_by, self.acked = successor, []
             self._publish()
-        lists = [
-            self.acked if n == self.node_id else self.ring.replicated.get(n, ())
-            for n in self.ring.members
-        ]
-        assert self.holder is not None and self.store is not None
-        self.holder.ledger.keep_from = replicated_by_all(lists) if len(lists) > 1 else None
-        await asyncio.to_thread(self.store.trim)
+        others = [self.ring.replicated.get(n, ()) for n in self.ring.members if n != self.node_id]
+        assert self.holder is not None
+        self.holder.ledger.pinned = bool(others)  # alone: nobody's replica to wait for
+        self.holder.ledger.keep_from = replica_floor(others)
         self._wake.set()
 
     def _newest_complete(self) -> int | None:
@@ -211,7 +218,7 @@ class Replication:
             set(ranks[r].complete_steps(self.ring.world)) if r in ranks else set()
             for r in self.ring.ranks
         ]
-        return replicated_by_all(held) if held else None
+        return newest_common(held) if held else None
 
     async def _push_loop(self) -> None:
         while True:

@@ -6,14 +6,17 @@ never failed, c's rank restored from a's replica of b's snapshots."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import time
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from tests.conftest import BIN, Serve, ServeFactory, events_in
+from tests.support.api import CONTRACT
 from tests.support.cluster import Cluster, api, ranks_of, run_dir
 from tests.support.snapshots import assert_identical
 
@@ -28,6 +31,17 @@ PAUSE = 50
 def resumed(out: Path, rank: int) -> list[str]:
     files = sorted(out.glob(f"resumed-*-{rank}"), key=lambda f: int(f.name.split("-")[1]))
     return [f.read_text() for f in files]
+
+
+async def api_text(run: Serve, node: str, path: str) -> str:
+    info = json.loads((run_dir(run, node) / "api.json").read_text())
+    token = Path(info["token_file"]).read_text().strip()
+    headers = {"Authorization": f"Bearer {token}"}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(info["url"] + path, headers=headers) as got,
+    ):
+        return await got.text()
 
 
 async def until(what: str, check: object, timeout: float = 60.0) -> None:
@@ -73,11 +87,17 @@ async def test_a_lost_node_s_rank_is_restored_from_its_replica_bit_identical(
             return False
         _, status = await api(b, "b", "GET", "/v1/status")
         view = status.get("checkpoint") or {}
-        return isinstance(view, dict) and view.get("replicated_step") == PAUSE - 1
+        replica = view.get("replica") if isinstance(view, dict) else None
+        return isinstance(replica, dict) and replica["replicated_step"] == PAUSE - 1
 
     await until("b's snapshot of step 49 replicated on a", b_replicated, timeout=150)
     _, status = await api(b, "b", "GET", "/v1/status")
-    assert status["checkpoint"]["replica_lag_steps"] == 0  # type: ignore[index]
+    view = status["checkpoint"]
+    CONTRACT.conforms("NodeCheckpoint", view)
+    assert isinstance(view, dict) and view["replica_lag_steps"] == 0
+    assert view["replica"]["successor"] == "a" and view["replica"]["held"] >= 1
+    metrics = await api_text(b, "b", "/metrics")
+    assert "ftd_checkpoint_replica_lag_steps 0.0" in metrics
     b_ranks = ranks_of(b, "b")
     b.signal(signal.SIGKILL)
     for pid in b_ranks:

@@ -106,11 +106,12 @@ async def test_a_pushed_snapshot_is_kept_privately_and_acknowledged(
     assert stat.S_IMODE(kept.path.stat().st_mode) == 0o600
     assert stat.S_IMODE(kept.path.parent.stat().st_mode) == 0o700
     assert server.store.ledger.replica_bytes == len(snapshot(1, 1, 2))
-    for step in (2, 3, 4):  # the newest two stay (no step is replicated by every node yet: all)
+    for step in (2, 3, 4):  # the newest three stay
         assert await peer.exchange(frame(snapshot(step, 1, 2), step=step)) is not None
-    server.store.ledger.keep_from = 3
-    server.store.trim()
-    assert [r.step for r in server.store.newest(1, 8)] == [4, 3]
+    assert [r.step for r in server.store.newest(1, 8)] == [4, 3, 2]
+    assert sorted(p.name for p in kept.path.parent.iterdir()) == [
+        f"rank1.w2.s{step}" for step in (2, 3, 4)
+    ]
 
 
 async def test_forged_corrupt_oversized_and_flooding_peers_are_refused_and_the_replica_stays(
