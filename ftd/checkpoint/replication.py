@@ -25,10 +25,10 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ftd.checkpoint.ledger import replica_floor
-from ftd.checkpoint.replica_frame import FrameError, FrameHeader
+from ftd.checkpoint.replica_client import fetch, push
+from ftd.checkpoint.replica_frame import FrameError
 from ftd.checkpoint.replica_server import ReplicaServer
 from ftd.checkpoint.replica_store import Incoming, ReplicaStore
-from ftd.checkpoint.replica_wire import file_digest, read_body, read_header, send
 from ftd.config.serve import ServeConfig
 from ftd.coordination.base import Coordinator
 from ftd.coordination.records import RecordCodec
@@ -46,6 +46,9 @@ TICK_S = 0.5
 """How often the peers' summaries are read (their replica servers, what they replicated)."""
 PUSH_TIMEOUT_S = 60.0
 PULL_TIMEOUT_S = 30.0
+"""The longest one peer's answer to a pull may take (a rank's restore waits for it)."""
+PEERS_WAIT_S = 5.0
+"""The longest a pull waits for the round's members to have published their replica servers."""
 MAX_ACKED = 16
 
 
@@ -111,10 +114,15 @@ class Replication:
         board.summary_parts.append(self.summary)
         self.holder = holder
         holder.ledger.pinned = True  # until the peers said what they replicated: keep all
-        self.store = ReplicaStore(holder.directory, holder.ledger)
-        self.server = ReplicaServer(self.key, self.node_id, self.store, self.events)
-        await self.server.start(host)
-        self.host = host
+        try:
+            self.store = ReplicaStore(holder.directory, holder.ledger)
+            server = ReplicaServer(self.key, self.node_id, self.store, self.events)
+            await server.start(host)
+        except OSError as error:  # the node's own tier goes on without replicas
+            log.error("snapshots are not replicated: no replica server on %s: %s", host, error)
+            holder.ledger.pinned = False
+            return
+        self.server, self.host = server, host
         log.info("snapshots are replicated to the next node; replicas served at %s", self.address)
         self._background.spawn(self._push_loop(), "replica-push")
         self._background.spawn(self._watch_loop(), "replica-watch")
@@ -183,9 +191,15 @@ class Replication:
     # -- the ring ----------------------------------------------------------------------------
 
     async def _watch_loop(self) -> None:
+        failing = False
         while True:
-            with contextlib.suppress(Exception):
+            try:
                 await self._watch()
+                failing = False
+            except Exception as error:  # the rendezvous is lost or busy: the next look retries
+                if not failing:
+                    log.warning("could not read the peers' replica servers: %s", error)
+                failing = True
             await asyncio.sleep(TICK_S)
 
     async def _watch(self) -> None:
@@ -243,111 +257,95 @@ class Replication:
         holder = self.holder
         assert holder is not None and successor is not None
         slots = []
-        for rank in self.ring.ranks:
-            index = holder.ledger.ranks()[rank].complete(step, self.ring.world)
-            if index is None:
+        for rank in self.ring.ranks:  # marked before the first await: no newer save takes them
+            held = holder.ledger.ranks().get(rank)
+            index = held.complete(step, self.ring.world) if held is not None else None
+            slot = held.slots[index] if held is not None and index is not None else None
+            if index is None or slot is None:  # given to a newer save meanwhile: the next one
                 return
-            slots.append((rank, index, holder.ledger.ranks()[rank].slots[index]))
-        host, _, port = address.rpartition(":")
-        reader, writer = await asyncio.open_connection(host, int(port))
+            slots.append((rank, index, slot))
+        for _, _, slot in slots:
+            slot.sending = True
         try:
-            for _, _, slot in slots:
-                assert slot is not None
-                slot.sending = True
-            for rank, index, slot in slots:
-                assert slot is not None
-                path = holder.slot_path(rank, index)
-                nbytes = (await asyncio.to_thread(path.stat)).st_size
-                digest = await asyncio.to_thread(file_digest, path, nbytes)
-                if digest is None:
-                    raise FrameError("truncated", f"{path} is shorter than it was")
-                header = FrameHeader(
-                    kind="push",
-                    source=self.node_id,
-                    to=successor,
-                    rank=rank,
-                    world=self.ring.world,
-                    step=step,
-                    body_bytes=nbytes,
-                    body_sha256=digest,
-                )
-                await send(writer, self.key, header, path)
-                ack = await read_header(reader, self.key, self.node_id, 0)
-                if (ack.kind, ack.rank, ack.step) != ("ack", rank, step):
-                    raise FrameError("unexpected", f"a {ack.kind} frame for a push")
+            files = [(rank, holder.slot_path(rank, index)) for rank, index, _ in slots]
+            await push(self.key, self.node_id, successor, address, step, self.ring.world, files)
         finally:
             for _, _, slot in slots:
-                assert slot is not None
                 slot.sending = False
-            writer.transport.abort()
 
     # -- a replacement node's restore --------------------------------------------------------
 
     async def _pull(self, rank: int, world: int) -> None:
-        """Every peer's replicas of `rank`, newest first, into this node's slots."""
-        got: dict[int, str] = {}
-        peers = [n for n in self.ring.members if n != self.node_id]
-        for _ in range(int(PULL_TIMEOUT_S / TICK_S)):  # the peers' addresses may come late
-            if all(n in self.ring.addresses for n in peers) and peers:
+        """Every peer's replicas of `rank`, into this node's slots (contained: a failure means
+        the rank has nothing, and the ranks' agreement says so)."""
+        try:
+            await self._pull_all(rank, world)
+        except Exception as error:
+            log.exception("pulling rank %d's snapshots from the peers failed", rank)
+            self.events.emit(
+                EventKind.REPLICA_PULLED, global_rank=rank, steps=[], error=str(error)[:400]
+            )
+
+    async def _fetch(self, node: str, rank: int, world: int) -> list[tuple[int, Incoming]]:
+        """`node`'s replicas of `rank`, checked whole; none (said) when it cannot answer."""
+        address = self.ring.addresses.get(node)
+        if address is None:
+            log.warning("rank %d: node %s published no replica server", rank, node)
+            return []
+        assert self.store is not None
+        try:
+            return await asyncio.wait_for(
+                fetch(self.key, self.node_id, node, address, rank, world, self.store),
+                PULL_TIMEOUT_S,
+            )
+        except (OSError, FrameError, EOFError, TimeoutError) as error:
+            log.warning("could not pull rank %d's snapshots from %s: %s", rank, node, error)
+            self.events.emit(
+                EventKind.REPLICA_PULLED, global_rank=rank, source=[node], steps=[],
+                error=str(error)[:400] or type(error).__name__,
+            )  # fmt: skip
+            return []
+
+    def _drop(self, incoming: Incoming) -> None:
+        assert self.store is not None
+        incoming.discard()
+        self.store.release(incoming)
+
+    async def _pull_all(self, rank: int, world: int) -> None:
+        deadline = asyncio.get_running_loop().time() + PEERS_WAIT_S
+        while True:  # this round's members, and their replica servers (published at start)
+            with contextlib.suppress(Exception):
+                await self._watch()
+            peers = [n for n in self.ring.members if n != self.node_id]
+            waiting = [n for n in peers if n not in self.ring.addresses]
+            if not waiting or asyncio.get_running_loop().time() > deadline:
                 break
             await asyncio.sleep(TICK_S)
-        for node in peers:
-            address = self.ring.addresses.get(node)
-            if address is None:
-                continue
-            try:
-                steps = await asyncio.wait_for(
-                    self._pull_from(node, address, rank, world), PULL_TIMEOUT_S
-                )
-            except (OSError, FrameError, EOFError, TimeoutError) as error:
-                log.warning("could not pull rank %d's snapshots from %s: %s", rank, node, error)
-                self.events.emit(
-                    EventKind.REPLICA_PULLED, global_rank=rank, source=node, steps=[],
-                    error=str(error)[:400],
-                )  # fmt: skip
-                continue
-            for step in steps:
-                got.setdefault(step, node)
-        self.pulled += len(got)
-        log.info("rank %d's snapshots from the peers' replicas: steps %s", rank, sorted(got))
-        sources = sorted(set(got.values()))
-        self.events.emit(
-            EventKind.REPLICA_PULLED, global_rank=rank, steps=sorted(got), source=sources
-        )
-
-    async def _pull_from(self, node: str, address: str, rank: int, world: int) -> list[int]:
-        holder, store = self.holder, self.store
-        assert holder is not None and store is not None
-        host, _, port = address.rpartition(":")
-        reader, writer = await asyncio.open_connection(host, int(port))
-        received: list[tuple[int, Incoming]] = []
+        got: dict[int, tuple[str, Incoming]] = {}
         try:
-            ask = FrameHeader(kind="pull", source=self.node_id, to=node, rank=rank, world=world)
-            await send(writer, self.key, ask)
-            while True:
-                header = await read_header(reader, self.key, self.node_id, holder.budget_bytes)
-                if header.kind == "end":
-                    break
-                if (header.kind, header.rank, header.world) != ("snapshot", rank, world):
-                    raise FrameError("unexpected", f"a {header.kind} frame of rank {header.rank}")
-                if not store.room(header.body_bytes):
-                    raise FrameError("over_budget", "the pulled snapshot does not fit")
-                incoming = store.incoming(header.body_bytes)
-                try:
-                    digest = await read_body(reader, incoming)
-                    await asyncio.to_thread(store.check, header, incoming, digest)
-                finally:
-                    received.append((header.step, incoming))
-            kept = []
-            for step, incoming in sorted(received, key=lambda item: item[0]):  # oldest first
-                if step not in kept and holder.adopt(rank, world, step, incoming.path):
-                    kept.append(step)
-            return kept
+            for node in peers:
+                for step, incoming in await self._fetch(node, rank, world):
+                    if step in got:
+                        self._drop(incoming)
+                    else:
+                        got[step] = (node, incoming)
+            for step in sorted(got):  # oldest first: the ledger takes a newer step for the rank's
+                holder = self.holder  # history, an older one for its history going back
+                assert holder is not None
+                if not holder.adopt(rank, world, step, got[step][1].path):
+                    del got[step]
         finally:
-            writer.transport.abort()
-            for _, incoming in received:
-                incoming.discard()
-                store.release(incoming)
+            for _, incoming in got.values():
+                self._drop(incoming)
+        if got:  # a fresh job's ranks hold nothing anywhere: nothing to say then
+            self.pulled += len(got)
+            log.info("rank %d's snapshots from the peers' replicas: steps %s", rank, sorted(got))
+            self.events.emit(
+                EventKind.REPLICA_PULLED,
+                global_rank=rank,
+                steps=sorted(got),
+                source=sorted({node for node, _ in got.values()}),
+            )
 
 
 def replication_for(
