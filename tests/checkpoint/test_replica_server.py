@@ -15,7 +15,8 @@ import pytest
 from ftd_client.snapshot_format import HEADER_BYTES, layout
 
 from ftd.checkpoint.ledger import Ledger
-from ftd.checkpoint.replica_frame import MAGIC, PREFIX, VERSION, FrameHeader, encode
+from ftd.checkpoint.replica_client import fetch
+from ftd.checkpoint.replica_frame import MAGIC, PREFIX, VERSION, FrameError, FrameHeader, encode
 from ftd.checkpoint.replica_server import MAX_CONNECTIONS, ReplicaServer
 from ftd.checkpoint.replica_store import ReplicaStore
 from ftd.checkpoint.replica_wire import read_header
@@ -40,10 +41,11 @@ def frame(
     key: bytes = KEY,
     digest_of: bytes | None = None,
     kind: str = "push",
+    source: str = "b",
 ) -> bytes:
     header = FrameHeader(
         kind=kind,  # type: ignore[arg-type]
-        source="b",
+        source=source,
         to=to,
         rank=rank,
         world=world,
@@ -157,3 +159,83 @@ async def test_forged_corrupt_oversized_and_flooding_peers_are_refused_and_the_r
         ("snapshot", 1, 1, 2, good)
     ]
     assert list(server.store.directory.iterdir()) == [kept.path]  # no partial body left
+
+
+async def test_a_pull_keeps_only_whole_snapshots_of_the_rank_asked_for(
+    served: tuple[ReplicaServer, EventLog, Peer], tmp_path: Path
+) -> None:
+    """The pulling side (replica_client.fetch): a peer's replicas, verified whole; a peer that
+    answers with a body other than the one its header names, or another rank's snapshot, is
+    refused and leaves nothing behind in the puller's memory."""
+    server, _, peer = served
+    ack = await peer.exchange(frame(snapshot(5, 1, 2), step=5))
+    assert ack is not None, dict(server.refused)
+    memory = tmp_path / "puller"
+    memory.mkdir(mode=0o700)
+    store = ReplicaStore(memory, Ledger(BUDGET, agreement=True))
+    address = f"127.0.0.1:{peer.port}"
+    [(step, incoming)] = await fetch(KEY, "b", "a", address, 1, 2, store)
+    assert step == 5 and incoming.path.read_bytes() == snapshot(5, 1, 2)
+    incoming.discard()
+    store.release(incoming)
+
+    async def liar(answer: bytes) -> str:
+        async def reply(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readexactly(1)
+            writer.write(answer)
+            await writer.drain()
+            writer.close()
+
+        fake = await asyncio.start_server(reply, "127.0.0.1", 0)
+        servers.append(fake)
+        return f"127.0.0.1:{fake.sockets[0].getsockname()[1]}"
+
+    servers: list[asyncio.Server] = []
+    answers = {
+        "corrupt": frame(
+            snapshot(6, 1, 2, fill=9), step=6, digest_of=snapshot(6, 1, 2), to="b", source="a",
+            kind="snapshot",
+        ),
+        "unexpected": frame(snapshot(6, 0, 2), step=6, rank=0, to="b", source="a", kind="snapshot"),
+    }  # fmt: skip
+    for cause, answer in answers.items():
+        with pytest.raises(FrameError) as refused:
+            await fetch(KEY, "b", "a", await liar(answer), 1, 2, store)
+        assert refused.value.cause == cause, refused.value
+    assert list(store.directory.iterdir()) == [] and store.ledger.replica_bytes == 0
+    for fake in servers:
+        fake.close()
+
+
+def test_replicas_only_for_a_job_of_several_nodes_with_a_secret_and_a_memory_tier(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Unsigned replicas would let anyone who reaches the port plant a rank's state: without
+    the job secret nothing is replicated, and the daemon says so once, with why."""
+    from ftd.checkpoint.replication import Replication, replication_for
+    from ftd.config.serve import ServeConfig
+    from ftd.coordination.records import RecordCodec
+
+    class Coordinator:
+        def __init__(self, secret: bytes | None) -> None:
+            self.codec = RecordCodec("job", secret)
+            self.round = None
+
+    async def cluster() -> dict[str, object]:
+        return {}
+
+    def config(nnodes: int, memory: int | None = None) -> ServeConfig:
+        return ServeConfig(
+            entrypoint=__file__, nnodes_min=nnodes, nnodes_max=nnodes, node_id="a",
+            rdzv_endpoint="127.0.0.1:1", checkpoint_memory_bytes=memory,
+        )  # fmt: skip
+
+    events = EventLog(None)
+    signed = Coordinator(b"the job's secret, 16+ bytes")
+    assert isinstance(replication_for(config(2), signed, events, cluster), Replication)  # type: ignore[arg-type]
+    assert replication_for(config(1), signed, events, cluster) is None  # type: ignore[arg-type]
+    assert replication_for(config(2, 0), signed, events, cluster) is None  # type: ignore[arg-type]
+    with caplog.at_level("INFO", logger="ftd.checkpoint"):
+        assert replication_for(config(2), Coordinator(None), events, cluster) is None  # type: ignore[arg-type]
+    (said,) = [r.getMessage() for r in caplog.records if "not replicated" in r.getMessage()]
+    assert "no secret to sign them" in said
