@@ -15,6 +15,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from ftd.cli.status_view import checkpoint_text
 from tests.conftest import BIN, Serve, ServeFactory, events_in
 from tests.support.api import CONTRACT
 from tests.support.cluster import Cluster, api, ranks_of, run_dir
@@ -96,6 +97,7 @@ async def test_a_lost_node_s_rank_is_restored_from_its_replica_bit_identical(
     CONTRACT.conforms("NodeCheckpoint", view)
     assert isinstance(view, dict) and view["replica_lag_steps"] == 0
     assert view["replica"]["successor"] == "a" and view["replica"]["held"] >= 1
+    assert ", replica on a 0 steps behind" in checkpoint_text(status)  # ftd status, ftd top
     metrics = await api_text(b, "b", "/metrics")
     assert "ftd_checkpoint_replica_lag_steps 0.0" in metrics
     b_ranks = ranks_of(b, "b")
