@@ -7,10 +7,14 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ftd.checkpoint.replica_frame import FrameError, FrameHeader
 from ftd.checkpoint.replica_store import Incoming, ReplicaStore
 from ftd.checkpoint.replica_wire import file_digest, read_body, read_header, send
+
+if TYPE_CHECKING:
+    from ftd.checkpoint.replication import Ring
 
 MAX_FETCHED = 16
 
@@ -21,7 +25,7 @@ async def push(
     successor: str,
     address: str,
     step: int,
-    world: int,
+    ring: Ring,
     files: list[tuple[int, Path]],
 ) -> None:
     """Each (global rank, snapshot file) of `step` to `successor`, one after the other, each
@@ -39,8 +43,9 @@ async def push(
                 source=me,
                 to=successor,
                 rank=rank,
-                world=world,
+                world=ring.world,
                 step=step,
+                round=ring.number,
                 body_bytes=nbytes,
                 body_sha256=digest,
             )

@@ -56,6 +56,8 @@ class FrameHeader(BaseModel):
     rank: int = Field(0, ge=0, lt=MAX_WORLD)
     world: int = Field(1, ge=1, le=MAX_WORLD)
     step: int = Field(0, ge=0, le=MAX_STEP)
+    round: int = Field(0, ge=0, lt=2**31)
+    """The sender's round: a step of a newer round may be of another history (a restore)."""
     body_bytes: int = Field(0, ge=0, lt=2**63)
     body_sha256: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")] = hashlib.sha256(
         b""

@@ -82,6 +82,8 @@ class ReplicaStore:
         self.directory.mkdir(mode=0o700)
         self.ledger = ledger
         self._held: dict[tuple[int, int], dict[int, Replica]] = {}
+        self._rounds: dict[tuple[int, int], int] = {}
+        """The newest round whose replica of (rank, world) was kept: an older one is refused."""
         self._incoming_bytes = 0
         self._names = itertools.count()
         self.kept = 0
@@ -126,12 +128,20 @@ class ReplicaStore:
         FrameError when it is not that snapshot. Blocking."""
         self.check(header, incoming, digest)
         key = (header.rank, header.world)
+        seen = self._rounds.get(key, 0)
+        if header.round < seen:
+            raise FrameError("stale", f"round {header.round}, after round {seen} was seen")
+        if header.round > seen:  # the job may have gone back: a newer step of before is not this
+            for step in [s for s in self._held.get(key, {}) if s >= header.step]:
+                with contextlib.suppress(OSError):
+                    self._held[key].pop(step).path.unlink()
         if key not in self._held and len(self._held) >= MAX_RANKS:
             raise FrameError("over_budget", f"replicas of {MAX_RANKS} ranks are held already")
         path = self.directory / f"rank{header.rank}.w{header.world}.s{header.step}"
         os.replace(incoming.path, path)
         replica = Replica(header.rank, header.world, header.step, path, header.body_bytes)
         self._held.setdefault(key, {})[header.step] = replica
+        self._rounds[key] = header.round
         self.kept += 1
         self.trim()
         return replica

@@ -56,6 +56,7 @@ class Ring:
     """What this node knows of the round: its ranks and the peers' replica servers."""
 
     def __init__(self) -> None:
+        self.number = 0
         self.members: list[str] = []
         self.ranks: range = range(0)
         self.world = 0
@@ -81,11 +82,11 @@ class Replication:
         key: bytes,
         node_id: str,
         events: EventLog,
-        round_view: Callable[[], tuple[list[str], range, int] | None],
+        round_view: Callable[[], tuple[int, list[str], range, int] | None],
         cluster: Callable[[], Awaitable[dict[str, Any]]],
     ) -> None:
-        """`round_view`: the current round's member ids, this node's global ranks and the world
-        size (None between rounds); `cluster`: the members' published summaries."""
+        """`round_view`: the current round's number, member ids, this node's global ranks and
+        the world size (None before the first round); `cluster`: the members' summaries."""
         self.key = key
         self.node_id = node_id
         self.events = events
@@ -98,7 +99,9 @@ class Replication:
         self.server: ReplicaServer | None = None
         self.host = ""
         self.acked: list[int] = []
-        self._acked_by: str | None = None
+        self._acked_by: tuple[int, str | None] | None = None
+        """The round and the successor `acked` is of: a step of another round may be another
+        history (the job went back to a restored step), another successor holds nothing."""
         self._wake = asyncio.Event()
         self._background = Background()
         self._pulls: dict[tuple[int, int], asyncio.Task[None]] = {}
@@ -147,7 +150,11 @@ class Replication:
 
     def summary(self) -> dict[str, Any]:
         """This node's part of its published summary."""
-        return {"replica_addr": self.address, "replicated_steps": tuple(self.acked)}
+        return {
+            "replica_addr": self.address,
+            "replicated_steps": tuple(self.acked),
+            "replicated_round": self._acked_by[0] if self._acked_by else None,
+        }
 
     # -- the holder's hooks ------------------------------------------------------------------
 
@@ -206,17 +213,19 @@ class Replication:
         view = self._round_view()
         if view is None:
             return
-        self.ring.members, self.ring.ranks, self.ring.world = view
+        self.ring.number, self.ring.members, self.ring.ranks, self.ring.world = view
         answer = await self._cluster()
         for node in answer.get("nodes", ()):
             node_id = node.get("node_id")
             if node_id in self.ring.members and node.get("replica_addr"):
                 self.ring.addresses[node_id] = node["replica_addr"]
-            if node_id in self.ring.members:
-                self.ring.replicated[node_id] = tuple(node.get("replicated_steps", ()))
-        successor = self.ring.successor(self.node_id)
-        if successor != self._acked_by:  # acknowledged by another node: counts for nothing now
-            self._acked_by, self.acked = successor, []
+            if node_id in self.ring.members:  # another round's steps count as none
+                this_round = node.get("replicated_round") == self.ring.number
+                steps = node.get("replicated_steps", ()) if this_round else ()
+                self.ring.replicated[node_id] = tuple(steps)
+        now = (self.ring.number, self.ring.successor(self.node_id))
+        if now != self._acked_by:
+            self._acked_by, self.acked = now, []
             self._publish()
         others = [self.ring.replicated.get(n, ()) for n in self.ring.members if n != self.node_id]
         assert self.holder is not None
@@ -249,7 +258,7 @@ class Replication:
                 log.debug("pushing step %d to %s: %s", step, successor, error)
                 await asyncio.sleep(TICK_S)  # the next completed save, or the next look, retries
                 continue
-            if successor == self._acked_by:
+            if (self.ring.number, successor) == self._acked_by:
                 self.acked = [*self.acked, step][-MAX_ACKED:]
                 self._publish()
 
@@ -268,7 +277,7 @@ class Replication:
             slot.sending = True
         try:
             files = [(rank, holder.slot_path(rank, index)) for rank, index, _ in slots]
-            await push(self.key, self.node_id, successor, address, step, self.ring.world, files)
+            await push(self.key, self.node_id, successor, address, step, self.ring, files)
         finally:
             for _, _, slot in slots:
                 slot.sending = False
@@ -367,13 +376,13 @@ def replication_for(
         )
         return None
 
-    def round_view() -> tuple[list[str], range, int] | None:
+    def round_view() -> tuple[int, list[str], range, int] | None:
         rnd = coordinator.round
         if rnd is None:
             return None
         placement = rnd.placement()
         first = placement.base_global_rank
         ranks = range(first, first + rnd.members[rnd.group_rank].nproc)
-        return rnd.node_ids, ranks, placement.world_size
+        return rnd.number, rnd.node_ids, ranks, placement.world_size
 
     return Replication(key, config.node_id, events, round_view, cluster)

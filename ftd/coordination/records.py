@@ -145,6 +145,8 @@ class NodeSummary(Record):
         (), max_length=MAX_REPLICATED_STEPS
     )
     """The newest steps whose snapshots of all the node's ranks its successor acknowledged."""
+    replicated_round: Count | None = None
+    """The round of those steps (another round's may be of another history)."""
 
 
 R = TypeVar("R", bound=Record)

@@ -42,6 +42,7 @@ def frame(
     digest_of: bytes | None = None,
     kind: str = "push",
     source: str = "b",
+    round_: int = 0,
 ) -> bytes:
     header = FrameHeader(
         kind=kind,  # type: ignore[arg-type]
@@ -50,6 +51,7 @@ def frame(
         rank=rank,
         world=world,
         step=step,
+        round=round_,
         body_bytes=len(body),
         body_sha256=hashlib.sha256(body if digest_of is None else digest_of).hexdigest(),
     )
@@ -239,3 +241,20 @@ def test_replicas_only_for_a_job_of_several_nodes_with_a_secret_and_a_memory_tie
         assert replication_for(config(2), Coordinator(None), events, cluster) is None  # type: ignore[arg-type]
     (said,) = [r.getMessage() for r in caplog.records if "not replicated" in r.getMessage()]
     assert "no secret to sign them" in said
+
+
+async def test_a_newer_round_replaces_the_replicas_from_its_step_and_an_older_one_is_stale(
+    served: tuple[ReplicaServer, EventLog, Peer],
+) -> None:
+    """After a restore the job redoes steps: a replica of a newer round replaces the held ones
+    from its step on (they were another history); one of an older round is refused."""
+    server, _, peer = served
+    for step in (5, 6, 7):
+        assert await peer.exchange(frame(snapshot(step, 1, 2), step=step)) is not None
+    assert await peer.exchange(frame(snapshot(6, 1, 2, fill=3), step=6, round_=1)) is not None
+    assert [(r.step, r.path.read_bytes()[-1]) for r in server.store.newest(1, 8)] == [
+        (6, 3),
+        (5, 7),
+    ]
+    assert await peer.exchange(frame(snapshot(8, 1, 2), step=8)) is None
+    assert server.refused["stale"] == 1
