@@ -9,7 +9,9 @@ no longer be that step:
 - it is a step some other rank will never hold (it holds no such snapshot and has begun a later
   one, or was refused that one);
 - or the rank's history went back (its step is at or after the one now begun: the job restarted
-  its count, or redoes steps after a restore).
+  its count, or redoes steps after a restore). Such a snapshot stops counting as complete the
+  moment the earlier step is begun: where many are kept, one left beside the new history would
+  be restored beside the peers' new snapshots of its step.
 The common step is never overwritten by those rules, and a step newer than it that may still
 become common is kept too; when both slots are kept, the save is refused as `busy` (skipped: the
 next one goes in once the peers' copies are done). With two slots a rank therefore holds at most
@@ -122,6 +124,9 @@ class Ledger:
     def begin(self, rank: int, step: int, nbytes: int, world: int) -> Grant | Refusal:
         slots = self._ranks.setdefault(rank, RankSlots([None] * self.slot_count))
         slots.newest_seen = step  # granted or refused, it will hold no older step it lacks
+        for held in slots.slots:  # the rank went back: what it held from `step` on is another
+            if held is not None and held.step >= step and held.world == world:  # history
+                held.complete = False  # (never restored beside this one's steps)
         common = None if self.agreement else self.common_step(world)
         newest_two = set(slots.complete_steps(world)[-2:])
         free = [

@@ -146,3 +146,21 @@ def test_without_a_step_every_node_replicated_everything_stays() -> None:
     assert not isinstance(refused, Grant) and refused.reason == "busy"
     assert "kept until the peers' replicas hold a newer step" in refused.detail
     assert tight.pinned_busy == 1
+
+
+def test_a_rank_that_went_back_holds_none_of_its_old_history_from_there() -> None:
+    """With many slots kept, a rank restored at step 2 that redoes 3 must never have its old 3
+    (or 4, 5) restored beside its peers' new ones: from the step it begins again, what it held
+    is another history."""
+    ledger = Ledger(1 << 40, agreement=True)
+    ledger.pinned = True
+    for step in range(1, 6):
+        save(ledger, step)
+    grant = ledger.begin(0, 3, MiB, 1)
+    assert isinstance(grant, Grant)
+    assert ledger.ranks()[0].complete_steps(1) == [1, 2]
+    held = ledger.writing(0, grant.slot, 3)
+    assert held is not None
+    held.complete = True
+    assert ledger.ranks()[0].complete_steps(1) == [1, 2, 3]
+    assert ledger.restore(0, 1, 3) == (3, grant.slot)
