@@ -19,6 +19,12 @@ if TYPE_CHECKING:
 MAX_FETCHED = 16
 
 
+async def connect(address: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection to a peer's replica server at `host:port` (an IPv6 host in brackets or not)."""
+    host, _, port = address.rpartition(":")
+    return await asyncio.open_connection(host.strip("[]"), int(port))
+
+
 async def push(
     key: bytes,
     me: str,
@@ -30,8 +36,7 @@ async def push(
 ) -> None:
     """Each (global rank, snapshot file) of `step` to `successor`, one after the other, each
     acknowledged; FrameError, OSError, EOFError otherwise. Files read in a thread."""
-    host, _, port = address.rpartition(":")
-    reader, writer = await asyncio.open_connection(host, int(port))
+    reader, writer = await connect(address)
     try:
         for rank, path in files:
             nbytes = (await asyncio.to_thread(path.stat)).st_size
@@ -63,8 +68,7 @@ async def fetch(
     """(step, its file) of each snapshot `node` holds of `rank` in a job of `world` ranks; the
     caller adopts or drops them. FrameError, OSError, EOFError when the peer's answer is not
     one (then nothing is kept of it)."""
-    host, _, port = address.rpartition(":")
-    reader, writer = await asyncio.open_connection(host, int(port))
+    reader, writer = await connect(address)
     received: list[tuple[int, Incoming]] = []
     try:
         await send(
