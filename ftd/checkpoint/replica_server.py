@@ -140,7 +140,7 @@ class ReplicaServer:
 
     async def _answer_pull(self, writer: asyncio.StreamWriter, header: FrameHeader) -> None:
         self.pulls += 1
-        for replica in self.store.newest(header.rank, MAX_PULLED):
+        for replica in self.store.newest(header.rank, header.world, MAX_PULLED):
             digest = await asyncio.to_thread(_digest, replica.path, replica.nbytes)
             if digest is None:  # trimmed meanwhile
                 continue

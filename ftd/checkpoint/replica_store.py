@@ -146,9 +146,9 @@ class ReplicaStore:
         self.trim()
         return replica
 
-    def newest(self, rank: int, limit: int) -> list[Replica]:
-        """The rank's replicas, newest first (of any world: the puller's agreement decides)."""
-        found = [r for (of, _), steps in self._held.items() if of == rank for r in steps.values()]
+    def newest(self, rank: int, world: int, limit: int) -> list[Replica]:
+        """The replicas of `rank` in a job of `world` ranks, newest first."""
+        found = self._held.get((rank, world), {}).values()
         return sorted(found, key=lambda r: r.step, reverse=True)[:limit]
 
     def trim(self) -> None:

@@ -165,6 +165,8 @@ class Replication:
     def restoring(self, rank: int, world: int) -> bool:
         """A rank asks to restore and this node holds nothing of it: fetch it from the peers'
         replicas first. True while that runs (the rank asks again)."""
+        if self.server is None:  # not replicating (no memory directory, no server)
+            return False
         task = self._pulls.get((rank, world))
         if task is None:
             task = asyncio.ensure_future(self._pull(rank, world))

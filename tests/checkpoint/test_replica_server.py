@@ -105,14 +105,14 @@ async def test_a_pushed_snapshot_is_kept_privately_and_acknowledged(
     server, _, peer = served
     ack = await peer.exchange(frame(snapshot(1, 1, 2)))
     assert ack is not None and (ack.kind, ack.rank, ack.step, ack.to) == ("ack", 1, 1, "b")
-    (kept,) = server.store.newest(1, 8)
+    (kept,) = server.store.newest(1, 2, 8)
     assert (kept.step, kept.world, kept.path.read_bytes()) == (1, 2, snapshot(1, 1, 2))
     assert stat.S_IMODE(kept.path.stat().st_mode) == 0o600
     assert stat.S_IMODE(kept.path.parent.stat().st_mode) == 0o700
     assert server.store.ledger.replica_bytes == len(snapshot(1, 1, 2))
     for step in (2, 3, 4):  # the newest three stay
         assert await peer.exchange(frame(snapshot(step, 1, 2), step=step)) is not None
-    assert [r.step for r in server.store.newest(1, 8)] == [4, 3, 2]
+    assert [r.step for r in server.store.newest(1, 2, 8)] == [4, 3, 2]
     assert sorted(p.name for p in kept.path.parent.iterdir()) == [
         f"rank1.w2.s{step}" for step in (2, 3, 4)
     ]
@@ -150,7 +150,7 @@ async def test_forged_corrupt_oversized_and_flooding_peers_are_refused_and_the_r
     refused = [e.data for e in events.since(0) if e.kind == "replica_refused"]
     assert {e["reason"] for e in refused} == {*attacks, "too_many_connections"}
     assert all(e["source"].startswith("127.0.0.1:") for e in refused)
-    (kept,) = server.store.newest(1, 8)  # the older replica, whole, is what a pull returns
+    (kept,) = server.store.newest(1, 2, 8)  # the older replica, whole, is what a pull returns
     assert kept.step == 1 and kept.path.read_bytes() == good
     for _ in range(100):
         if not server._connections:
@@ -252,7 +252,7 @@ async def test_a_newer_round_replaces_the_replicas_from_its_step_and_an_older_on
     for step in (5, 6, 7):
         assert await peer.exchange(frame(snapshot(step, 1, 2), step=step)) is not None
     assert await peer.exchange(frame(snapshot(6, 1, 2, fill=3), step=6, round_=1)) is not None
-    assert [(r.step, r.path.read_bytes()[-1]) for r in server.store.newest(1, 8)] == [
+    assert [(r.step, r.path.read_bytes()[-1]) for r in server.store.newest(1, 2, 8)] == [
         (6, 3),
         (5, 7),
     ]
