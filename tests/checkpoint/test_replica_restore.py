@@ -1,7 +1,7 @@
 """A lost node's ranks restored from the replica its successor held (ftd/checkpoint/replication.py):
-two daemons of one rank each under c10d (node a hosts the store), node b's daemon and rank
-SIGKILLed mid-run, a new node c in its place; the job finishes bit-identical to a run that
-never failed, c's rank restored from a's replica of b's snapshots."""
+two daemons of one rank each (under c10d and etcd), node b's daemon and rank SIGKILLed mid-run,
+a new node c in its place; the job finishes bit-identical to a run that never failed, c's rank
+restored from a's replica of b's snapshots."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import aiohttp
 import pytest
 
 from ftd.cli.status_view import checkpoint_text
-from tests.conftest import BIN, Serve, ServeFactory, events_in
+from tests.conftest import BIN, Backend, Serve, ServeFactory, events_in
 from tests.support.api import CONTRACT
 from tests.support.cluster import Cluster, api, ranks_of, run_dir
 from tests.support.snapshots import assert_identical
@@ -56,8 +56,10 @@ async def until(what: str, check: object, timeout: float = 60.0) -> None:
 
 
 async def test_a_lost_node_s_rank_is_restored_from_its_replica_bit_identical(
-    serve: ServeFactory, tmp_path: Path
+    serve: ServeFactory, tmp_path: Path, backend: Backend
 ) -> None:
+    """Under c10d node a hosts the store, so b is the node that can be lost; under etcd either
+    could be (b here)."""
     env = {"OMP_NUM_THREADS": "1"}
     train = ("--steps", str(STEPS))
     reference = await serve(
@@ -67,7 +69,7 @@ async def test_a_lost_node_s_rank_is_restored_from_its_replica_bit_identical(
     )  # fmt: skip
     nodes = Cluster(
         serve, "2", "--nproc-per-node", "1", "--max-restarts", "3",
-        "--node-keepalive-timeout", "5", "--checkpoint-memory", "64M",
+        "--node-keepalive-timeout", "5", "--checkpoint-memory", "64M", backend=backend,
     )  # fmt: skip
     out = tmp_path / "nodes"
     args = ("--out", str(out), *train, "--pause-at-step", str(PAUSE))
