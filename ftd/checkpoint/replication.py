@@ -42,8 +42,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ftd.checkpoint")
 
-TICK_S = 0.5
-"""How often the peers' summaries are read (their replica servers, what they replicated)."""
+READ_S = 2.0
+"""How often the peers' summaries are read (their replica servers, what they replicated) and
+this node's is published if its acknowledged steps changed: every node reads every member's
+(the straggler watch does too, every 5 s), and a late view only keeps more snapshots."""
+RETRY_S = 0.5
 PUSH_TIMEOUT_S = 60.0
 PULL_TIMEOUT_S = 30.0
 """The longest one peer's answer to a pull may take (a rank's restore waits for it)."""
@@ -102,6 +105,7 @@ class Replication:
         self._acked_by: tuple[int, str | None] | None = None
         """The round and the successor `acked` is of: a step of another round may be another
         history (the job went back to a restored step), another successor holds nothing."""
+        self._unpublished = False
         self._wake = asyncio.Event()
         self._background = Background()
         self._pulls: dict[tuple[int, int], asyncio.Task[None]] = {}
@@ -209,7 +213,7 @@ class Replication:
                 if not failing:
                     log.warning("could not read the peers' replica servers: %s", error)
                 failing = True
-            await asyncio.sleep(TICK_S)
+            await asyncio.sleep(READ_S)
 
     async def _watch(self) -> None:
         view = self._round_view()
@@ -228,6 +232,9 @@ class Replication:
         now = (self.ring.number, self.ring.successor(self.node_id))
         if now != self._acked_by:
             self._acked_by, self.acked = now, []
+            self._unpublished = True
+        if self._unpublished:
+            self._unpublished = False
             self._publish()
         others = [self.ring.replicated.get(n, ()) for n in self.ring.members if n != self.node_id]
         assert self.holder is not None
@@ -258,11 +265,11 @@ class Replication:
                 await asyncio.wait_for(self._push(successor, address, step), PUSH_TIMEOUT_S)
             except (OSError, FrameError, EOFError, TimeoutError) as error:
                 log.debug("pushing step %d to %s: %s", step, successor, error)
-                await asyncio.sleep(TICK_S)  # the next completed save, or the next look, retries
+                await asyncio.sleep(RETRY_S)  # the next completed save, or the next look, retries
                 continue
             if (self.ring.number, successor) == self._acked_by:
                 self.acked = [*self.acked, step][-MAX_ACKED:]
-                self._publish()
+                self._unpublished = True  # published with the next read of the peers
 
     async def _push(self, successor: str | None, address: str, step: int) -> None:
         holder = self.holder
@@ -331,7 +338,7 @@ class Replication:
             waiting = [n for n in peers if n not in self.ring.addresses]
             if not waiting or asyncio.get_running_loop().time() > deadline:
                 break
-            await asyncio.sleep(TICK_S)
+            await asyncio.sleep(RETRY_S)
         got: dict[int, tuple[str, Incoming]] = {}
         try:
             for node in peers:
