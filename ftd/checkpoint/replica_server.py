@@ -121,7 +121,8 @@ class ReplicaServer:
         incoming = self.store.incoming(header.body_bytes)
         try:
             digest = await read_body(reader, incoming)
-            await asyncio.to_thread(self.store.keep, header, incoming, digest)
+            await asyncio.to_thread(self.store.check, header, incoming, digest)
+            self.store.keep(header, incoming)
         finally:
             incoming.discard()  # kept: already renamed away; else removed
             self.store.release(incoming)

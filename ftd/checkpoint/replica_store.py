@@ -123,10 +123,9 @@ class ReplicaStore:
                 f"not step {header.step} of rank {header.rank} of {header.world}",
             )
 
-    def keep(self, header: FrameHeader, incoming: Incoming, digest: str) -> Replica:
-        """The received body, checked whole, kept as the replica of (rank, world, step);
-        FrameError when it is not that snapshot. Blocking."""
-        self.check(header, incoming, digest)
+    def keep(self, header: FrameHeader, incoming: Incoming) -> Replica:
+        """The received body, `check`ed whole, kept as the replica of (rank, world, step);
+        FrameError (`stale`) for a round older than one kept. On the loop: the books are its."""
         key = (header.rank, header.world)
         seen = self._rounds.get(key, 0)
         if header.round < seen:
