@@ -32,6 +32,7 @@ from typing import Any
 from ftd.api import ApiServer, start_api_server
 from ftd.api.control import NodeControl
 from ftd.checkpoint.holder import CheckpointHolder
+from ftd.checkpoint.replication import replication_for
 from ftd.config.rundir import prepare_run_dir
 from ftd.config.serve import ServeConfig
 from ftd.coordination import CoordinationError, Coordinator, create_coordinator
@@ -170,9 +171,9 @@ class Daemon:
                 "removing the sockets' directory",
                 lambda: asyncio.to_thread(shutil.rmtree, private, ignore_errors=True),
             )
-        self.checkpoints = CheckpointHolder(
-            self.run_dir, config.checkpoint_memory_bytes, self.events, multi_node=config.multi_node
-        )
+        self.replication = replication_for(config, self.coordinator, self.events, self._cluster)
+        self.checkpoints = CheckpointHolder(self.run_dir, config.checkpoint_memory_bytes,
+            self.events, config.multi_node, self.replication)  # fmt: skip
         self.health = HealthService(
             config.ft,
             rank_socket,
@@ -224,6 +225,9 @@ class Daemon:
         except CoordinationError as error:
             self._start_error = error
         self._on_teardown("leaving the rendezvous", self.coordinator.close)
+        if self.replication is not None and self._start_error is None:
+            await self.replication.start(self.checkpoints, self.coordinator.address, self.board)
+            self._on_teardown("closing the replicas' server", self.replication.close)
         self._start_stragglers()
         address = self.coordinator.address if self._start_error is None else "127.0.0.1"
         self.stores = AttemptStores(address, config.master_port or 0)

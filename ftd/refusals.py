@@ -29,6 +29,7 @@ SOURCES: Final = (
     "inprocess_store",
     "etcd",
     "tcp_store",
+    "replica",
 )
 MAX_CAUSE_LENGTH: Final = 48
 

@@ -64,7 +64,9 @@ The `ck*` messages are ftd_client.checkpoint's, on a connection of their own (ne
 life): `refused` in a `ckb` reply is `busy` (every slot of the rank holds a snapshot that may
 still be needed: the save is skipped) or `too_large` (it cannot fit `--checkpoint-memory`). In a
 job of several nodes a `ckr` without `step` is answered with `agree: true` and `steps`, the
-rank's complete snapshots: the ranks agree on one (checkpoint/_agree.py) and ask for it by `step`.
+rank's complete snapshots: the ranks agree on one (checkpoint/_agree.py) and ask for it by `step`;
+or with `pending: true` while the daemon, which holds nothing of the rank, fetches its snapshots
+from the peers' replicas: the rank asks again.
 """
 
 from __future__ import annotations
@@ -109,9 +111,12 @@ TYPES = frozenset(
     | {CALCULATE_TIMEOUTS, SET_TIMEOUTS, GOODBYE, FAULT, RESUMED, STATE, PROGRESS}
     | CHECKPOINT
 )
+MAX_SLOTS = 64
+"""A rank's slots in the node's memory: 2 or 3, more while snapshots are kept for the replicas
+on a peer node (ftd/checkpoint/ledger.py)."""
 CHECKPOINT_FIELDS = {
     CHECKPOINT_BEGIN: {"step": 2**53, "bytes": 2**48, "world": 2**20},
-    CHECKPOINT_DONE: {"step": 2**53, "slot": 2},
+    CHECKPOINT_DONE: {"step": 2**53, "slot": MAX_SLOTS - 1},
     CHECKPOINT_RESTORE: {"world": 2**20},
     CHECKPOINT_PLACE: {},
 }

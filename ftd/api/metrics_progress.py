@@ -116,3 +116,16 @@ def checkpoint_families(snapshot: dict[str, Any]) -> Iterable[Metric]:
     ):
         outcomes.add_metric([outcome], view[key])
     yield outcomes
+    replica = view.get("replica")
+    if view.get("replica_lag_steps") is not None:
+        yield GaugeMetricFamily(
+            "ftd_checkpoint_replica_lag_steps",
+            "Steps between this node's newest complete snapshot and its replica on the next node",
+            value=view["replica_lag_steps"],
+        )
+    if isinstance(replica, dict):
+        yield GaugeMetricFamily(
+            "ftd_checkpoint_replica_bytes",
+            "Bytes of other nodes' replicas held in this node's memory",
+            value=replica["held_bytes"],
+        )

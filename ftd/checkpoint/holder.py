@@ -23,7 +23,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from ftd_client import protocol
 from ftd_client.snapshot_format import HEADER, SnapshotFormatError, decode_header
@@ -48,8 +48,23 @@ MULTI_NODE = (
 DCP_DIRECTORY = "dcp"
 """Where checkpoint.MemoryWriter puts torch.distributed.checkpoint's files (one directory per
 checkpoint id), in the same memory, freed with it."""
+NOT_REPLICATED: dict[str, Any] = {"replica_lag_steps": None, "replica": None}
+"""The status' replica fields of a node whose snapshots have no replica on a peer."""
 AUTO_SHARE = 0.5
 """--checkpoint-memory auto: this share of the tmpfs's free space when the daemon starts."""
+
+
+class Replicas(Protocol):
+    """The replicas on a peer node (replication.py), as the holder calls them."""
+
+    def completed(self) -> None:
+        """A snapshot is complete: maybe a newer step to copy to the peer."""
+
+    def restoring(self, rank: int, world: int) -> bool:
+        """This node holds nothing of `rank`: fetch it from the peers; True while that runs."""
+        ...
+
+    def view(self) -> dict[str, Any]: ...
 
 
 @dataclass
@@ -69,8 +84,9 @@ class CheckpointHolder:
         run_dir: Path,
         budget_bytes: int | None,
         events: EventLog,
-        base: Path = DEFAULT_BASE,
         multi_node: bool = False,
+        replicas: Replicas | None = None,
+        base: Path = DEFAULT_BASE,
     ) -> None:
         self.run_dir = run_dir
         self.base = base if base.is_dir() else run_dir
@@ -82,6 +98,7 @@ class CheckpointHolder:
         )
         self.counts = Counts()
         self.multi_node = multi_node
+        self.replicas = replicas
         """A job of several nodes: the ranks agree on the step to restore (ledger.py)."""
         self.steps_lost = 0
         """Steps the ranks finished (began to save) but no restore kept, over every restore."""
@@ -153,11 +170,29 @@ class CheckpointHolder:
             "steps_lost": self.steps_lost,
             "last_restore": self.last_restore,
             **vars(self.counts),
+            **(self.replicas.view() if self.replicas is not None else NOT_REPLICATED),
         }
 
-    def _path(self, global_rank: int, slot: int) -> Path:
+    @property
+    def budget_bytes(self) -> int:
+        return self.ledger.budget_bytes
+
+    def slot_path(self, global_rank: int, slot: int) -> Path:
         assert self.directory is not None
         return self.directory / f"rank{global_rank}.{slot}"
+
+    def adopt(self, rank: int, world: int, step: int, path: Path) -> bool:
+        """A snapshot of `rank` fetched from a peer (checked whole), kept as a complete one of
+        this node's (oldest first: the ledger takes a newer step for the rank's history)."""
+        decision = self.ledger.begin(rank, step, path.stat().st_size, world)
+        if not isinstance(decision, Grant):
+            log.warning("rank %d's snapshot of step %d from a peer: %s", rank, step, decision)
+            return False
+        os.replace(path, self.slot_path(rank, decision.slot))
+        held = self.ledger.writing(rank, decision.slot, step)
+        assert held is not None
+        held.complete = True
+        return True
 
     def _begin(self, rank: int, step: int, nbytes: int, world: int) -> dict[str, Any]:
         if rank >= world:
@@ -167,7 +202,7 @@ class CheckpointHolder:
             self.counts.begun += 1
             self._restoring = False
             self._refused_ranks.discard(rank)
-            path = self._path(rank, decision.slot)
+            path = self.slot_path(rank, decision.slot)
             return {"ok": True, "slot": decision.slot, "path": str(path)}
         if decision.reason == "busy":
             self.counts.busy += 1
@@ -192,7 +227,7 @@ class CheckpointHolder:
         if held is None:
             return {"ok": False, "error": f"slot {slot} is not being written with step {step}"}
         try:
-            header = read_header(self._path(rank, slot))
+            header = read_header(self.slot_path(rank, slot))
             if (header.step, header.rank, header.world) != (step, rank, held.world):
                 raise SnapshotFormatError(f"it holds step {header.step} of rank {header.rank}")
         except (OSError, SnapshotFormatError) as error:
@@ -200,12 +235,16 @@ class CheckpointHolder:
             return {"ok": False, "error": f"the snapshot of step {step} is not whole: {error}"}
         held.complete = True
         self.counts.completed += 1
+        if self.replicas is not None:
+            self.replicas.completed()
         return {"ok": True}
 
     def _restore(self, rank: int, world: int, agreed: int | None) -> dict[str, Any]:
         if self.multi_node and agreed is None:  # the ranks agree first, on what they hold
             slots = self.ledger.ranks().get(rank)
             steps = slots.complete_steps(world) if slots else []
+            if not steps and self.replicas is not None and self.replicas.restoring(rank, world):
+                return {"ok": True, "pending": True}  # asked again once the peers answered
             return {"ok": True, "agree": True, "steps": steps}
         found = self.ledger.restore(rank, world, agreed) if rank < world else None
         step = None if found is None else found[0]
@@ -221,7 +260,7 @@ class CheckpointHolder:
         )
         if found is None:
             return {"ok": True, "step": None}
-        return {"ok": True, "step": step, "path": str(self._path(rank, found[1]))}
+        return {"ok": True, "step": step, "path": str(self.slot_path(rank, found[1]))}
 
     def _remove_stale(self) -> None:
         """Directories that daemons killed before their end left behind: this run's (named in

@@ -298,7 +298,8 @@ def _add_ftd(serve: argparse.ArgumentParser) -> None:
         type=memory_size,
         default="auto",
         metavar="SIZE",
-        help="memory the node holds for ftd_client.checkpoint's snapshots, e.g. 8G, 512M; "
+        help="memory the node holds for ftd_client.checkpoint's snapshots (and for the replicas "
+        "of its peers' in a job of several nodes), e.g. 8G, 512M; "
         "auto: half of /dev/shm's free space at start; 0: none (default: auto)",
     )
     add(

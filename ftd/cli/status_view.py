@@ -202,6 +202,12 @@ def checkpoint_text(status: dict[str, Any]) -> str:
         f"({size_text(memory.get('memory_bytes'))} of {size_text(memory.get('budget_bytes'))}), "
         f"{value(memory.get('steps_lost'))} steps lost"
     )
+    replica = memory.get("replica")
+    if isinstance(replica, dict):  # `, replica on b 0 steps behind`
+        text += (
+            f", replica on {value(replica.get('successor'))} "
+            f"{value(memory.get('replica_lag_steps'))} steps behind"
+        )
     last = memory.get("last_restore")
     if isinstance(last, dict):
         text += (

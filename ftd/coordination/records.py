@@ -120,6 +120,9 @@ class RankStraggler(Record):
     since: float = Field(ge=0, allow_inf_nan=False)
 
 
+MAX_REPLICATED_STEPS = 16
+
+
 class NodeSummary(Record):
     """What a node publishes for `GET /v1/cluster` on any node."""
 
@@ -136,6 +139,14 @@ class NodeSummary(Record):
     time: float = Field(ge=0, allow_inf_nan=False)
     forward: tuple[RankForward, ...] = Field((), max_length=MAX_PUBLISHED_RANKS)
     stragglers: tuple[RankStraggler, ...] = Field((), max_length=MAX_PUBLISHED_RANKS)
+    replica_addr: HostName | None = None
+    """host:port of the node's replica server (ftd/checkpoint/replication.py), when it has one."""
+    replicated_steps: tuple[Annotated[int, Field(ge=0, le=2**53)], ...] = Field(
+        (), max_length=MAX_REPLICATED_STEPS
+    )
+    """The newest steps whose snapshots of all the node's ranks its successor acknowledged."""
+    replicated_round: Count | None = None
+    """The round of those steps (another round's may be of another history)."""
 
 
 R = TypeVar("R", bound=Record)
@@ -160,6 +171,15 @@ class RecordCodec:
         from ftd_client.inprocess.keys import derive_key
 
         return derive_key(self._secret, prefix) if self._secret is not None else None
+
+    def replica_key(self) -> bytes | None:
+        """The key of the frames that replicate snapshots between daemons
+        (ftd/checkpoint/replica_frame.py): the job secret's, for this job and that use alone;
+        None when the job has no secret."""
+        if self._secret is None:
+            return None
+        label = b"ftd replica\0" + self._rdzv_id
+        return hmac.new(self._secret, label, hashlib.sha256).digest()
 
     def _mac(self, key: str, body: bytes) -> str:
         assert self._secret is not None

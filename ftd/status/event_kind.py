@@ -46,6 +46,10 @@ class EventKind(enum.StrEnum):
     """A rank's snapshot does not fit --checkpoint-memory: once per rank and attempt."""
     CHECKPOINT_RESTORED = "checkpoint_restored"
     """The ranks of an attempt asked for their snapshots: which step they resume from."""
+    REPLICA_REFUSED = "replica_refused"
+    """A peer's replica frame refused (source address, reason): forged, corrupt, too large."""
+    REPLICA_PULLED = "replica_pulled"
+    """A replacement node fetched a lost rank's snapshots from a peer's replicas (or failed)."""
     # operators and faults
     RESTART_REQUESTED = "restart_requested"
     FAULT_ARMED = "fault_armed"

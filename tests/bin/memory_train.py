@@ -12,6 +12,9 @@ tensor and a Python counter.
                       rank's snapshot of the step before is written (checkpoint.wait, a
                       barrier); <out>/killed-<k> counts them (an attempt ended by something
                       else, such as a lost node, kills nothing)
+  --pause-at-step N   rank --kill-rank stops in step N of the first attempt that reaches it, once
+                      every rank's snapshot of the step before is written, and writes
+                      <out>/paused; the others wait in a barrier (a test then kills its node)
   --width W           the model's hidden width (its state grows with W^2)
 Writes <out>/final-<rank>.pt (the final state) and <out>/resumed-<attempt>-<rank> (the step
 load returned, or "none").
@@ -22,6 +25,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import time
 from pathlib import Path
 
 import torch
@@ -38,6 +42,7 @@ def main() -> None:
     parser.add_argument("--kill-at-step", type=int, default=0)
     parser.add_argument("--kill-rank", type=int, default=1)
     parser.add_argument("--kill-attempts", type=int, default=1)
+    parser.add_argument("--pause-at-step", type=int, default=0)
     parser.add_argument("--width", type=int, default=64)
     args = parser.parse_args()
     dist.init_process_group("gloo")
@@ -71,6 +76,14 @@ def main() -> None:
                 (args.out / f"killed-{kills}").touch()
                 os.kill(os.getpid(), signal.SIGKILL)
             dist.barrier()  # the others wait here until the daemon stops them
+        if step == args.pause_at_step and not (args.out / "paused").exists():
+            checkpoint.wait()
+            dist.barrier()
+            if rank == args.kill_rank:
+                (args.out / "paused").touch()
+                while True:
+                    time.sleep(1)
+            dist.barrier()
         optimizer.step()
         mine.add_(batch[0, :8])
         state = {"model": model.state_dict(), "optim": optimizer.state_dict(), "mine": mine,

@@ -10,12 +10,10 @@ import json
 import re
 import sys
 from pathlib import Path
-from typing import Any
-
-import torch
 
 from tests.conftest import BIN, Serve, ServeFactory, events_in
 from tests.support.cluster import Cluster
+from tests.support.snapshots import assert_identical
 
 TRAIN = BIN / "memory_train.py"
 PRELOAD = ("--preload", "torch._dynamo")
@@ -42,28 +40,6 @@ async def ftd_status(run_dir: Path) -> str:
     out, err = await proc.communicate()
     assert proc.returncode == 0, err
     return out.decode()
-
-
-def flat(value: Any, path: str = "") -> dict[str, Any]:
-    if isinstance(value, dict):
-        return {k: v for key, item in value.items() for k, v in flat(item, f"{path}/{key}").items()}
-    if isinstance(value, list | tuple):
-        return {k: v for i, item in enumerate(value) for k, v in flat(item, f"{path}/{i}").items()}
-    return {path: value}
-
-
-def assert_identical(expected: Path, got: Path) -> None:
-    a = flat(torch.load(expected, weights_only=False))
-    b = flat(torch.load(got, weights_only=False))
-    assert a.keys() == b.keys()
-    differ = [
-        key
-        for key in a
-        if not (
-            torch.equal(a[key], b[key]) if isinstance(a[key], torch.Tensor) else a[key] == b[key]
-        )
-    ]
-    assert not differ, f"{got} differs from {expected} in {differ}"
 
 
 async def test_a_ddp_job_killed_in_step_50_resumes_there_bit_identical(

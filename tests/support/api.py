@@ -49,6 +49,10 @@ class Contract:
         errors = sorted(validator.iter_errors(instance), key=lambda e: list(e.path))
         assert not errors, f"{pointer}: {errors[0].message} at {list(errors[0].path)}"
 
+    def conforms(self, schema: str, instance: object) -> None:
+        """`instance` is a `schema` of openapi.yaml's components."""
+        self._validate(f"/components/schemas/{schema}", instance)
+
     def check(
         self, method: str, template: str | None, status: int, content_type: str, body: bytes
     ) -> None:

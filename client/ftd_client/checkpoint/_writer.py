@@ -51,6 +51,7 @@ RETRY_FIRST_S = 0.001
 RETRY_MAX_S = 0.016
 EXIT_WAIT_S = 60.0
 RESTORE_TIMEOUT_S = 120.0
+PENDING_POLL_S = 0.05
 _NO_HEADER = bytes(8)
 
 
@@ -176,13 +177,19 @@ class Checkpointer:
         """The daemon's answer, waited for: a rank that went on without it (from step 0 while
         its peers restore) would train apart from them, silently."""
         assert self.link is not None
-        reply = self.link.request(message, timeout_s=RESTORE_TIMEOUT_S)
-        if reply is None:
-            raise CheckpointError(
-                f"the node's daemon did not answer which snapshot to restore in "
-                f"{RESTORE_TIMEOUT_S:.0f} s (the rank fails rather than train apart from its peers)"
-            )
-        return reply
+        deadline = time.monotonic() + RESTORE_TIMEOUT_S
+        while True:  # `pending`: the daemon fetches this rank's snapshots from a peer first
+            left = deadline - time.monotonic()
+            reply = self.link.request(message, timeout_s=left) if left > 0 else None
+            if reply is None:
+                raise CheckpointError(
+                    f"the node's daemon did not answer which snapshot to restore in "
+                    f"{RESTORE_TIMEOUT_S:.0f} s (the rank fails rather than train apart from "
+                    "its peers)"
+                )
+            if not reply.get("pending"):
+                return reply
+            time.sleep(PENDING_POLL_S)
 
     def settle(self, patience_s: float = 0.0) -> None:
         """Before the saved tensors may change: a save still waiting for a slot asks once more

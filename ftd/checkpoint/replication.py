@@ -1,0 +1,397 @@
+"""A replica of each node's snapshots on the next node of the round, and the lost ranks'
+snapshots fetched from it by the node that takes a lost node's place (docs/checkpoint.md).
+
+The ring is the current round's members in node-id order; a node pushes to the one after it.
+Once a snapshot of each of the node's ranks is complete at one step, that step is pushed in the
+background (one push in flight; the newest complete step next, so a slow peer skips steps and
+never queues them), every rank's file read in a thread while its slot is marked `sending` (the
+ledger does not give it to a newer save meanwhile). The peer acknowledges each one it kept.
+
+Survivors of a lost node must still hold a step its replica holds: each node publishes the steps
+its successor acknowledged for all its ranks (NodeSummary.replicated_steps) and the address of
+its replica server; every node reads the others' and keeps every complete snapshot from the
+oldest of their second-newest acknowledged steps on (ledger.keep_from, ledger.py says why).
+
+Replication is on only when the job has a secret: the frames are signed with a key derived from
+it (replica_frame.py), and without one anyone who reaches the port could plant a rank's state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ftd.checkpoint.ledger import replica_floor
+from ftd.checkpoint.replica_client import fetch, push
+from ftd.checkpoint.replica_frame import FrameError
+from ftd.checkpoint.replica_server import ReplicaServer
+from ftd.checkpoint.replica_store import Incoming, ReplicaStore
+from ftd.config.serve import ServeConfig
+from ftd.coordination.base import Coordinator
+from ftd.coordination.records import RecordCodec
+from ftd.status.board import StatusBoard
+from ftd.status.event_kind import EventKind
+from ftd.status.events import EventLog
+from ftd.tasks import Background
+
+if TYPE_CHECKING:
+    from ftd.checkpoint.holder import CheckpointHolder
+
+log = logging.getLogger("ftd.checkpoint")
+
+READ_S = 2.0
+"""How often the peers' summaries are read (their replica servers, what they replicated) and
+this node's is published if its acknowledged steps changed: every node reads every member's
+(the straggler watch does too, every 5 s), and a late view only keeps more snapshots."""
+RETRY_S = 0.5
+PUSH_TIMEOUT_S = 60.0
+PULL_TIMEOUT_S = 30.0
+"""The longest one peer's answer to a pull may take (a rank's restore waits for it)."""
+PEERS_WAIT_S = 5.0
+"""The longest a pull waits for the round's members to have published their replica servers."""
+MAX_ACKED = 16
+
+
+class Ring:
+    """What this node knows of the round: its ranks and the peers' replica servers."""
+
+    def __init__(self) -> None:
+        self.number = 0
+        self.members: list[str] = []
+        self.ranks: range = range(0)
+        self.world = 0
+        self.addresses: dict[str, str] = {}
+        self.replicated: dict[str, tuple[int, ...]] = {}
+
+    def successor(self, me: str) -> str | None:
+        ring = sorted(self.members)
+        if me not in ring or len(ring) < 2:
+            return None
+        return ring[(ring.index(me) + 1) % len(ring)]
+
+
+def newest_common(lists: Sequence[Iterable[int]]) -> int | None:
+    """The newest step in every list, or None."""
+    common = set.intersection(*(set(steps) for steps in lists)) if lists else set()
+    return max(common) if common else None
+
+
+class Replication:
+    def __init__(
+        self,
+        key: bytes,
+        node_id: str,
+        events: EventLog,
+        round_view: Callable[[], tuple[int, list[str], range, int] | None],
+        cluster: Callable[[], Awaitable[dict[str, Any]]],
+    ) -> None:
+        """`round_view`: the current round's number, member ids, this node's global ranks and
+        the world size (None before the first round); `cluster`: the members' summaries."""
+        self.key = key
+        self.node_id = node_id
+        self.events = events
+        self._round_view = round_view
+        self._cluster = cluster
+        self._board: StatusBoard | None = None
+        self.ring = Ring()
+        self.holder: CheckpointHolder | None = None
+        self.store: ReplicaStore | None = None
+        self.server: ReplicaServer | None = None
+        self.host = ""
+        self.acked: list[int] = []
+        self._acked_by: tuple[int, str | None] | None = None
+        """The round and the successor `acked` is of: a step of another round may be another
+        history (the job went back to a restored step), another successor holds nothing."""
+        self._unpublished = False
+        self._wake = asyncio.Event()
+        self._background = Background()
+        self._pulls: dict[tuple[int, int], asyncio.Task[None]] = {}
+        self.pulled = 0
+
+    async def start(self, holder: CheckpointHolder, host: str, board: StatusBoard) -> None:
+        """Serve replicas on `host` (this node's own address), start the pusher and the reads of
+        the peers' summaries, publish the server's address in the node's summary (`board`'s);
+        nothing when the holder has no memory directory."""
+        if holder.directory is None:
+            return
+        self._board = board
+        board.summary_parts.append(self.summary)
+        self.holder = holder
+        holder.ledger.pinned = True  # until the peers said what they replicated: keep all
+        try:
+            self.store = ReplicaStore(holder.directory, holder.ledger)
+            server = ReplicaServer(self.key, self.node_id, self.store, self.events)
+            await server.start(host)
+        except OSError as error:  # the node's own tier goes on without replicas
+            log.error("snapshots are not replicated: no replica server on %s: %s", host, error)
+            holder.ledger.pinned = False
+            return
+        self.server, self.host = server, host
+        log.info("snapshots are replicated to the next node; replicas served at %s", self.address)
+        self._background.spawn(self._push_loop(), "replica-push")
+        self._background.spawn(self._watch_loop(), "replica-watch")
+        self._publish()
+
+    async def close(self) -> None:
+        await self._background.close()
+        for task in self._pulls.values():
+            task.cancel()
+        if self.server is not None:
+            await self.server.close()
+        if self.store is not None:
+            await asyncio.to_thread(self.store.close)
+
+    def _publish(self) -> None:
+        if self._board is not None and self._board.publish is not None:
+            self._board.publish(self._board.summary())
+
+    @property
+    def address(self) -> str | None:
+        return f"{self.host}:{self.server.port}" if self.server is not None else None
+
+    def summary(self) -> dict[str, Any]:
+        """This node's part of its published summary."""
+        return {
+            "replica_addr": self.address,
+            "replicated_steps": tuple(self.acked),
+            "replicated_round": self._acked_by[0] if self._acked_by else None,
+        }
+
+    # -- the holder's hooks ------------------------------------------------------------------
+
+    def completed(self) -> None:
+        """A rank's snapshot is complete: maybe a newer step to push."""
+        self._wake.set()
+
+    def restoring(self, rank: int, world: int) -> bool:
+        """A rank asks to restore and this node holds nothing of it: fetch it from the peers'
+        replicas first. True while that runs (the rank asks again)."""
+        if self.server is None:  # not replicating (no memory directory, no server)
+            return False
+        task = self._pulls.get((rank, world))
+        if task is None:
+            task = asyncio.ensure_future(self._pull(rank, world))
+            self._pulls[(rank, world)] = task
+        return not task.done()
+
+    def view(self) -> dict[str, Any]:
+        """The status' `replica_lag_steps` and `replica` (openapi.yaml NodeCheckpoint)."""
+        holder = self.holder
+        if holder is None or self.store is None or self.server is None:
+            return {"replica_lag_steps": None, "replica": None}
+        newest = self._newest_complete()
+        acked = self.acked[-1] if self.acked else None
+        successor = self.ring.successor(self.node_id)
+        lag = None if newest is None or successor is None else newest - (acked or 0)
+        return {
+            "replica_lag_steps": max(lag, 0) if lag is not None else None,
+            "replica": {
+                "address": self.address,
+                "successor": successor,
+                "replicated_step": acked,
+                "keep_from": holder.ledger.keep_from,
+                "kept_busy": holder.ledger.pinned_busy,
+                **self.store.view(),
+                "received": self.server.pushes,
+                "pulled": self.pulled,
+                "refused": sum(self.server.refused.values()),
+            },
+        }
+
+    # -- the ring ----------------------------------------------------------------------------
+
+    async def _watch_loop(self) -> None:
+        failing = False
+        while True:
+            try:
+                await self._watch()
+                failing = False
+            except Exception as error:  # the rendezvous is lost or busy: the next look retries
+                if not failing:
+                    log.warning("could not read the peers' replica servers: %s", error)
+                failing = True
+            await asyncio.sleep(READ_S)
+
+    async def _watch(self) -> None:
+        view = self._round_view()
+        if view is None:
+            return
+        self.ring.number, self.ring.members, self.ring.ranks, self.ring.world = view
+        answer = await self._cluster()
+        for node in answer.get("nodes", ()):
+            node_id = node.get("node_id")
+            if node_id in self.ring.members and node.get("replica_addr"):
+                self.ring.addresses[node_id] = node["replica_addr"]
+            if node_id in self.ring.members:  # another round's steps count as none
+                this_round = node.get("replicated_round") == self.ring.number
+                steps = node.get("replicated_steps", ()) if this_round else ()
+                self.ring.replicated[node_id] = tuple(steps)
+        now = (self.ring.number, self.ring.successor(self.node_id))
+        if now != self._acked_by:
+            self._acked_by, self.acked = now, []
+            self._unpublished = True
+        if self._unpublished:
+            self._unpublished = False
+            self._publish()
+        others = [self.ring.replicated.get(n, ()) for n in self.ring.members if n != self.node_id]
+        assert self.holder is not None
+        self.holder.ledger.pinned = bool(others)  # alone: nobody's replica to wait for
+        self.holder.ledger.keep_from = replica_floor(others)
+        self._wake.set()
+
+    def _newest_complete(self) -> int | None:
+        """The newest step complete on every rank of this node in this round."""
+        assert self.holder is not None
+        ranks = self.holder.ledger.ranks()
+        held = [
+            set(ranks[r].complete_steps(self.ring.world)) if r in ranks else set()
+            for r in self.ring.ranks
+        ]
+        return newest_common(held) if held else None
+
+    async def _push_loop(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            successor = self.ring.successor(self.node_id)
+            step = self._newest_complete()
+            address = self.ring.addresses.get(successor) if successor else None
+            if step is None or address is None or (self.acked and step <= self.acked[-1]):
+                continue
+            try:
+                await asyncio.wait_for(self._push(successor, address, step), PUSH_TIMEOUT_S)
+            except (OSError, FrameError, EOFError, TimeoutError) as error:
+                log.debug("pushing step %d to %s: %s", step, successor, error)
+                await asyncio.sleep(RETRY_S)  # the next completed save, or the next look, retries
+                continue
+            if (self.ring.number, successor) == self._acked_by:
+                self.acked = [*self.acked, step][-MAX_ACKED:]
+                self._unpublished = True  # published with the next read of the peers
+
+    async def _push(self, successor: str | None, address: str, step: int) -> None:
+        holder = self.holder
+        assert holder is not None and successor is not None
+        slots = []
+        for rank in self.ring.ranks:  # marked before the first await: no newer save takes them
+            held = holder.ledger.ranks().get(rank)
+            index = held.complete(step, self.ring.world) if held is not None else None
+            slot = held.slots[index] if held is not None and index is not None else None
+            if index is None or slot is None:  # given to a newer save meanwhile: the next one
+                return
+            slots.append((rank, index, slot))
+        for _, _, slot in slots:
+            slot.sending = True
+        try:
+            files = [(rank, holder.slot_path(rank, index)) for rank, index, _ in slots]
+            await push(self.key, self.node_id, successor, address, step, self.ring, files)
+        finally:
+            for _, _, slot in slots:
+                slot.sending = False
+
+    # -- a replacement node's restore --------------------------------------------------------
+
+    async def _pull(self, rank: int, world: int) -> None:
+        """Every peer's replicas of `rank`, into this node's slots (contained: a failure means
+        the rank has nothing, and the ranks' agreement says so)."""
+        try:
+            await self._pull_all(rank, world)
+        except Exception as error:
+            log.exception("pulling rank %d's snapshots from the peers failed", rank)
+            self.events.emit(
+                EventKind.REPLICA_PULLED, global_rank=rank, steps=[], error=str(error)[:400]
+            )
+
+    async def _fetch(self, node: str, rank: int, world: int) -> list[tuple[int, Incoming]]:
+        """`node`'s replicas of `rank`, checked whole; none (said) when it cannot answer."""
+        address = self.ring.addresses.get(node)
+        if address is None:
+            log.warning("rank %d: node %s published no replica server", rank, node)
+            return []
+        assert self.store is not None
+        try:
+            return await asyncio.wait_for(
+                fetch(self.key, self.node_id, node, address, rank, world, self.store),
+                PULL_TIMEOUT_S,
+            )
+        except (OSError, FrameError, EOFError, TimeoutError) as error:
+            log.warning("could not pull rank %d's snapshots from %s: %s", rank, node, error)
+            self.events.emit(
+                EventKind.REPLICA_PULLED, global_rank=rank, source=[node], steps=[],
+                error=str(error)[:400] or type(error).__name__,
+            )  # fmt: skip
+            return []
+
+    def _drop(self, incoming: Incoming) -> None:
+        assert self.store is not None
+        incoming.discard()
+        self.store.release(incoming)
+
+    async def _pull_all(self, rank: int, world: int) -> None:
+        deadline = asyncio.get_running_loop().time() + PEERS_WAIT_S
+        while True:  # this round's members, and their replica servers (published at start)
+            with contextlib.suppress(Exception):
+                await self._watch()
+            peers = [n for n in self.ring.members if n != self.node_id]
+            waiting = [n for n in peers if n not in self.ring.addresses]
+            if not waiting or asyncio.get_running_loop().time() > deadline:
+                break
+            await asyncio.sleep(RETRY_S)
+        got: dict[int, tuple[str, Incoming]] = {}
+        try:
+            for node in peers:
+                for step, incoming in await self._fetch(node, rank, world):
+                    if step in got:
+                        self._drop(incoming)
+                    else:
+                        got[step] = (node, incoming)
+            for step in sorted(got):  # oldest first: the ledger takes a newer step for the rank's
+                holder = self.holder  # history, an older one for its history going back
+                assert holder is not None
+                if not holder.adopt(rank, world, step, got[step][1].path):
+                    del got[step]
+        finally:
+            for _, incoming in got.values():
+                self._drop(incoming)
+        if got:  # a fresh job's ranks hold nothing anywhere: nothing to say then
+            self.pulled += len(got)
+            log.info("rank %d's snapshots from the peers' replicas: steps %s", rank, sorted(got))
+            self.events.emit(
+                EventKind.REPLICA_PULLED,
+                global_rank=rank,
+                steps=sorted(got),
+                source=sorted({node for node, _ in got.values()}),
+            )
+
+
+def replication_for(
+    config: ServeConfig,
+    coordinator: Coordinator,
+    events: EventLog,
+    cluster: Callable[[], Awaitable[dict[str, Any]]],
+) -> Replication | None:
+    """Replicas of the snapshots on the next node: for a job of several nodes with a memory tier
+    and a secret to sign them with (unsigned, anyone who reaches the port could plant state)."""
+    if not config.multi_node or config.checkpoint_memory_bytes == 0:
+        return None
+    codec = getattr(coordinator, "codec", None)
+    key = codec.replica_key() if isinstance(codec, RecordCodec) else None
+    if key is None:
+        log.info(
+            "snapshots are not replicated to a peer node: the job has no secret to sign them "
+            "with (--rdzv-conf secret_file=PATH or FTD_RDZV_SECRET)"
+        )
+        return None
+
+    def round_view() -> tuple[int, list[str], range, int] | None:
+        rnd = coordinator.round
+        if rnd is None:
+            return None
+        placement = rnd.placement()
+        first = placement.base_global_rank
+        ranks = range(first, first + rnd.members[rnd.group_rank].nproc)
+        return rnd.number, rnd.node_ids, ranks, placement.world_size
+
+    return Replication(key, config.node_id, events, round_view, cluster)
