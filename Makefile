@@ -8,10 +8,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 # pip shows what it downloads (torch alone is hundreds of MB): no -q.
 PIP := $(PY) -m pip install --disable-pip-version-check --progress-bar on -c constraints.txt
-# Modules are byte-compiled after pip, on every core (pip compiles one at a time: 28 of the 40 s
-# torch's install takes on 2 cores); torch's while pip resolves the test tools (which waits on
-# the network). compileall writes even where PYTHONDONTWRITEBYTECODE is set (as on these
-# machines): no rank or daemon compiles torch, or ftd itself, again.
+# torch's ~15000 modules are byte-compiled apart from pip (which compiles one at a time: 28 of
+# the 40 s torch's install takes on 2 cores), on every core, while pip resolves what comes next
+# (which waits on the network). compileall writes even where PYTHONDONTWRITEBYTECODE is set (as on
+# these machines): no rank or daemon compiles torch, or ftd itself (`make test`), again.
 PIP_NO_COMPILE := $(PIP) --no-compile
 PURELIB = "$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"
 COMPILE := $(PY) -m compileall -q -q -j 0
@@ -61,8 +61,9 @@ endif
 # What the demo needs: ftd, torch and numpy.
 $(DEMO_STAMP): $(TORCH_STAMP) pyproject.toml constraints.txt
 	@echo "=== installing ftd into $(VENV) ==="
-	$(PIP_NO_COMPILE) $(EDITABLE) .
-	$(COMPILE) $(PURELIB) ftd client || true
+	$(COMPILE) $(PURELIB)/torch $(PURELIB)/numpy > /dev/null 2>&1 & compiling=$$!; \
+	$(PIP) $(EDITABLE) .; installed=$$?; wait $$compiling; exit $$installed
+	$(COMPILE) ftd client || true
 	touch $(DEMO_STAMP)
 
 # What the tests need, in one pip run after torch's: ftd, the test tools and NVIDIA's
@@ -71,11 +72,10 @@ $(DEMO_STAMP): $(TORCH_STAMP) pyproject.toml constraints.txt
 $(STAMP): $(TORCH_STAMP) pyproject.toml constraints.txt
 	@echo "=== installing ftd, the test tools and nvidia-resiliency-ext into $(VENV): a few minutes the first time ==="
 	$(COMPILE) $(PURELIB)/torch $(PURELIB)/numpy > /dev/null 2>&1 & compiling=$$!; \
-	$(PIP_NO_COMPILE) $(EDITABLE) '.[test,nvrx]' \
+	$(PIP) $(EDITABLE) '.[test,nvrx]' \
 		|| { echo "nvidia-resiliency-ext not installed: its tests in tests/health/nvrx/test_nvrx_compat.py are skipped"; \
-		     $(PIP_NO_COMPILE) $(EDITABLE) '.[test]'; }; \
+		     $(PIP) $(EDITABLE) '.[test]'; }; \
 		installed=$$?; wait $$compiling; exit $$installed
-	$(COMPILE) $(PURELIB) || true
 	touch $(STAMP)
 
 # The main job: examples/train_ddp.py under `ftd serve` on 2 ranks. Rank 1 crashes at step 25 of

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from filelock import FileLock
 
 from tests.support import fuzzing
 from tests.support.etcd_cluster import (
@@ -352,6 +353,36 @@ class Backend:
 
 
 C10D = Backend("c10d")
+
+
+MEMORY_TRAIN = BIN / "memory_train.py"
+MEMORY_TRAIN_STEPS = 60
+
+
+@pytest.fixture
+async def memory_train_reference(
+    serve: ServeFactory, tmp_path_factory: pytest.TempPathFactory, worker_id: str
+) -> Path:
+    """The directory of final-<rank>.pt of tests/bin/memory_train.py, 2 ranks, 60 steps, no
+    fault: what the memory tier's runs must end bit-identical to. One run per session, shared
+    by the test workers (~6 CPU-s each time it is not run again)."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if worker_id != "master" else base  # the session's, across workers
+    done = shared / "memory-train-reference"
+    lock = FileLock(str(shared / "memory-train-reference.lock"))
+    await asyncio.to_thread(lock.acquire)
+    try:
+        if not all((done / f"final-{rank}.pt").exists() for rank in (0, 1)):
+            run = await serve(
+                "--nproc-per-node", "2", "--api-port", "off", "--preload", "torch._dynamo",
+                script=MEMORY_TRAIN, run_id="reference", api_port=None,
+                script_args=("--out", str(done), "--steps", str(MEMORY_TRAIN_STEPS)),
+                env={"OMP_NUM_THREADS": "1"},
+            )  # fmt: skip
+            assert await run.wait(240) == 0, run.stderr.text[-3000:]
+    finally:
+        lock.release()
+    return done
 
 
 @pytest.fixture(params=["c10d", "etcd"])

@@ -17,16 +17,23 @@ import aiohttp
 import pytest
 
 from ftd.cli.status_view import checkpoint_text
-from tests.conftest import BIN, Backend, Serve, ServeFactory, events_in
+from tests.conftest import (
+    MEMORY_TRAIN,
+    MEMORY_TRAIN_STEPS,
+    Backend,
+    Serve,
+    ServeFactory,
+    events_in,
+)
 from tests.support.api import CONTRACT
 from tests.support.cluster import Cluster, api, ranks_of, run_dir
 from tests.support.snapshots import assert_identical
 
 pytestmark = pytest.mark.timeout(240)
 
-TRAIN = BIN / "memory_train.py"
+TRAIN = MEMORY_TRAIN
 PRELOAD = ("--preload", "torch._dynamo")
-STEPS = 60
+STEPS = MEMORY_TRAIN_STEPS  # the reference run's (memory_train_reference)
 PAUSE = 50
 
 
@@ -56,17 +63,12 @@ async def until(what: str, check: object, timeout: float = 60.0) -> None:
 
 
 async def test_a_lost_node_s_rank_is_restored_from_its_replica_bit_identical(
-    serve: ServeFactory, tmp_path: Path, backend: Backend
+    serve: ServeFactory, tmp_path: Path, backend: Backend, memory_train_reference: Path
 ) -> None:
     """Under c10d node a hosts the store, so b is the node that can be lost; under etcd either
     could be (b here)."""
     env = {"OMP_NUM_THREADS": "1"}
     train = ("--steps", str(STEPS))
-    reference = await serve(
-        "--nproc-per-node", "2", "--api-port", "off", *PRELOAD,
-        script=TRAIN, script_args=("--out", str(tmp_path / "reference"), *train),
-        run_id="reference", api_port=None, env=env,
-    )  # fmt: skip
     nodes = Cluster(
         serve, "2", "--nproc-per-node", "1", "--max-restarts", "3",
         "--node-keepalive-timeout", "5", "--checkpoint-memory", "64M", backend=backend,
@@ -110,12 +112,12 @@ async def test_a_lost_node_s_rank_is_restored_from_its_replica_bit_identical(
             os.kill(pid, signal.SIGKILL)
     await a.stderr.expect("node b lost", timeout=60)
     c = await node("c")
-    codes = await asyncio.gather(a.wait(180), c.wait(180), reference.wait(180))
-    runs = {"a": a, "c": c, "reference": reference}
-    assert codes == [0, 0, 0], {n: r.stderr.text[-4000:] for n, r in runs.items()}
+    codes = await asyncio.gather(a.wait(180), c.wait(180))
+    runs = {"a": a, "c": c}
+    assert codes == [0, 0], {n: r.stderr.text[-4000:] for n, r in runs.items()}
     for rank in (0, 1):
         assert resumed(out, rank) == ["none", str(PAUSE - 1)]
-        assert_identical(tmp_path / "reference" / f"final-{rank}.pt", out / f"final-{rank}.pt")
+        assert_identical(memory_train_reference / f"final-{rank}.pt", out / f"final-{rank}.pt")
     (pulled,) = [e["data"] for e in events_in(run_dir(c, "c"), "replica_pulled")]
     assert pulled["global_rank"] == 1 and pulled["source"] == ["a"]
     assert PAUSE - 1 in pulled["steps"]

@@ -5,8 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import torch
-
 
 def flat(value: Any, path: str = "") -> dict[str, Any]:
     if isinstance(value, dict):
@@ -17,6 +15,8 @@ def flat(value: Any, path: str = "") -> dict[str, Any]:
 
 
 def assert_identical(expected: Path, got: Path) -> None:
+    import torch  # here, not at collection: each test worker would import it (~3 CPU-s)
+
     a = flat(torch.load(expected, weights_only=False))
     b = flat(torch.load(got, weights_only=False))
     assert a.keys() == b.keys()
