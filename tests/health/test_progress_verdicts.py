@@ -13,7 +13,7 @@ from tests.conftest import BIN, ServeFactory
 PLAIN_DDP = BIN / "plain_ddp.py"
 TRAIN_DDP = Path(__file__).parents[2] / "examples" / "train_ddp.py"
 SLOW_PHASES = (
-    "--steps", "30", "--ckpt-every", "10", "--slow-save", "15", "--eval-seconds", "15",
+    "--steps", "30", "--ckpt-every", "10", "--slow-save", "10", "--eval-seconds", "10",
     "--epochs", "3",
 )  # fmt: skip
 
@@ -52,8 +52,8 @@ async def test_an_unmodified_script_whose_rank_stops_is_judged_with_the_right_cu
 
 
 async def test_long_phases_without_steps_are_no_hang(serve: ServeFactory, tmp_path: Path) -> None:
-    """With the floor at 5 s: rank 0 spends 15 s in torch.save while rank 1 waits in the
-    barrier; then every rank evaluates for 15 s (an all_reduce every 100 ms, no step); every
+    """With the floor at 5 s: rank 0 spends 10 s in torch.save while rank 1 waits in the
+    barrier; then every rank evaluates for 10 s (an all_reduce every 100 ms, no step); every
     epoch starts a new DataLoader iterator with workers."""
     run = await serve(
         "--nproc-per-node",
@@ -66,7 +66,7 @@ async def test_long_phases_without_steps_are_no_hang(serve: ServeFactory, tmp_pa
         script_args=(*SLOW_PHASES, "--ckpt-dir", str(tmp_path / "c")),
     )
     assert await run.wait(timeout=240) == 0, run.stderr.text[-3000:]
-    assert "rank 0: a slow torch.save (15s)" in run.stdout.text
+    assert "rank 0: a slow torch.save (10s)" in run.stdout.text
     assert run.events("rank_hung") == []
 
 
