@@ -104,10 +104,10 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
-# Four tests at a time: most of a test is waiting on real daemons and ranks; on 2 cores three
-# left a fifth of the CPU idle (the whole suite ~10 min, against ~13.5 with two and ~22 one after
-# another). PYTEST_WORKERS=0 runs them one after another.
-PYTEST_WORKERS ?= 4
+# Three tests at a time: most of a test is waiting on real daemons and ranks; on 2 cores three
+# keep both busy (the whole suite ~10.5 min, against ~13.5 with two and ~22 one after another;
+# four: no faster). PYTEST_WORKERS=0 runs them one after another.
+PYTEST_WORKERS ?= 3
 PYTEST := $(VENV)/bin/pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 unit: $(STAMP)
 	$(PYTEST)
