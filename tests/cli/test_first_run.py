@@ -248,6 +248,11 @@ def test_the_makefile_installs_torch_s_cpu_build_and_numpy_without_a_gpu(tmp_pat
     assert "CPU build: no NVIDIA GPU here" in text
     assert "cannot be reached from here: torch and numpy from pip's configured indexes" in text
     assert all(" -q " not in line for line in pip_lines), pip_lines  # pip shows its progress
+    # ftd and the test tools through uv, and through pip where uv cannot be had
+    project_lines = [line for line in text.splitlines() if "-e '.[test,nvrx]'" in line]
+    assert any(
+        "/bin/uv pip install " in line and " -m pip install " in line for line in project_lines
+    )
     venv = tmp_path / "venv"
     order = [text.index(f"touch {venv}/{stamp}") for stamp in (".created", ".torch", ".demo")]
     assert order == sorted(order) and f"touch {venv}/.installed" in text
