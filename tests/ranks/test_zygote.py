@@ -269,6 +269,27 @@ async def test_preload_none_forks_ranks_that_import_torch_themselves(serve: Serv
     assert (run.out / "allreduce_a0_r0").exists() and (run.out / "allreduce_a0_r1").exists()
 
 
+async def test_the_zygote_warms_ddp_s_imports_once_ranks_ran_a_while(
+    serve: ServeFactory, tmp_path: Path
+) -> None:
+    """The first attempt's ranks start without torch._dynamo (nothing delays them); once they ran
+    FTD_ZYGOTE_WARM_AFTER_S, the zygote imports it, and a restarted rank has it (DDP's
+    constructor would import it again in every restarted rank: 2.5 s)."""
+    out = tmp_path / "warm"
+    run = await serve(
+        *ZYGOTE, "--max-restarts", "1", script=BIN / "zygote_warm.py", script_args=(str(out),),
+        env={"FTD_ZYGOTE_WARM_AFTER_S": "1"},
+    )  # fmt: skip
+    await run.stderr.expect(r"zygote \(pid \d+\) warmed torch\._dynamo in", timeout=60)
+    (out / "go").touch()
+    assert await run.wait() == 0
+    assert json.loads((out / "dynamo_a0.json").read_text()) is False
+    assert json.loads((out / "dynamo_a1.json").read_text()) is True
+    text = run.stderr.text
+    assert len(re.findall(READY, text)) == 1 and FALLBACK not in text
+    assert "could not warm" not in text and "after warming" not in text
+
+
 def test_preload_none_names_no_other_module(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "ftd", "serve", "--standalone", "--preload", "none,json",

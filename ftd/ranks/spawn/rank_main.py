@@ -151,8 +151,8 @@ def _reset_process_state(request: dict[str, Any]) -> None:
 
 def _show_in_proc(argv: list[str], env: dict[str, str], first: list[str]) -> None:
     """/proc/<pid>/cmdline and /proc/<pid>/environ show what exec gave the zygote: rewrite
-    those areas in place, in the room the zygote was launched with (see zygote.ARGV_ROOM), so
-    ps and pgrep see the rank's command, and the orphan guard's sweep by FTD_DAEMON_ID finds
+    those areas in place, in the room the zygote was launched with (zygote_process.ARGV_ROOM),
+    so ps and pgrep see the rank's command, and the orphan guard's sweep by FTD_DAEMON_ID finds
     the rank's forked descendants. The rank's own variables go first, in case room runs out.
     os.environ no longer points there (clear() and update() re-created every variable)."""
     with open("/proc/self/stat", "rb") as stat_file:

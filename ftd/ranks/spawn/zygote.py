@@ -14,18 +14,14 @@ A zygote that dies is replaced as soon as that is seen.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import select
 import signal
-import socket
-import subprocess
 import sys
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
 
 from ftd.config.serve import NO_PRELOAD
 from ftd.ranks.spawn.base import LaunchSpec, RankHandle, StartedGroup
@@ -35,161 +31,22 @@ from ftd.ranks.spawn.forked import (
     is_subreaper,
     rank_stdio,
     wait_child,
-    wait_popen,
 )
 from ftd.ranks.spawn.output import plan_output
 from ftd.ranks.spawn.pcontext import PContextSpawner
-from ftd.ranks.spawn.zygote_server import MAX_MESSAGE, MAX_RANKS_PER_REQUEST
+from ftd.ranks.spawn.zygote_process import (
+    CLOSE_TIMEOUT_S,
+    DEFAULT_PRELOAD,
+    WARM,
+    Zygote,
+    ZygoteUnavailable,
+)
+from ftd.ranks.spawn.zygote_server import MAX_RANKS_PER_REQUEST
 
 log = logging.getLogger("ftd.spawn.zygote")
 
-READY_TIMEOUT_S = 30.0
-"""Longest wait for the zygote's preload; under workers.SPAWN_TIMEOUT_S with room to fall back."""
-REPLY_TIMEOUT_S = 10.0
-CLOSE_TIMEOUT_S = 5.0
-ARGV_ROOM, ENV_ROOM = 2048, 16384
-"""Bytes of room the zygote is launched with (an argument, a variable of blanks), in which each
-rank writes its own command line and environment for /proc to show (see rank_main)."""
-DEFAULT_PRELOAD = ("torch", "torch.distributed")
-PRELOADING = "preloading"
-
-
-class ZygoteUnavailable(Exception):
-    """This attempt cannot be forked from the zygote; `permanent` when no later one can."""
-
-    def __init__(self, reason: str, permanent: bool = False) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.permanent = permanent
-        self.pids: list[int] = []
-
-
-class Zygote:
-    """The daemon's handle on one zygote process."""
-
-    def __init__(self, preload: Sequence[str]) -> None:
-        self.preload = tuple(preload)
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        env = {
-            **os.environ,
-            "OPENBLAS_NUM_THREADS": "1",  # no BLAS thread pool in the zygote
-            "FTD_ZYGOTE_ROOM": " " * ENV_ROOM,
-        }
-        try:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-u",
-                    "-m",
-                    "ftd.ranks.spawn.zygote_server",
-                    str(theirs.fileno()),
-                    ",".join(self.preload),
-                    " " * ARGV_ROOM,
-                ],
-                pass_fds=(theirs.fileno(),),
-                env=env,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,  # Ctrl-C in a terminal is the daemon's to handle
-            )
-        finally:
-            theirs.close()
-        self._sock = ours
-        self._ready: dict[str, Any] | None = None
-        self._failure: ZygoteUnavailable | None = None
-        self.launched_at = time.monotonic()
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def wait_ready(self) -> None:
-        """Blocking: the zygote preloaded and may fork. ZygoteUnavailable otherwise (the same
-        one again on every later call: the zygote says it once)."""
-        if self._ready is not None:
-            return
-        if self._failure is not None:
-            raise self._failure
-        try:
-            self._await_ready()
-        except ZygoteUnavailable as error:
-            self._failure = error
-            raise
-
-    def _await_ready(self) -> None:
-        remaining = READY_TIMEOUT_S - (time.monotonic() - self.launched_at)
-        reply = self._receive(max(remaining, 0.001), PRELOADING)
-        if not reply.get("ready"):
-            raise ZygoteUnavailable(
-                f"--preload failed in the zygote:\n{reply.get('error', '').rstrip()}",
-                permanent=True,
-            )
-        if reply.get("problem"):
-            raise ZygoteUnavailable(str(reply["problem"]), permanent=True)
-        self._ready = reply
-        log.info(
-            "zygote (pid %d) ready: preloaded %s in %.2fs",
-            self.pid,
-            ", ".join(self.preload) or "nothing",
-            reply.get("seconds", 0.0),
-        )
-
-    def spawn(
-        self, common: dict[str, Any], envs: list[dict[str, str]], fds: list[int]
-    ) -> list[int]:
-        """Blocking (milliseconds): fork the ranks; their pids, already the daemon's children.
-        On ZygoteUnavailable, `error.pids` are ranks forked anyway (to be killed)."""
-        try:
-            self._sock.settimeout(REPLY_TIMEOUT_S)
-            message = json.dumps({"common": common, "envs": envs}).encode()
-            socket.send_fds(self._sock, [message], fds)
-        except OSError as error:
-            raise ZygoteUnavailable(f"the zygote (pid {self.pid}) is gone: {error}") from None
-        reply = self._receive(REPLY_TIMEOUT_S, "forking ranks")
-        pids = [int(pid) for pid in reply.get("pids", [])]
-        if "error" in reply or len(pids) != len(envs):
-            refused = ZygoteUnavailable(
-                f"the zygote refused: {reply.get('error', reply)}",
-                permanent=bool(reply.get("unsafe")),
-            )
-            refused.pids = pids
-            raise refused
-        return pids
-
-    def _receive(self, timeout_s: float, doing: str) -> dict[str, Any]:
-        self._sock.settimeout(timeout_s)
-        try:
-            data = self._sock.recv(MAX_MESSAGE)
-        except TimeoutError:
-            self.kill()
-            raise ZygoteUnavailable(
-                f"the zygote (pid {self.pid}) did not answer within {timeout_s:.0f}s while "
-                f"{doing}; killed it",
-                permanent=doing == PRELOADING,
-            ) from None
-        except OSError:
-            data = b""
-        if not data:
-            code = wait_popen(self.proc, 1.0)
-            raise ZygoteUnavailable(
-                f"the zygote (pid {self.pid}) exited ({describe_exit(code)}) while {doing}"
-            )
-        reply: dict[str, Any] = json.loads(data)
-        return reply
-
-    def kill(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            self.proc.kill()
-        wait_popen(self.proc, CLOSE_TIMEOUT_S)
-        self._sock.close()
-
-    def close(self) -> None:
-        """Blocking (briefly): EOF ends the zygote; SIGKILL if it lingers."""
-        self._sock.close()
-        if wait_popen(self.proc, CLOSE_TIMEOUT_S) is None:
-            self.kill()
+LISTEN_AFTER_S = 0.5
+"""How often the watcher looks whether a zygote it does not listen to yet became ready."""
 
 
 class ZygoteSpawner:
@@ -201,6 +58,7 @@ class ZygoteSpawner:
             if tuple(preload) == (NO_PRELOAD,)
             else tuple(dict.fromkeys((*DEFAULT_PRELOAD, *preload)))
         )
+        self._warm = tuple(m for m in WARM if self._preload and m not in self._preload)
         self._fallback = PContextSpawner()
         self._lock = threading.Lock()
         self._disabled: str | None = None
@@ -210,7 +68,7 @@ class ZygoteSpawner:
         self._zygote: Zygote | None = self._launch()
 
     def _launch(self) -> Zygote:
-        zygote = Zygote(self._preload)
+        zygote = Zygote(self._preload, self._warm)
         preloading = ", ".join(self._preload) or "nothing"
         log.info("zygote (pid %d) started: preloading %s", zygote.pid, preloading)
         threading.Thread(
@@ -220,11 +78,13 @@ class ZygoteSpawner:
 
     def _watch(self, zygote: Zygote) -> None:
         """Start a new zygote as soon as this one dies, so that the next restart is warm;
-        once per attempt at most (a zygote that keeps dying is started again by `start`)."""
+        once per attempt at most (a zygote that keeps dying is started again by `start`).
+        Meanwhile, hear what it says unasked (its warming) when it says it."""
         with contextlib.suppress(ProcessLookupError):
             fd = os.pidfd_open(zygote.pid)
             try:
-                select.select([fd], [], [])
+                while not self._died_or_heard(fd, zygote):
+                    pass
             finally:
                 os.close(fd)
         with self._lock:
@@ -232,6 +92,25 @@ class ZygoteSpawner:
                 return
             self._eager_restarts -= 1
             self._zygote = self._replace_dead(zygote)
+
+    def _died_or_heard(self, pidfd: int, zygote: Zygote) -> bool:
+        """Wait for the zygote's death (True) or a word from it (False, taken in)."""
+        listening = zygote.ready and not zygote.closed  # the readiness is wait_ready's to read
+        watched = [pidfd, zygote.fileno] if listening else [pidfd]
+        try:
+            readable = select.select(watched, [], [], None if listening else LISTEN_AFTER_S)[0]
+        except OSError:  # its socket was closed meanwhile: watch its death alone
+            return False
+        if pidfd in readable:
+            return True
+        if not readable:
+            return False
+        with self._lock:  # a request in flight reads its own reply first
+            if zygote is self._zygote:
+                zygote.read_unasked()
+            else:  # replaced or closed: its socket is nobody's to read
+                return zygote.closed or not zygote.alive()
+        return False
 
     def start(self, spec: LaunchSpec) -> StartedGroup:
         with self._lock:

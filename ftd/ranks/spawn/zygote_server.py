@@ -1,7 +1,8 @@
 """The zygote process: torch imported once, ranks forked from it on request.
 
-Run by the daemon as `python -u -m ftd.ranks.spawn.zygote_server <socket fd> <preload,...>`. It
-imports the preload modules and then does nothing else: no threads, no CUDA, no store. It
+Run by the daemon as `python -u -m ftd.ranks.spawn.zygote_server <socket fd> <preload,...>
+<warm,...> <warm after s>`. It imports the preload modules and then does nothing else (no
+threads, no CUDA, no store) but import the warm modules once its first ranks ran a while. It
 answers requests on an AF_UNIX SOCK_SEQPACKET socket, one JSON message per packet:
 
     zygote -> daemon, once:  {"ready": true, "pid": P, "seconds": S, "problem": null | "..."}
@@ -10,6 +11,9 @@ answers requests on an AF_UNIX SOCK_SEQPACKET socket, one JSON message per packe
                               "envs": [{each rank's own variables}, ...]}
                              + SCM_RIGHTS [stdin, stdout, stderr] of each rank in turn
     zygote -> daemon:        {"pids": [R, ...]} | {"error": "...", "pids": [forked anyway]}
+    zygote -> daemon, once it forked ranks and then was idle <warm after> s (unasked):
+                             {"warming": [module, ...]}, then {"warmed": [...], "seconds": S,
+                              "failed": ["<module>: <error>", ...], "problem": null | "..."}
 
 An attempt's ranks are forked through one short-lived intermediate: zygote -> intermediate ->
 ranks, and the intermediate exits once they are forked. Each rank is then re-parented to its
@@ -29,6 +33,7 @@ import ctypes
 import gc
 import json
 import os
+import select
 import signal
 import socket
 import struct
@@ -81,6 +86,25 @@ def _preload(modules: list[str]) -> None:
 
     for name in modules:
         importlib.import_module(name)
+
+
+def _warm(sock: socket.socket, modules: list[str]) -> None:
+    """Import what the ranks would otherwise each import again after every restart (DDP's
+    constructor imports torch._dynamo: 2.5 s on two busy cores). A module that fails is skipped:
+    the ranks import it themselves, as without warming."""
+    import importlib
+
+    _send(sock, {"warming": modules})
+    started, failed = time.monotonic(), []
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception as error:
+            failed.append(f"{name}: {type(error).__name__}: {error}")
+    gc.collect()
+    gc.freeze()
+    seconds, problem = time.monotonic() - started, unsafe_state()
+    _send(sock, {"warmed": modules, "seconds": seconds, "failed": failed, "problem": problem})
 
 
 def _fork_ranks(
@@ -136,9 +160,17 @@ def _intermediate(pid_w: int, count: int) -> tuple[int, int]:
     os._exit(code)
 
 
-def serve(sock: socket.socket) -> dict[str, Any] | None:
-    """Answer spawn requests until EOF; returns a request only in a freshly forked rank."""
+def serve(
+    sock: socket.socket, warm: list[str] | None = None, warm_after_s: float = 30.0
+) -> dict[str, Any] | None:
+    """Answer spawn requests until EOF; returns a request only in a freshly forked rank. Once
+    ranks were forked and nothing was asked for `warm_after_s`, import `warm` (once)."""
+    to_warm, forked_once = list(warm or ()), False
     while True:
+        if to_warm and forked_once and not select.select([sock], [], [], warm_after_s)[0]:
+            _warm(sock, to_warm)
+            to_warm = []
+            continue
         try:
             message, fds, _, _ = socket.recv_fds(sock, MAX_MESSAGE, MAX_FDS)
         except InterruptedError:
@@ -168,6 +200,7 @@ def serve(sock: socket.socket) -> dict[str, Any] | None:
             if isinstance(forked, dict):
                 return forked  # a rank: its stdio fds are in the request
             pids, error = forked
+            forked_once = True
             _send(sock, {"pids": pids} if error is None else {"pids": pids, "error": error})
         except Exception as error:
             _send(sock, {"error": f"{type(error).__name__}: {error}"})
@@ -191,6 +224,8 @@ def _restore_descriptor_limit() -> None:
 
 def main(argv: list[str]) -> dict[str, Any] | None:
     fd, preload = int(argv[0]), [m for m in argv[1].split(",") if m]
+    warm = [m for m in argv[2].split(",") if m.strip()] if len(argv) > 4 else []
+    warm_after_s = int(argv[3]) if len(argv) > 4 and is_decimal(argv[3]) else 30
     # Ctrl-C in a terminal is the daemon's to handle; the zygote ends on EOF (or SIGTERM).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
@@ -218,7 +253,7 @@ def main(argv: list[str]) -> dict[str, Any] | None:
         _send(sock, ready)
     except OSError:  # the daemon left while this zygote preloaded
         return None
-    return serve(sock)
+    return serve(sock, warm, warm_after_s)
 
 
 if __name__ == "__main__":
