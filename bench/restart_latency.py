@@ -348,7 +348,7 @@ def summarize(results: list[RunResult]) -> dict[str, Any]:
         summary["recovery_stages"] = {
             "stages": {
                 name: _stats([r.phases[f"stage_{name}"] for r in ftd_runs])
-                for name in ("detect", "stop", "rendezvous", "spawn", "first_step")
+                for name in ("detect", "stop", "rendezvous", "spawn", "init")
             },
             "total": _stats([r.phases["recovery_total"] for r in ftd_runs]),
             "largest_gap_to_measured": max(gaps, key=abs),

@@ -65,7 +65,7 @@ def main() -> None:
     dist.all_reduce(tensor)
     marks["allreduce"] = time.time()
     assert int(tensor.item()) == dist.get_world_size()
-    if client is not None:  # under ftd: the restart's first_step ends here
+    if client is not None:  # under ftd: the restart's init stage ends here
         client.resumed()
         marks["resumed"] = time.time()
     write_json(os.path.join(out, f"a{attempt}_r{rank}.json"), marks)

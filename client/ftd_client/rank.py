@@ -102,8 +102,8 @@ class RankClient:
 
     def resumed(self) -> None:
         """Tell the daemon this rank is training again (say, after its first collective of a
-        new attempt): the end of a restart's `first_step` stage. A heartbeat or a section start
-        counts too; this says it where neither fits."""
+        new attempt): the end of a restart's `init` (or `restore`) stage. A heartbeat or a
+        section start counts too; this says it where neither fits."""
         self._send_message({"t": protocol.RESUMED})
 
     def start_section(self, name: str) -> None:

@@ -13,6 +13,7 @@ file the daemon reads).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -107,6 +108,16 @@ class CheckpointHolder:
         """Ranks are restoring and none saved since: the first restore request said the loss."""
         self._refused_ranks: set[int] = set()
         """Ranks whose last snapshot was refused as too large: said once per episode."""
+        self.restore_asked_at: float | None = None
+        """When a rank last asked which snapshot to restore (the end of a restart's `init`)."""
+        self._redo_until: int | None = None
+        """The step the job had reached when its last restore lost steps: redone once a rank
+        begins to save it again."""
+        self.restored_at: float | None = None
+        """When the ranks' last restore (of a step) began."""
+        self.caught_up_at: float | None = None
+        self.caught_up = asyncio.Event()
+        """Set once the job is back at the step it had reached before its last restore."""
 
     def start(self) -> None:
         """Make the memory directory; where it cannot be made (a full disk), the daemon goes on
@@ -201,6 +212,10 @@ class CheckpointHolder:
         if isinstance(decision, Grant):
             self.counts.begun += 1
             self._restoring = False
+            if self._redo_until is not None and step >= self._redo_until:
+                self._redo_until = None
+                self.caught_up_at = time.time()
+                self.caught_up.set()
             self._refused_ranks.discard(rank)
             path = self.slot_path(rank, decision.slot)
             return {"ok": True, "slot": decision.slot, "path": str(path)}
@@ -240,6 +255,7 @@ class CheckpointHolder:
         return {"ok": True}
 
     def _restore(self, rank: int, world: int, agreed: int | None) -> dict[str, Any]:
+        self.restore_asked_at = time.time()
         if self.multi_node and agreed is None:  # the ranks agree first, on what they hold
             slots = self.ledger.ranks().get(rank)
             steps = slots.complete_steps(world) if slots else []
@@ -254,6 +270,13 @@ class CheckpointHolder:
             self._restoring = True
             lost = max((self.ledger.newest_seen(world) or 0) - step, 0)
             self.steps_lost += lost
+            self.restored_at = time.time()
+            self._redo_until = step + lost if lost else None
+            self.caught_up_at = None if lost else self.restored_at
+            if lost:
+                self.caught_up.clear()
+            else:
+                self.caught_up.set()
             self.last_restore = {"step": step, "steps_lost": lost, "time": round(time.time(), 3)}
         self.events.emit(
             EventKind.CHECKPOINT_RESTORED, global_rank=rank, step=step, steps_lost=lost

@@ -12,7 +12,9 @@ from typing import Any
 
 from ftd.text import NO_VALUE, duration, escape
 
-STAGES = ("detect", "stop", "backoff", "rendezvous", "spawn", "first_step")
+STAGES = ("detect", "stop", "backoff", "rendezvous", "spawn", "init", "restore", "redo")
+AFTER_RESTORE = frozenset({"restore", "redo"})
+"""Stages shown only where the ranks restored a snapshot (null otherwise: they do not apply)."""
 MAX_VALUE_CHARS = 120
 
 KEY_FIELDS: dict[str, tuple[str, ...]] = {
@@ -126,7 +128,11 @@ def stages_text(data: dict[str, Any]) -> str:
     """`detect 4 ms | stop 200 ms | ... = 3.00 s` for a `recovery` event's data."""
     stages = data.get("stages") if isinstance(data.get("stages"), dict) else {}
     assert isinstance(stages, dict)
-    parts = [f"{name} {duration(stages.get(name))}" for name in STAGES if name in stages]
+    parts = [
+        f"{name} {duration(stages.get(name))}"
+        for name in STAGES
+        if name in stages and (name not in AFTER_RESTORE or stages.get(name) is not None)
+    ]
     return " | ".join(parts) + f" = {duration(data.get('total_s'))}"
 
 

@@ -27,7 +27,7 @@ class EventKind(enum.StrEnum):
     WORKERS_STOPPED = "workers_stopped"
     RESTART_BACKOFF = "restart_backoff"
     RECOVERY = "recovery"
-    """A restart's stages (detect, stop, backoff, rendezvous, spawn, first_step) once it resumed."""
+    """A restart's stages (detect ... init, restore, redo) once it resumed and redid its loss."""
     # ranks
     RANK_EXITED = "rank_exited"
     RANK_HUNG = "rank_hung"

@@ -15,7 +15,7 @@ STORE_OPERATION_SECONDS = Histogram(
 
 RECOVERY_STAGE_SECONDS = Histogram(
     "ftd_recovery_stage_seconds",
-    "Each restart's stages: detect, stop, backoff, rendezvous, spawn, first_step",
+    "Each restart's stages: detect, stop, backoff, rendezvous, spawn, init, restore, redo",
     ["stage"],
     registry=None,
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),

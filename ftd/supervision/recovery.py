@@ -1,14 +1,19 @@
 """A restart, stage by stage: how long detection, stopping, the crash-loop back-off, rendezvous,
-spawning and the ranks' first step took. Marks are wall-clock seconds; the stages add up to
-fault → resumed."""
+spawning, the new ranks' start-up, their restore and the redone steps took. Marks are wall-clock
+seconds; the stages add up to fault -> back where the job was (`total_s`).
+
+`init` runs from the spawn to the ranks' request for their snapshot (ftd_client.checkpoint.load),
+`restore` from there to every rank's first step; where no rank restores a snapshot, `init` runs
+to the first step and `restore` is null. `redo` runs from the first step to the moment a rank
+saves the step the job had reached before the fault again (0 when the restore lost no step;
+null where no snapshot was restored)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import pairwise
 from typing import Any
 
-STAGES = ("detect", "stop", "backoff", "rendezvous", "spawn", "first_step")
+STAGES = ("detect", "stop", "backoff", "rendezvous", "spawn", "init", "restore", "redo")
 
 
 @dataclass
@@ -26,27 +31,46 @@ class Recovery:
     rendezvous: float | None = None
     """The next round closed: the placement is known."""
     spawned: float | None = None
+    restore_asked: float | None = None
+    """The new ranks last asked which snapshot to restore (None: none asked)."""
     resumed: float | None = None
     """Every rank of the next attempt took its first step (heartbeat, section or resumed())."""
+    caught_up: float | None = None
+    """A rank saved the step the job had reached before the fault (None: no restore, or not
+    yet)."""
 
     def stages(self) -> dict[str, float | None]:
         backed_off = self.backed_off
         if backed_off is None and self.stopped is not None and self.rendezvous is not None:
             backed_off = self.stopped  # no back-off marked (a round ended elsewhere): none
-        marks = [self.origin, self.decided, self.stopped, backed_off, self.rendezvous]
-        marks += [self.spawned, self.resumed]
+        asked = self.restore_asked
+        if asked is None or self.spawned is None or not self.spawned <= asked:
+            asked = None  # no restore by this attempt's ranks
+        elif self.resumed is not None and asked > self.resumed:
+            asked = None  # a first step before the restore: the start-up is all `init`
+        intervals = [
+            (self.origin, self.decided),
+            (self.decided, self.stopped),
+            (self.stopped, backed_off),
+            (backed_off, self.rendezvous),
+            (self.rendezvous, self.spawned),
+            (self.spawned, self.resumed if asked is None else asked),
+            (asked, None if asked is None else self.resumed),
+            (None if asked is None else self.resumed, self.caught_up),
+        ]
         return {
             name: round(end - start, 6) if start is not None and end is not None else None
-            for name, (start, end) in zip(STAGES, pairwise(marks), strict=True)
+            for name, (start, end) in zip(STAGES, intervals, strict=True)
         }
 
     def event_data(self, attempt: int) -> dict[str, Any]:
-        end = self.resumed
+        stages = self.stages()
+        end = self.caught_up if stages["redo"] is not None else self.resumed
         return {
             "attempt": attempt,
             "round": attempt,
             "cause": self.cause,
-            "stages": self.stages(),
+            "stages": stages,
             "total_s": round(end - self.origin, 6) if end is not None else None,
             "failure_time": self.origin,
         }

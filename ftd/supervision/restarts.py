@@ -36,6 +36,8 @@ class RecoveryTimeline:
         self._tools = tools
         self._background = background
         self._recovery: Recovery | None = None
+        self._next_fault = asyncio.Event()
+        """Set when another restart begins: the one before stops waiting for its redo."""
 
     def begin(self, cause: str, failure: Failure | None) -> None:
         """The attempt has to end: the fault began at the failure's origin, if it has one."""
@@ -43,6 +45,7 @@ class RecoveryTimeline:
         decided = failure.timestamp if failure is not None and failure.timestamp else now
         origin = failure.origin if failure is not None and failure.origin else decided
         self._recovery = Recovery(cause=cause, origin=min(origin, decided), decided=decided)
+        self._next_fault.set()
 
     def stopped(self) -> None:
         if self._recovery is not None:
@@ -62,13 +65,37 @@ class RecoveryTimeline:
         if recovery is None:
             return
         recovery.spawned = time.time()
-        self._background.spawn(self._await_resumed(attempt, recovery), "first-step")
+        self._next_fault = next_fault = asyncio.Event()
+        self._background.spawn(self._await_resumed(attempt, recovery, next_fault), "recovered")
 
-    async def _await_resumed(self, attempt: Attempt, recovery: Recovery) -> None:
-        """The restart is over once every rank of the new attempt took its first step."""
-        resumed = await self._tools.health.first_steps(attempt.group)
-        if resumed is not None:
-            recovery.resumed = resumed
+    async def _await_resumed(
+        self, attempt: Attempt, recovery: Recovery, next_fault: asyncio.Event
+    ) -> None:
+        """The restart is over once every rank of the new attempt took its first step and, where
+        they restored a snapshot, the job is back at the step it had reached (or the next fault
+        came, or the daemon stops: then without its `redo`)."""
+        try:
+            resumed = await self._tools.health.first_steps(attempt.group)
+            if resumed is not None:
+                recovery.resumed = resumed
+            holder = self._tools.health.checkpoints
+            if holder is None or recovery.spawned is None:
+                return
+            recovery.restore_asked = holder.restore_asked_at
+            if holder.restored_at is None or holder.restored_at < recovery.spawned:
+                return
+            caught_up = asyncio.ensure_future(holder.caught_up.wait())
+            faulted = asyncio.ensure_future(next_fault.wait())
+            try:
+                await asyncio.wait((caught_up, faulted), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                caught_up.cancel()
+                faulted.cancel()
+            recovery.caught_up = holder.caught_up_at
+        finally:
+            self._report(attempt, recovery)
+
+    def _report(self, attempt: Attempt, recovery: Recovery) -> None:
         data = recovery.event_data(attempt.number)
         for stage, seconds in data["stages"].items():
             if seconds is not None:

@@ -246,7 +246,7 @@ async def test_the_recovery_stages_of_a_live_restart(serve: ServeFactory) -> Non
         await page.goto(url + "/")
         row = page.locator('.recovery[data-attempt="1"]')
         await row.wait_for()
-        for stage in ("detect", "stop", "rendezvous", "spawn", "first_step"):
+        for stage in ("detect", "stop", "rendezvous", "spawn", "init"):
             await row.locator(f".stage-{stage}").wait_for()
         await shot(page, "dashboard-live-recovery")
         assert console.unexpected() == []
@@ -416,8 +416,16 @@ async def test_a_512_node_job_and_recovery_stages() -> None:
         attempt=1,
         round=1,
         cause="rank 3 exited with exit code 1",
-        stages={"detect": 0.004, "stop": 0.2, "rendezvous": 0.9, "spawn": 0.1, "first_step": 1.8},
-        total_s=3.004,
+        stages={
+            "detect": 0.004,
+            "stop": 0.2,
+            "rendezvous": 0.9,
+            "spawn": 0.1,
+            "init": 1.5,
+            "restore": 0.3,
+            "redo": 0.5,
+        },
+        total_s=3.504,
         failure_time=t + 200,
     )
     stub.event("node_excluded", t + 300, node_id="node-0013", reason="bad NIC", by="api")
@@ -451,10 +459,12 @@ async def test_a_512_node_job_and_recovery_stages() -> None:
             "stop",
             "rendezvous",
             "spawn",
-            "first_step",
+            "init",
+            "restore",
+            "redo",
         ]
-        assert stages[0] == "detect 4 ms" and stages[-1] == "first_step 1.80 s"
-        assert "3.00 s" in await row.locator(".total").inner_text()
+        assert stages[0] == "detect 4 ms" and stages[-1] == "redo 500 ms"
+        assert "3.50 s" in await row.locator(".total").inner_text()
         await page.locator('.attempt[data-attempt="0"].s-failed').wait_for()
         # A recovery arriving on the stream is drawn as it happens.
         now = time.time()
@@ -465,7 +475,7 @@ async def test_a_512_node_job_and_recovery_stages() -> None:
             attempt=2,
             round=2,
             cause="hang: rank 5 no heartbeat for 60.0s",
-            stages={"detect": 60.0, "stop": 1.1, "rendezvous": 0.3, "spawn": 0.2, "first_step": 2},
+            stages={"detect": 60.0, "stop": 1.1, "rendezvous": 0.3, "spawn": 0.2, "init": 2},
             total_s=63.6,
             failure_time=now - 64,
         )

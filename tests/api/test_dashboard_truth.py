@@ -82,8 +82,9 @@ async def test_one_duration_formatter() -> None:
 
 @in_chromium
 async def test_recovery_rows_null_backoff_and_scale(tmp_path: Path) -> None:
-    """Row 4: null first_step/total_s are a dash (not "0 ms"); the back-off is its own stage; the
-    stage bars are to scale (a 4 ms detect is not as wide as a 2 s stop)."""
+    """Row 4: null init/total_s are a dash (not "0 ms"); the back-off is its own stage; the
+    stage bars are to scale (a 4 ms detect is not as wide as a 2 s stop); restore and redo,
+    which apply only where a snapshot was restored, are left out when null."""
     stub = Stub(stub_status())
     now = time.time()
     stub.event("attempt_started", now - 30, attempt=0, pids={})
@@ -91,7 +92,8 @@ async def test_recovery_rows_null_backoff_and_scale(tmp_path: Path) -> None:
     stages = {"detect": 0.004, "stop": 2.0, "backoff": 8.0, "rendezvous": 0.03, "spawn": 0.1}
     stub.event(
         "recovery", now - 10, attempt=1, round=1, cause="rank 1 exited with exit code 3",
-        stages={**stages, "first_step": None}, total_s=None, failure_time=now - 31,
+        stages={**stages, "init": None, "restore": None, "redo": None}, total_s=None,
+        failure_time=now - 31,
     )  # fmt: skip
     async with stub_server(stub) as url, browser() as chromium:
         page, errors = await open_page(chromium, url)
@@ -99,9 +101,10 @@ async def test_recovery_rows_null_backoff_and_scale(tmp_path: Path) -> None:
         await row.wait_for()
         assert await row.locator(".total").inner_text() == DASH
         caption = await row.locator(".stage-values").inner_text()
-        assert f"first_step {DASH}" in caption and not re.search(r"\b0 ms", caption), caption
+        assert f"init {DASH}" in caption and not re.search(r"\b0 ms", caption), caption
+        assert "restore" not in caption and "redo" not in caption, caption
         assert "backoff 8.00 s" in caption and "rendezvous 30 ms" in caption, caption
-        assert await row.locator(".stage-first_step").count() == 0
+        assert await row.locator(".stage-init").count() == 0
         widths = await stage_widths(row, stages)
         assert widths["detect"] < widths["stop"] / 10, widths
         assert widths["backoff"] == pytest.approx(4 * widths["stop"], rel=0.1), widths
@@ -128,7 +131,8 @@ async def test_attention_deadlines_backoff_history_and_no_exclude_on_one_node(
     a back-off counts down; failed attempts per node and hangs per rank; no exclude form on a
     single node (and one where the status says multi-node)."""
     now = time.time()
-    memory = {"newest_step": 60, "steps_lost": 1, "memory_bytes": 1, "budget_bytes": 2}
+    memory = {"newest_step": 60, "steps_lost": 1, "memory_bytes": 1, "budget_bytes": 2,
+              "replica_lag_steps": 2, "replica": {"successor": "node-b"}}  # fmt: skip
     stub = Stub(stub_status(state="restarting", backoff_s=30.0, checkpoint=memory))
     stub.event("attempt_started", now - 40, attempt=0, pids={})
     for attempt in (0, 1):
@@ -166,6 +170,7 @@ async def test_attention_deadlines_backoff_history_and_no_exclude_on_one_node(
         assert "by=b rank_heartbeat_timeout 5 → 3" in change, change
         facts = await page.locator("#facts").inner_text()  # the memory tier's
         assert "snapshot step 60" in facts and "steps lost 1" in facts, facts
+        assert "replica node-b · 2 steps behind" in facts, facts
         assert await page.locator("#exclude-form").is_hidden()
         assert await page.locator("#exclude-note").is_visible()
         await shot(page, tmp_path, "truth-attention")

@@ -36,7 +36,15 @@ RECOVERY = _event(
     attempt=1,
     round=1,
     cause="rank 1 exited with exit code 1",
-    stages={"detect": 0.004, "stop": 0.2, "rendezvous": 0.9, "spawn": 0.1, "first_step": 1.8},
+    stages={
+        "detect": 0.004,
+        "stop": 0.2,
+        "rendezvous": 0.9,
+        "spawn": 0.1,
+        "init": 1.8,
+        "restore": None,
+        "redo": None,
+    },
     total_s=3.004,
     failure_time=NOW - 3,
 )
@@ -95,9 +103,7 @@ def test_the_picture_has_nodes_ranks_recovery_and_events() -> None:
         "0", "0", "100", "running", none, "250", "ms", "step", "100", "ms", none, none
     ]  # fmt: skip
     assert "LAST RECOVERY attempt 1: rank 1 exited with exit code 1" in text
-    assert (
-        "detect 4 ms | stop 200 ms | rendezvous 900 ms | spawn 100 ms | first_step 1.80 s" in text
-    )
+    assert "detect 4 ms | stop 200 ms | rendezvous 900 ms | spawn 100 ms | init 1.80 s" in text
     assert "= 3.00 s" in text
     assert "timeouts: rank_heartbeat_timeout=30  rank_section_timeouts=step:60" in text
 
@@ -129,7 +135,7 @@ def test_event_lines_show_the_data_that_matters() -> None:
     )
     started = describe_event(_event(6, "attempt_started", attempt=1, pids={"0": 1, "1": 2}))
     assert started.endswith("attempt=1 ranks=2")
-    assert describe_event(RECOVERY).endswith("first_step 1.80 s = 3.00 s")
+    assert describe_event(RECOVERY).endswith("spawn 100 ms | init 1.80 s = 3.00 s")
     assert describe_event({"kind": "odd", "data": None}).split()[:3] == ["?", "??:??:??.???", "odd"]
 
 

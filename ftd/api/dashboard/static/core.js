@@ -4,7 +4,7 @@
 "use strict";
 
 const TOKEN_KEY = "ftd-token";
-const STAGES = ["detect", "stop", "backoff", "rendezvous", "spawn", "first_step"];
+const STAGES = ["detect", "stop", "backoff", "rendezvous", "spawn", "init", "restore", "redo"];
 const TERMINAL = ["succeeded", "failed", "stopped"];
 const NEAR_DEADLINE = 0.7;
 const STATUS_EVERY_MS = 1000;

@@ -285,7 +285,11 @@ function renderTimeline() {
 }
 
 // A recovery's stages to scale (a stage's width is its share of the total; a narrow one keeps
-// a sliver and its label in the row's caption); a stage not measured is "–", never 0.
+// a sliver and its label in the row's caption); a stage not measured is "–", never 0, but
+// restore and redo only show where the ranks restored a snapshot.
+const AFTER_RESTORE = new Set(["restore", "redo"]);
+const STAGE_COLOURS = { rendezvous: "rdzv", init: "s-init", restore: "s-restore", redo: "s-redo" };
+
 function renderRecoveries(recoveries, restarts) {
   const rows = recoveries.slice(-20).reverse().map((event) => {
     const d = event.data || {};
@@ -301,6 +305,7 @@ function renderRecoveries(recoveries, restarts) {
     for (const name of STAGES) {
       if (!(name in stages)) continue;
       const value = typeof stages[name] === "number" && stages[name] >= 0 ? stages[name] : null;
+      if (value === null && AFTER_RESTORE.has(name)) continue;
       const text = `${name} ${duration(value)}`;
       caption.appendChild(el("span", `value-${name}`, text));
       if (value === null) continue;
@@ -322,7 +327,7 @@ function renderRecoveries(recoveries, restarts) {
   const legend = el("div", "legend");
   for (const name of STAGES) {
     const key = el("span", null, name);
-    key.style.setProperty("--k", `var(--${name === "rendezvous" ? "rdzv" : name})`);
+    key.style.setProperty("--k", `var(--${STAGE_COLOURS[name] ?? name})`);
     legend.appendChild(key);
   }
   $("recoveries").replaceChildren(...rows, legend);

@@ -137,14 +137,21 @@ function progressFacts(progress) {
 }
 
 // The memory tier (docs/checkpoint.md): the step a restart resumes after, and the steps the
-// ranks finished that restores did not keep; none before a rank used it.
+// ranks finished that restores did not keep; with replicas, the peer that holds this node's
+// and how many steps it is behind; none before a rank used it.
 function checkpointFacts(memory) {
   if (!memory || typeof memory !== "object") return [];
   const newest = typeof memory.newest_step === "number" ? `step ${memory.newest_step}` : "–";
-  return [
+  const facts = [
     ["snapshot", newest],
     ["steps lost", memory.steps_lost ?? "–"],
   ];
+  const replica = memory.replica;
+  if (replica && typeof replica === "object") {
+    const lag = typeof memory.replica_lag_steps === "number" ? `${memory.replica_lag_steps} steps behind` : "–";
+    facts.push(["replica", `${replica.successor ?? "–"} · ${lag}`]);
+  }
+  return facts;
 }
 
 function renderRanks(s) {
