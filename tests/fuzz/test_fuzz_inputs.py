@@ -1,8 +1,8 @@
 """Fuzz targets for the decoders of outside input this file covers: a rank's error file
 (ftd.ranks.error_file), the scheduler's variables (ftd.config.scheduler: Slurm host lists,
-Kubernetes and
-PET_*), and the terminal escaping of job text (ftd.text). Each input must give a value or the
-decoder's refusal, never another exception, within a per-input CPU budget.
+Kubernetes and PET_*), ftd serve's own variables (FTD_ZYGOTE_WARM_AFTER_S), and the terminal
+escaping of job text (ftd.text). Each input must give a value or the decoder's refusal, never
+another exception, within a per-input CPU budget.
 
 A short pass runs with the tests; the long one: `make fuzz-long` (docs/security.md).
 """
@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from ftd.config.scheduler import MAX_HOSTS, SchedulerError, detect, expand_hostlist, first_host
 from ftd.ranks.error_file import MAX_FILE_BYTES, RankError, Unreadable, decode_error_json
+from ftd.ranks.spawn.zygote_process import WARM_AFTER_ENV, WARM_AFTER_S, warm_after_s
 from ftd.text import escape
 from tests.support.fuzzing import budget, fuzz_target
 
@@ -146,6 +147,25 @@ def test_fuzz_scheduler_environment(env: dict[str, str]) -> None:
     assert detected.scheduler in ("slurm", "kubernetes", "torchrun", "none")
     for setting in detected.settings.values():
         assert len(str(setting.value)) <= 4096 + 6
+
+
+# -- ftd serve's own variables ---------------------------------------------------------------
+
+
+@fuzz_target("serve_environment", 150)
+@given(
+    st.one_of(
+        st.text(max_size=40),
+        st.integers(-(10**6), 10**7).map(str),
+        st.builds(lambda n: "9" * n, st.integers(0, 5000)),
+    )
+)
+def test_fuzz_zygote_warm_after(value: str) -> None:
+    with budget():
+        seconds = warm_after_s({WARM_AFTER_ENV: value})
+    assert isinstance(seconds, int) and 0 <= seconds <= 86400
+    if not (value.isascii() and value.isdigit() and len(value) <= 5 and int(value) <= 86400):
+        assert seconds == WARM_AFTER_S
 
 
 # -- terminal escaping ----------------------------------------------------------------------

@@ -12,7 +12,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ftd.ranks.spawn.forked import describe_exit, wait_popen
@@ -43,8 +43,8 @@ WARM_AFTER_ENV = "FTD_ZYGOTE_WARM_AFTER_S"
 PRELOADING = "preloading"
 
 
-def warm_after_s() -> int:
-    raw = os.environ.get(WARM_AFTER_ENV, "")
+def warm_after_s(environ: Mapping[str, str] = os.environ) -> int:
+    raw = environ.get(WARM_AFTER_ENV, "")
     return int(raw) if is_decimal(raw) and len(raw) <= 5 and int(raw) <= 86400 else WARM_AFTER_S
 
 
