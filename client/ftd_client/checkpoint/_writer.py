@@ -152,11 +152,12 @@ class Checkpointer:
             held = [s for s in steps if isinstance(s, int)] if isinstance(steps, list) else []
             self._loads += 1
             step = agreed_step(held, self.rank, self.world, self._loads)
-            if step is None:
-                return None
+            if step is None:  # in no rank's memory: every rank looks in --checkpoint-persist
+                return self._load_persisted(state, reply)
             reply = self._ask_restore(
                 {"t": protocol.CHECKPOINT_RESTORE, "world": self.world, "step": step}
             )
+            reply.pop("persist", None)  # the ranks agreed on a step in memory: none looks on disk
         if not reply.get("ok") or reply.get("step") is None:
             return self._load_persisted(state, reply)
         started = time.perf_counter()
