@@ -250,3 +250,24 @@ def test_a_persisted_snapshot_loads_back_whole_and_a_failed_write_is_counted(
     assert (stats.persisted, stats.persist_failed) == (0, 2)
     said = [line for line in capfd.readouterr().err.splitlines() if "not persisted" in line]
     assert len(said) == 1 and "step 20" in said[0] and "NotADirectoryError" in said[0], said
+
+
+def test_one_persist_at_a_time_the_next_one_skipped_and_its_slot_left_alone(
+    tmp_path: Path,
+) -> None:
+    """A write under way (its slot a FIFO: the thread waits in open until the test lets it go):
+    the next offer is refused (the caller counts it skipped) and the slot is named as read."""
+    from ftd_client.checkpoint import Stats
+    from ftd_client.checkpoint._persist import Persister, Work
+
+    fifo = tmp_path / "slot"
+    os.mkfifo(fifo)
+    stats = Stats()
+    persister = Persister(stats)
+    assert persister.offer(Work(str(fifo), 10, 1, 0, str(tmp_path / "dir")))
+    assert persister.reading == str(fifo)
+    assert not persister.offer(Work(str(tmp_path / "other"), 20, 1, 0, str(tmp_path / "dir")))
+    assert not persister.wait(0.05)
+    os.close(os.open(fifo, os.O_WRONLY))  # the reader opens, finds no snapshot: a failure
+    assert persister.wait(30) and persister.reading is None
+    assert (stats.persisted, stats.persist_failed) == (0, 1)
