@@ -157,17 +157,18 @@ class CheckpointHolder:
     def _make_persist(self) -> None:
         if self.persist is None:
             return
-        try:  # 0700 for what is made here; an existing directory's mode is the user's
-            self.persist.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-            if not os.access(self.persist.directory, os.W_OK | os.X_OK):
-                raise PermissionError(f"{self.persist.directory} is not writable")
+        directory = self.persist.directory
+        try:  # 0700 for what is made here (parents too); an existing directory's is the user's
+            missing = [path for path in (directory, *directory.parents) if not path.exists()]
+            for path in reversed(missing):
+                path.mkdir(mode=0o700, exist_ok=True)
+            if not os.access(directory, os.W_OK | os.X_OK):
+                raise PermissionError(f"{directory} is not writable")
         except OSError as error:
             log.error("no persistence (--checkpoint-persist): %s", error)
             self.persist = None
             return
-        log.info(
-            "every %d-th snapshot is persisted to %s", self.persist.every, self.persist.directory
-        )
+        log.info("every %d-th snapshot is persisted to %s", self.persist.every, directory)
 
     def close(self) -> None:
         if self.directory is not None:

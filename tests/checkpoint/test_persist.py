@@ -76,7 +76,8 @@ def test_the_grant_of_every_nth_step_and_each_restore_name_the_directory(
     )
     holder.start()
     try:
-        assert persist.is_dir() and oct(persist.stat().st_mode & 0o777) == "0o700"
+        for made in (persist, persist.parent):
+            assert made.is_dir() and oct(made.stat().st_mode & 0o777) == "0o700"
         assert holder.answer(0, restore()) == {"ok": True, "step": None, "persist": str(persist)}
         grants = {step: holder.answer(0, begin(step)) for step in (9, 10, 11, 20)}
         assert [s for s, g in grants.items() if g.get("persist") == str(persist)] == [10, 20]
