@@ -119,6 +119,7 @@ def newest_common(world_dir: Path) -> int | None:
     return max(held[0] & held[1], default=None)
 
 
+@pytest.mark.timeout(240)  # two daemons in a row, each with its zygote's imports
 async def test_a_job_that_lost_its_node_resumes_from_disk_bit_identical(
     serve: ServeFactory, tmp_path: Path, memory_train_reference: Path
 ) -> None:
