@@ -172,8 +172,8 @@ class Daemon:
                 lambda: asyncio.to_thread(shutil.rmtree, private, ignore_errors=True),
             )
         self.replication = replication_for(config, self.coordinator, self.events, self._cluster)
-        self.checkpoints = CheckpointHolder(self.run_dir, config.checkpoint_memory_bytes,
-            self.events, config.multi_node, self.replication)  # fmt: skip
+        self.checkpoints = CheckpointHolder.serving(config, self.run_dir, self.events,
+            self.replication)  # fmt: skip
         self.health = HealthService(
             config.ft,
             rank_socket,

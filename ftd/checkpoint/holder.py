@@ -30,6 +30,7 @@ from ftd_client import protocol
 from ftd_client.snapshot_format import HEADER, SnapshotFormatError, decode_header
 
 from ftd.checkpoint.ledger import Grant, Ledger
+from ftd.config.serve import ServeConfig
 from ftd.status.event_kind import EventKind
 from ftd.status.events import EventLog
 
@@ -68,6 +69,15 @@ class Replicas(Protocol):
     def view(self) -> dict[str, Any]: ...
 
 
+@dataclass(frozen=True)
+class Persist:
+    """--checkpoint-persist: the directory the ranks write every `every`-th snapshot to (their
+    own torch.distributed.checkpoint files: the daemon never reads them)."""
+
+    directory: Path
+    every: int
+
+
 @dataclass
 class Counts:
     begun: int = 0
@@ -88,8 +98,10 @@ class CheckpointHolder:
         multi_node: bool = False,
         replicas: Replicas | None = None,
         base: Path = DEFAULT_BASE,
+        persist: Persist | None = None,
     ) -> None:
         self.run_dir = run_dir
+        self.persist = persist
         self.base = base if base.is_dir() else run_dir
         self.events = events
         self.directory: Path | None = None
@@ -119,10 +131,22 @@ class CheckpointHolder:
         self.caught_up = asyncio.Event()
         """Set once the job is back at the step it had reached before its last restore."""
 
+    @classmethod
+    def serving(
+        cls, config: ServeConfig, run_dir: Path, events: EventLog, replicas: Replicas | None
+    ) -> CheckpointHolder:
+        """The holder `ftd serve` runs with `config`."""
+        directory = config.checkpoint_persist_dir
+        persist = Persist(directory, config.checkpoint_persist_every) if directory else None
+        return cls(run_dir, config.checkpoint_memory_bytes, events, config.multi_node, replicas,
+            persist=persist)  # fmt: skip
+
     def start(self) -> None:
         """Make the memory directory; where it cannot be made (a full disk), the daemon goes on
-        without a memory tier and says why once (the ranks' saves then do nothing)."""
+        without a memory tier and says why once (the ranks' saves then do nothing). Likewise
+        the persistence directory: without it, snapshots stay in memory only."""
         self._remove_stale()
+        self._make_persist()
         if self.ledger.budget_bytes == 0:  # --checkpoint-memory 0: no memory tier
             return
         try:
@@ -140,6 +164,22 @@ class CheckpointHolder:
             self.directory,
             self.ledger.budget_bytes,
         )
+
+    def _make_persist(self) -> None:
+        if self.persist is None:
+            return
+        directory = self.persist.directory
+        try:  # 0700 for what is made here (parents too); an existing directory's is the user's
+            missing = [path for path in (directory, *directory.parents) if not path.exists()]
+            for path in reversed(missing):
+                path.mkdir(mode=0o700, exist_ok=True)
+            if not os.access(directory, os.W_OK | os.X_OK):
+                raise PermissionError(f"{directory} is not writable")
+        except OSError as error:
+            log.error("no persistence (--checkpoint-persist): %s", error)
+            self.persist = None
+            return
+        log.info("every %d-th snapshot is persisted to %s", self.persist.every, directory)
 
     def close(self) -> None:
         if self.directory is not None:
@@ -180,6 +220,8 @@ class CheckpointHolder:
             "newest_step": common if common >= 0 else None,
             "steps_lost": self.steps_lost,
             "last_restore": self.last_restore,
+            "persist_dir": str(self.persist.directory) if self.persist else None,
+            "persist_every": self.persist.every if self.persist else None,
             **vars(self.counts),
             **(self.replicas.view() if self.replicas is not None else NOT_REPLICATED),
         }
@@ -218,7 +260,10 @@ class CheckpointHolder:
                 self.caught_up.set()
             self._refused_ranks.discard(rank)
             path = self.slot_path(rank, decision.slot)
-            return {"ok": True, "slot": decision.slot, "path": str(path)}
+            grant = {"ok": True, "slot": decision.slot, "path": str(path)}
+            if self.persist is not None and step % self.persist.every == 0:
+                grant["persist"] = str(self.persist.directory)
+            return grant
         if decision.reason == "busy":
             self.counts.busy += 1
         else:
@@ -261,7 +306,7 @@ class CheckpointHolder:
             steps = slots.complete_steps(world) if slots else []
             if not steps and self.replicas is not None and self.replicas.restoring(rank, world):
                 return {"ok": True, "pending": True}  # asked again once the peers answered
-            return {"ok": True, "agree": True, "steps": steps}
+            return {"ok": True, "agree": True, "steps": steps, **self._persist_reply()}
         found = self.ledger.restore(rank, world, agreed) if rank < world else None
         step = None if found is None else found[0]
         self.counts.restored += found is not None
@@ -282,8 +327,13 @@ class CheckpointHolder:
             EventKind.CHECKPOINT_RESTORED, global_rank=rank, step=step, steps_lost=lost
         )
         if found is None:
-            return {"ok": True, "step": None}
-        return {"ok": True, "step": step, "path": str(self.slot_path(rank, found[1]))}
+            return {"ok": True, "step": None, **self._persist_reply()}
+        path = str(self.slot_path(rank, found[1]))
+        return {"ok": True, "step": step, "path": path, **self._persist_reply()}
+
+    def _persist_reply(self) -> dict[str, str]:
+        """Where the ranks look when neither memory nor a peer holds a snapshot."""
+        return {} if self.persist is None else {"persist": str(self.persist.directory)}
 
     def _remove_stale(self) -> None:
         """Directories that daemons killed before their end left behind: this run's (named in

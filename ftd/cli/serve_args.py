@@ -11,8 +11,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ftd.cli.checkpoint_args import add_checkpoint
 from ftd.cli.fault_tolerance_args import add_fault_tolerance
-from ftd.cli.formatting import HelpFormatter, UsageParser, memory_size
+from ftd.cli.formatting import HelpFormatter, UsageParser
 
 DEFAULT_API_PORT = 29610  # ftd.config.serve.DEFAULT_API_PORT, without importing pydantic for --help
 DEFAULT_PROGRESS_FLOOR_S = 300.0  # ftd.health.progress.DEFAULT_FLOOR_S, likewise
@@ -293,15 +294,7 @@ def _add_ftd(serve: argparse.ArgumentParser) -> None:
         help="the progress deadline is learned (3x the longest interval between progress "
         "events) but never shorter than this (default: %(default)g)",
     )
-    add(
-        *_flag("--checkpoint-memory"),
-        type=memory_size,
-        default="auto",
-        metavar="SIZE",
-        help="memory the node holds for ftd_client.checkpoint's snapshots (and for the replicas "
-        "of its peers' in a job of several nodes), e.g. 8G, 512M; "
-        "auto: half of /dev/shm's free space at start; 0: none (default: auto)",
-    )
+    add_checkpoint(add, _flag)
     add(
         *_flag("--enable-fault-injection"),
         action="store_true",

@@ -112,6 +112,7 @@ def serve_config_from_args(args: argparse.Namespace) -> ServeConfig:
         "checkpoint_memory_bytes": None
         if args.checkpoint_memory == "auto"
         else args.checkpoint_memory,
+        **_persist(args),
         **_restart_backoff(args.restart_backoff),
     }
     if args.node_id:
@@ -127,6 +128,18 @@ def serve_config_from_args(args: argparse.Namespace) -> ServeConfig:
         return ServeConfig.model_validate(fields)
     except ValidationError as error:
         raise UsageError(format_validation_error(error)) from None
+
+
+def _persist(args: argparse.Namespace) -> dict[str, object]:
+    if args.checkpoint_persist is None:
+        if args.checkpoint_persist_every is not None:
+            raise UsageError("--checkpoint-persist-every needs --checkpoint-persist DIR")
+        return {}
+    every = args.checkpoint_persist_every
+    return {
+        "checkpoint_persist_dir": Path(args.checkpoint_persist).absolute(),
+        "checkpoint_persist_every": every or 100,
+    }
 
 
 def _load_ft_file(args: argparse.Namespace) -> dict[str, object]:

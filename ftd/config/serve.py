@@ -107,6 +107,9 @@ class ServeConfig(BaseModel):
     """The learned progress deadline is never shorter (ftd/health/progress.py)."""
     checkpoint_memory_bytes: int | None = Field(None, ge=0, le=2**48)
     """Memory held for ftd_client.checkpoint's snapshots; None: half of /dev/shm's free space."""
+    checkpoint_persist_dir: Path | None = None
+    """Every `checkpoint_persist_every`-th snapshot is also written there by its rank (DCP)."""
+    checkpoint_persist_every: int = Field(100, ge=1, le=2**53)
     enable_fault_injection: bool = False
     """Allow `POST /v1/faults`; ranks then accept the fault signals (see ftd_client.faults)."""
 

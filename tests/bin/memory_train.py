@@ -13,7 +13,8 @@ tensor and a Python counter.
                       barrier); <out>/killed-<k> counts them (an attempt ended by something
                       else, such as a lost node, kills nothing)
   --pause-at-step N   rank --kill-rank stops in step N of the first attempt that reaches it, once
-                      every rank's snapshot of the step before is written, and writes
+                      every rank's snapshot of the step before is written (and its write to
+                      --checkpoint-persist, if one was under way), and writes
                       <out>/paused; the others wait in a barrier (a test then kills its node)
   --width W           the model's hidden width (its state grows with W^2)
 Writes <out>/final-<rank>.pt (the final state) and <out>/resumed-<attempt>-<rank> (the step
@@ -77,7 +78,7 @@ def main() -> None:
                 os.kill(os.getpid(), signal.SIGKILL)
             dist.barrier()  # the others wait here until the daemon stops them
         if step == args.pause_at_step and not (args.out / "paused").exists():
-            checkpoint.wait()
+            checkpoint.wait(persisted=True)
             dist.barrier()
             if rank == args.kill_rank:
                 (args.out / "paused").touch()

@@ -73,12 +73,13 @@ def load(state_dict: dict[str, Any]) -> int | None:
     return _get().load(state_dict)
 
 
-def wait(timeout_s: float = 60.0) -> None:
+def wait(timeout_s: float = 60.0, persisted: bool = False) -> None:
     """Wait for the last save to be complete: call it before changing a saved tensor outside
     `optimizer.step` (the pre-step hook waits for the optimizer's own tensors), and at the end.
     A save waiting for its peers' copies (both its slots still needed) waits up to `timeout_s`
-    for them, then is skipped."""
-    _get().settle(patience_s=timeout_s)
+    for them, then is skipped. `persisted`: then also up to `timeout_s` for the write to
+    --checkpoint-persist under way (the rank's exit waits for it too)."""
+    _get().settle(patience_s=timeout_s, persisted=persisted)
 
 
 def stats() -> Stats:

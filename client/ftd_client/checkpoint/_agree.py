@@ -22,7 +22,10 @@ WAIT_S = 600.0
 rank that never does is stopped by its hang deadline before."""
 
 
-def agreed_step(held: Sequence[int], rank: int, world: int, round_number: int) -> int | None:
+def agreed_step(
+    held: Sequence[int], rank: int, world: int, round_number: int, kind: str = "memory"
+) -> int | None:
+    """The newest step all `world` ranks hold; `kind` keeps rounds over memory and disk apart."""
     from torch.distributed import TCPStore
 
     store = TCPStore(
@@ -33,6 +36,8 @@ def agreed_step(held: Sequence[int], rank: int, world: int, round_number: int) -
     )
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     prefix = f"ftd/checkpoint/{attempt}/{round_number}/"
+    if kind != "memory":
+        prefix = f"ftd/checkpoint/{attempt}/{kind}/{round_number}/"
     mine = json.dumps(sorted(held)[-MAX_STEPS:]).encode()
     store.set(prefix + str(rank), mine)
     keys = [prefix + str(r) for r in range(world)]

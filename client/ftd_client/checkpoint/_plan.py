@@ -134,12 +134,14 @@ def skeleton_of(data: bytes) -> Any:
 
 class Restorer:
     """Fills a state dict in place from a snapshot's skeleton: a tensor of the same shape and
-    type is copied into (one copy); anything else is replaced by the snapshot's value."""
+    type is copied into (one copy); anything else is replaced by the snapshot's value (with
+    `copy=False`, a view of the snapshot's bytes: the tree of views persistence writes)."""
 
-    def __init__(self, buffer: Any, data_offset: int, data_bytes: int) -> None:
+    def __init__(self, buffer: Any, data_offset: int, data_bytes: int, copy: bool = True) -> None:
         self.buffer = buffer
         self.data_offset = data_offset
         self.data_bytes = data_bytes
+        self.copy = copy
 
     def into(self, target: Any, stored: Any) -> Any:
         if isinstance(stored, Stored):
@@ -152,7 +154,7 @@ class Restorer:
                 with torch.no_grad():
                     target.copy_(source)
                 return target
-            return source.to(stored.device, copy=True)
+            return source.to(stored.device, copy=True) if self.copy else source
         if isinstance(stored, dict) and isinstance(target, dict):
             for key, value in stored.items():
                 if key in target:

@@ -32,6 +32,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from ftd_client import protocol
 from ftd_client.checkpoint._agree import agreed_step
 from ftd_client.checkpoint._link import CheckpointLink
+from ftd_client.checkpoint._persist import Persister, Work, restore_from
 from ftd_client.checkpoint._plan import (
     CheckpointError,
     Restorer,
@@ -67,6 +68,13 @@ class Stats:
     copy_s: float = 0.0
     """Time the thread spent copying the last snapshot."""
     restore_s: float = 0.0
+    persisted: int = 0
+    """Snapshots written to --checkpoint-persist (docs/checkpoint.md, Persistence)."""
+    persist_skipped: int = 0
+    """Persist steps whose snapshot was not written: the one before was still being written."""
+    persist_failed: int = 0
+    persist_s: float = 0.0
+    """Time the persist thread spent writing the last one."""
 
 
 @dataclass
@@ -79,6 +87,8 @@ class _Job:
     state: str = "waiting"  # waiting -> copying -> done, or waiting -> canceled
     slot: int = -1
     path: str = ""
+    persist: str = ""
+    """The directory the daemon asked this snapshot to be persisted to, once complete."""
     error: str = ""
     done: threading.Event = field(default_factory=threading.Event)
     asking: threading.Lock = field(default_factory=threading.Lock)
@@ -99,6 +109,7 @@ class Checkpointer:
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self._maps: dict[str, tuple[int, mmap.mmap]] = {}
+        self._persister = Persister(self.stats)
         self._optimizers: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
         self._hook = register_optimizer_step_pre_hook(self._before_step)
 
@@ -141,13 +152,14 @@ class Checkpointer:
             held = [s for s in steps if isinstance(s, int)] if isinstance(steps, list) else []
             self._loads += 1
             step = agreed_step(held, self.rank, self.world, self._loads)
-            if step is None:
-                return None
+            if step is None:  # in no rank's memory: every rank looks in --checkpoint-persist
+                return self._load_persisted(state, reply)
             reply = self._ask_restore(
                 {"t": protocol.CHECKPOINT_RESTORE, "world": self.world, "step": step}
             )
+            reply.pop("persist", None)  # the ranks agreed on a step in memory: none looks on disk
         if not reply.get("ok") or reply.get("step") is None:
-            return None
+            return self._load_persisted(state, reply)
         started = time.perf_counter()
         step = int(reply["step"])
         fd = os.open(str(reply["path"]), os.O_RDONLY | os.O_NOFOLLOW)
@@ -173,6 +185,14 @@ class Checkpointer:
         self.stats.restore_s = time.perf_counter() - started
         return step
 
+    def _load_persisted(self, state: dict[str, Any], reply: dict[str, Any]) -> int | None:
+        started = time.perf_counter()
+        self._loads += 1
+        step = restore_from(reply, state, self.rank, self.world, self._loads)
+        if step is not None:
+            self.stats.restore_s = time.perf_counter() - started
+        return step
+
     def _ask_restore(self, message: dict[str, Any]) -> dict[str, Any]:
         """The daemon's answer, waited for: a rank that went on without it (from step 0 while
         its peers restore) would train apart from them, silently."""
@@ -191,12 +211,17 @@ class Checkpointer:
                 return reply
             time.sleep(PENDING_POLL_S)
 
-    def settle(self, patience_s: float = 0.0) -> None:
+    def settle(self, patience_s: float = 0.0, persisted: bool = False) -> None:
         """Before the saved tensors may change: a save still waiting for a slot asks once more
         (the peers' copies are done by now in a job whose ranks meet in collectives every
         step) and is skipped if refused again; a copy under way is waited for. With
         `patience_s` (wait(), the end of the script: no next step comes to supersede it) it
-        asks again for that long before it gives up."""
+        asks again for that long before it gives up; `persisted`: then waits as long for the
+        write to --checkpoint-persist under way."""
+        if persisted:
+            self.settle(patience_s)
+            self._persister.wait(patience_s)
+            return
         job = self._job
         if job is None or job.done.is_set():
             return
@@ -222,9 +247,11 @@ class Checkpointer:
         goes; bounded, as a peer that died never finishes its copy."""
         job = self._job
         if job is not None and not job.done.is_set():
-            waiter = threading.Thread(target=self.settle, args=(timeout_s,), daemon=True)
+            waiter = threading.Thread(target=self.settle, args=(timeout_s, True), daemon=True)
             waiter.start()
             waiter.join(timeout_s)
+        else:
+            self._persister.wait(timeout_s)
         self._hook.remove()
 
     def _disable(self, reason: str) -> None:
@@ -271,6 +298,8 @@ class Checkpointer:
             return False
         if reply.get("ok"):
             job.slot, job.path, job.state = int(reply["slot"]), str(reply["path"]), "copying"
+            persist = reply.get("persist")
+            job.persist = persist if isinstance(persist, str) else ""
             return True
         if reply.get("refused") == "unsupported":
             self._disable(str(reply.get("error")))
@@ -295,8 +324,17 @@ class Checkpointer:
             try:
                 if job.state == "waiting" and not self._wait_for_slot(job):
                     continue  # skipped (settle set done) or failed (below)
+                if job.path == self._persister.reading:  # written to disk: no snapshot there
+                    job.state = "canceled"  # (the slot stays incomplete, overwritable)
+                    job.tensors.clear()
+                    self.stats.skipped += 1
+                    continue
                 self._copy(job)
                 self.stats.saved += 1
+                if job.persist and not self._persister.offer(
+                    Work(job.path, job.step, self.world, self.rank, job.persist)
+                ):
+                    self.stats.persist_skipped += 1
             except Exception as error:
                 self.stats.failed += 1
                 self.last_error = f"step {job.step}: {type(error).__name__}: {error}"[:500]
