@@ -6,8 +6,11 @@ PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3; do \
 	2>/dev/null && { echo $$p; break; }; done)
 VENV := .venv
 PY := $(VENV)/bin/python
-# pip shows what it downloads (torch alone is hundreds of MB): no -q.
-PIP := $(PY) -m pip install --disable-pip-version-check --progress-bar on -c constraints.txt
+# pip shows what it downloads (torch alone is hundreds of MB): no -q. The venv has no pip of its
+# own (ensurepip costs 6 s): the Python that made it installs into it (pip --python), or, where
+# that pip cannot (none, or older than 22.3), the venv's own pip, which ensurepip then gives it.
+PIP := $$(test -x $(VENV)/bin/pip && echo $(PY) -m pip || echo $(PYTHON) -m pip --python $(PY)) \
+	install --disable-pip-version-check --progress-bar on -c constraints.txt
 # torch's ~15000 modules are byte-compiled apart from pip (which compiles one at a time: 28 of
 # the 40 s torch's install takes on 2 cores), on every core, while what comes next is resolved
 # (which waits on the network). compileall writes even where PYTHONDONTWRITEBYTECODE is set (as on
@@ -47,7 +50,8 @@ TORCH_INDEX ?= $(if $(GPU),,$(TORCH_CPU_INDEX))
 $(VENV_STAMP):
 	@test -n "$(PYTHON)" || { echo "no Python 3.11+ found: install one, or run make PYTHON=/path/to/python3.11"; exit 1; }
 	@echo "=== creating $(VENV) with $(PYTHON) ($$($(PYTHON) --version)) ==="
-	$(PYTHON) -m venv $(VENV)
+	$(PYTHON) -m venv --without-pip $(VENV)
+	$(PYTHON) -m pip --python $(PY) --version > /dev/null 2>&1 || $(PY) -m ensurepip --default-pip
 	touch $(VENV_STAMP)
 
 # torch 2.13.0 (constraints.txt) and numpy, without which torch prints "Failed to initialize
