@@ -48,6 +48,9 @@ class Recovery:
             asked = None  # no restore by this attempt's ranks
         elif self.resumed is not None and asked > self.resumed:
             asked = None  # a first step before the restore: the start-up is all `init`
+        caught_up = self.caught_up
+        if caught_up is not None and self.resumed is not None:  # nothing lost: caught up at once
+            caught_up = max(caught_up, self.resumed)
         intervals = [
             (self.origin, self.decided),
             (self.decided, self.stopped),
@@ -56,7 +59,7 @@ class Recovery:
             (self.rendezvous, self.spawned),
             (self.spawned, self.resumed if asked is None else asked),
             (asked, None if asked is None else self.resumed),
-            (None if asked is None else self.resumed, self.caught_up),
+            (None if asked is None else self.resumed, caught_up),
         ]
         return {
             name: round(end - start, 6) if start is not None and end is not None else None
@@ -65,7 +68,8 @@ class Recovery:
 
     def event_data(self, attempt: int) -> dict[str, Any]:
         stages = self.stages()
-        end = self.caught_up if stages["redo"] is not None else self.resumed
+        redo = stages["redo"]
+        end = self.resumed + redo if redo is not None and self.resumed is not None else self.resumed
         return {
             "attempt": attempt,
             "round": attempt,

@@ -87,6 +87,7 @@ async def test_a_ddp_job_killed_in_step_50_resumes_there_bit_identical(
         recoveries = [e["data"] for e in events_in(node_dir(runs[name], name), "recovery")]
         stages = recoveries[-1]["stages"]  # the attempt that finished: restored, then redid
         assert all(stages[name] is not None for name in ("init", "restore", "redo")), stages
+        assert all(value is None or value >= 0 for value in stages.values()), stages
     last = runs["zygote"].status()["checkpoint"]["last_restore"]  # type: ignore[index]
     assert (last["step"], last["steps_lost"]) == (54, 0)
     shown = await ftd_status(runs["zygote"].run_dir)

@@ -42,6 +42,13 @@ def test_a_redo_not_over_yet_leaves_the_total_at_the_first_step() -> None:
     assert data["total_s"] == pytest.approx(3.0)
 
 
+def test_a_restore_that_lost_nothing_is_caught_up_at_the_first_step() -> None:
+    """Nothing lost: the job is back where it was when the restore began, before its first
+    step; the redo is 0, never negative."""
+    data = _recovery(restore_asked=102.0, caught_up=102.0).event_data(1)
+    assert data["stages"]["redo"] == 0 and data["total_s"] == pytest.approx(3.0)
+
+
 @pytest.mark.parametrize("asked", [100.2, 103.5])
 def test_a_request_before_the_spawn_or_after_the_first_step_is_no_restore(asked: float) -> None:
     """A request from the attempt before (before the spawn), or after a first step (a heartbeat
