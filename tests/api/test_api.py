@@ -21,6 +21,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from ftd.supervision.recovery import STAGES
 from tests.conftest import BIN, ROOT, Serve, ServeFactory, await_api_event
 from tests.support.api import (
     CONTRACT,
@@ -791,16 +792,7 @@ async def test_hang_shows_in_status_and_metrics(serve: ServeFactory) -> None:
         assert all(0 <= rank["last_heartbeat_age_s"] < 30 for rank in doc["ranks"])
         recovery = await stream.next("recovery")
         stages = recovery["data"]["stages"]
-        assert list(stages) == [
-            "detect",
-            "stop",
-            "backoff",
-            "rendezvous",
-            "spawn",
-            "init",
-            "restore",
-            "redo",
-        ]
+        assert list(stages) == list(STAGES)
         measured = [stage for stage in stages if stage not in ("restore", "redo")]
         assert all(stages[stage] is not None and stages[stage] >= 0 for stage in measured), stages
         assert stages["restore"] is None and stages["redo"] is None  # no snapshot restored

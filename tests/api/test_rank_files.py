@@ -14,6 +14,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from ftd.supervision.recovery import STAGES
 from tests.conftest import BIN, ServeFactory, await_api_event
 
 RANK = BIN / "truth_rank.py"
@@ -57,16 +58,7 @@ async def test_rank_files_exception_backoff_stage_and_refusals(serve: ServeFacto
     url = re.sub(r"//[^:/]+", "//127.0.0.1", url)
     recovery = await await_api_event(url, "recovery", timeout=90, token=TOKEN, attempt=2)
     stages: Any = recovery["data"]["stages"]
-    assert list(stages) == [
-        "detect",
-        "stop",
-        "backoff",
-        "rendezvous",
-        "spawn",
-        "init",
-        "restore",
-        "redo",
-    ]
+    assert list(stages) == list(STAGES)
     assert 1.5 <= stages["backoff"] <= 10 and stages["rendezvous"] < 1.5, stages
     auth = {"Authorization": f"Bearer {TOKEN}"}
     async with aiohttp.ClientSession() as session:
