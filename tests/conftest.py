@@ -29,6 +29,11 @@ from tests.support.etcd_cluster import (
 )
 
 ROOT = Path(__file__).resolve().parent.parent
+os.environ.setdefault("FTD_ZYGOTE_WARM_AFTER_S", "86400")
+"""Every daemon a test starts inherits it: the zygote's warming (an import of torch._dynamo once
+the first ranks ran 30 s) is tests/ranks/test_zygote.py's subject; elsewhere a restart that came
+while it imported waited for the import (many seconds on a loaded machine) in tests whose ranks
+never use it."""
 BIN = Path(__file__).resolve().parent / "bin"
 WORKER = BIN / "worker.py"
 
