@@ -58,6 +58,7 @@ async def test_crash_restart_and_gloo_allreduce(serve: ServeFactory) -> None:
     text = run.stderr.text
     assert len(re.findall(READY, text)) == 1  # one zygote served both attempts
     assert FALLBACK not in text
+    assert "did not end on EOF" not in text  # the daemon's close ended it at once
     assert "rank 1 (local 1, pid" in text and "restart 1/1" in text
     # The traceback is the script's, as python prints it, without the zygote's frames.
     assert "RuntimeError: injected failure on rank 1 attempt 0" in text

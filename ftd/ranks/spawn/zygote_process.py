@@ -238,11 +238,19 @@ class Zygote:
             self.proc.kill()
         wait_popen(self.proc, CLOSE_TIMEOUT_S)
         self.closed = True
+        self._end_socket()
+
+    def _end_socket(self) -> None:
+        """Shut down, then close: a close alone leaves the socket open while the spawner's
+        watcher waits on it in select (the zygote then saw no EOF: 5 s, then SIGKILL)."""
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
         self._sock.close()
 
     def close(self) -> None:
         """Blocking (briefly): EOF ends the zygote; SIGKILL if it lingers."""
         self.closed = True
-        self._sock.close()
+        self._end_socket()
         if wait_popen(self.proc, CLOSE_TIMEOUT_S) is None:
+            log.warning("zygote (pid %d) did not end on EOF: killed", self.pid)
             self.kill()
