@@ -67,6 +67,7 @@ def command(variant: str, work: Path, out: Path, args: argparse.Namespace, deadl
     common = ["--out", str(out), "--deadline", f"{deadline:.3f}"]
     if variant.startswith("ftd"):
         extra = shlex.split(args.ftd_args) if variant == "ftd" else []
+        extra += ["--checkpoint-every", args.ftd_every]
         return ftd_cmd(work, NPROC, restarts, extra, ["--mode", "ftd", *common])
     bin_dir = Path(sys.executable).parent
     if variant == "torchrun":
@@ -455,6 +456,8 @@ def main() -> None:
     parser.add_argument("--nvrx-every", type=int, default=15, help="see GOODPUT.md: why 15")
     parser.add_argument("--ftd-args", default="--restart-backoff 0",
                         help="extra flags of the ftd variant (see GOODPUT.md)")  # fmt: skip
+    parser.add_argument("--ftd-every", default="auto",
+                        help="--checkpoint-every of the ftd variants (the cost phase: 1)")  # fmt: skip
     parser.add_argument("--cost-blocks", type=int, default=8)
     parser.add_argument("--cost-block", type=int, default=20)
     parser.add_argument(

@@ -269,7 +269,8 @@ def train(args: argparse.Namespace, log: Log) -> None:
         keeper.checkpoint.wait()
         stats = keeper.checkpoint.stats()
         log.write("stats", saved=stats.saved, skipped=stats.skipped, failed=stats.failed,
-                  waited_s=stats.waited_s, copy_s=stats.copy_s)  # fmt: skip
+                  waited_s=stats.waited_s, copy_s=stats.copy_s, copy_cpu_s=stats.copy_cpu_s,
+                  spaced=stats.spaced, interval_steps=stats.interval_steps)  # fmt: skip
     log.write("end", s=step, t=time.time())
     if monitor is not None:
         monitor.shutdown_workload_monitoring()

@@ -121,6 +121,9 @@ CHECKPOINT_FIELDS = {
     CHECKPOINT_PLACE: {},
 }
 """Each checkpoint message's required integers and their largest value (`world` >= 1)."""
+CHECKPOINT_OPTIONAL = {CHECKPOINT_BEGIN: {"every": 2**20}}
+"""Each checkpoint message's optional integers (>= 1) and their largest value: `every`, the
+steps between the rank's snapshots (checkpoint/_spacing.py MAX_EVERY)."""
 PROGRESS_COUNTS = ("steps", "age_ms", "entered", "called", "returned", "fwd_us")
 """A progress message's integers, each optional, 0 .. MAX_SEQUENCE."""
 
@@ -211,6 +214,10 @@ def _check_checkpoint(kind: str, message: dict[str, Any]) -> None:
         value = message.get(key)
         smallest = 1 if key == "world" else 0
         if not (isinstance(value, int) and _is_int(value) and smallest <= value <= largest):
+            raise ProtocolError("bad_checkpoint", f"{key} {value!r:.40}")
+    for key, largest in CHECKPOINT_OPTIONAL.get(kind, {}).items():
+        value = message.get(key)
+        if value is not None and not (_is_int(value) and 1 <= value <= largest):
             raise ProtocolError("bad_checkpoint", f"{key} {value!r:.40}")
 
 

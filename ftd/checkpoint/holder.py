@@ -18,7 +18,6 @@ import contextlib
 import json
 import logging
 import os
-import re
 import shutil
 import tempfile
 import time
@@ -30,19 +29,20 @@ from ftd_client import protocol
 from ftd_client.snapshot_format import HEADER, SnapshotFormatError, decode_header
 
 from ftd.checkpoint.ledger import Grant, Ledger
+from ftd.checkpoint.memory_dir import (
+    DEFAULT_BASE,
+    DIRECTORY_RECORD,
+    auto_budget,
+    owner_prefix,
+    remove_stale,
+)
+from ftd.checkpoint.spacing import SnapshotSpacing
 from ftd.config.serve import ServeConfig
 from ftd.status.event_kind import EventKind
 from ftd.status.events import EventLog
 
 log = logging.getLogger("ftd.checkpoint")
 
-DIRECTORY_RECORD = "checkpoint.json"
-"""The run directory's file that names the memory directory of the daemon that last ran there."""
-DEFAULT_BASE = Path("/dev/shm")
-PREFIX = "ftd-checkpoint-"
-OWNED = re.compile(PREFIX + r"(?P<ns>\d{1,20})-(?P<pid>\d{1,10})-[A-Za-z0-9_]{1,32}")
-"""The memory directory's name: the daemon's pid namespace and pid, then mkdtemp's letters."""
-MAX_SCANNED = 10_000
 MULTI_NODE = (
     "DCP's files in the node's memory are for single-node jobs: this job spans several nodes "
     "(its metadata would be on one node only; use checkpoint.save, or DCP to a shared disk)"
@@ -52,8 +52,6 @@ DCP_DIRECTORY = "dcp"
 checkpoint id), in the same memory, freed with it."""
 NOT_REPLICATED: dict[str, Any] = {"replica_lag_steps": None, "replica": None}
 """The status' replica fields of a node whose snapshots have no replica on a peer."""
-AUTO_SHARE = 0.5
-"""--checkpoint-memory auto: this share of the tmpfs's free space when the daemon starts."""
 
 
 class Replicas(Protocol):
@@ -99,6 +97,7 @@ class CheckpointHolder:
         replicas: Replicas | None = None,
         base: Path = DEFAULT_BASE,
         persist: Persist | None = None,
+        every: int | None = 1,
     ) -> None:
         self.run_dir = run_dir
         self.persist = persist
@@ -110,6 +109,8 @@ class CheckpointHolder:
             agreement=multi_node,
         )
         self.counts = Counts()
+        self.spacing = SnapshotSpacing(every, persist.every if persist else None)
+        """--checkpoint-every, and how often the job fails (the ranks' auto interval)."""
         self.multi_node = multi_node
         self.replicas = replicas
         """A job of several nodes: the ranks agree on the step to restore (ledger.py)."""
@@ -139,14 +140,15 @@ class CheckpointHolder:
         directory = config.checkpoint_persist_dir
         persist = Persist(directory, config.checkpoint_persist_every) if directory else None
         return cls(run_dir, config.checkpoint_memory_bytes, events, config.multi_node, replicas,
-            persist=persist)  # fmt: skip
+            persist=persist, every=config.checkpoint_every)  # fmt: skip
 
     def start(self) -> None:
         """Make the memory directory; where it cannot be made (a full disk), the daemon goes on
         without a memory tier and says why once (the ranks' saves then do nothing). Likewise
         the persistence directory: without it, snapshots stay in memory only."""
-        self._remove_stale()
+        remove_stale(self.run_dir, self.base)
         self._make_persist()
+        self.spacing.persist_every = self.persist.every if self.persist else None
         if self.ledger.budget_bytes == 0:  # --checkpoint-memory 0: no memory tier
             return
         try:
@@ -196,6 +198,7 @@ class CheckpointHolder:
         if self.multi_node and kind == protocol.CHECKPOINT_PLACE:
             return {"ok": False, "refused": "unsupported", "error": MULTI_NODE}
         if kind == protocol.CHECKPOINT_BEGIN:
+            self.spacing.reported(global_rank, message.get("every"))
             return self._begin(global_rank, message["step"], message["bytes"], message["world"])
         if kind == protocol.CHECKPOINT_DONE:
             return self._done(global_rank, message["slot"], message["step"])
@@ -222,6 +225,7 @@ class CheckpointHolder:
             "last_restore": self.last_restore,
             "persist_dir": str(self.persist.directory) if self.persist else None,
             "persist_every": self.persist.every if self.persist else None,
+            **self.spacing.view(),
             **vars(self.counts),
             **(self.replicas.view() if self.replicas is not None else NOT_REPLICATED),
         }
@@ -260,7 +264,7 @@ class CheckpointHolder:
                 self.caught_up.set()
             self._refused_ranks.discard(rank)
             path = self.slot_path(rank, decision.slot)
-            grant = {"ok": True, "slot": decision.slot, "path": str(path)}
+            grant = {"ok": True, "slot": decision.slot, "path": str(path), **self.spacing.reply()}
             if self.persist is not None and step % self.persist.every == 0:
                 grant["persist"] = str(self.persist.directory)
             return grant
@@ -327,61 +331,19 @@ class CheckpointHolder:
             EventKind.CHECKPOINT_RESTORED, global_rank=rank, step=step, steps_lost=lost
         )
         if found is None:
-            return {"ok": True, "step": None, **self._persist_reply()}
+            return {"ok": True, "step": None, **self._persist_reply(), **self.spacing.reply()}
         path = str(self.slot_path(rank, found[1]))
-        return {"ok": True, "step": step, "path": path, **self._persist_reply()}
+        return {
+            "ok": True,
+            "step": step,
+            "path": path,
+            **self._persist_reply(),
+            **self.spacing.reply(),
+        }
 
     def _persist_reply(self) -> dict[str, str]:
         """Where the ranks look when neither memory nor a peer holds a snapshot."""
         return {} if self.persist is None else {"persist": str(self.persist.directory)}
-
-    def _remove_stale(self) -> None:
-        """Directories that daemons killed before their end left behind: this run's (named in
-        its record), and any of this user's whose daemon, named in the directory's name with
-        its pid namespace, is gone (memory a SIGKILL would otherwise hold until a reboot)."""
-        try:
-            record = json.loads((self.run_dir / DIRECTORY_RECORD).read_bytes()[:4096])
-            stale = Path(record["directory"])
-        except (OSError, ValueError, TypeError, KeyError):
-            stale = None
-        if stale is not None and stale.parent == self.base and stale.name.startswith(PREFIX):
-            shutil.rmtree(stale, ignore_errors=True)
-        namespace = pid_namespace()
-        try:
-            entries = list(os.scandir(self.base))[:MAX_SCANNED]
-        except OSError:
-            return
-        for entry in entries:
-            owner = OWNED.fullmatch(entry.name)
-            if owner is None or owner["ns"] != namespace or _alive(int(owner["pid"])):
-                continue
-            with contextlib.suppress(OSError):
-                if (
-                    entry.is_dir(follow_symlinks=False)
-                    and entry.stat(follow_symlinks=False).st_uid == os.getuid()
-                ):
-                    shutil.rmtree(entry.path, ignore_errors=True)
-
-
-def owner_prefix() -> str:
-    return f"{PREFIX}{pid_namespace()}-{os.getpid()}-"
-
-
-def pid_namespace() -> str:
-    try:
-        return os.readlink("/proc/self/ns/pid").removeprefix("pid:[").removesuffix("]")
-    except OSError:
-        return "0"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # another user's process: alive
-        return True
-    return True
 
 
 def read_header(path: Path) -> Any:
@@ -390,11 +352,3 @@ def read_header(path: Path) -> Any:
         return decode_header(os.pread(fd, HEADER.size, 0), os.fstat(fd).st_size)
     finally:
         os.close(fd)
-
-
-def auto_budget(base: Path) -> int:
-    try:
-        stats = os.statvfs(base)
-    except OSError:
-        return 0
-    return int(stats.f_bavail * stats.f_frsize * AUTO_SHARE)

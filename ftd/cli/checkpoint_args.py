@@ -9,6 +9,7 @@ from typing import Any
 
 from ftd.cli.formatting import memory_size
 
+MAX_EVERY = 2**20  # ServeConfig.checkpoint_every's largest (ftd_client/checkpoint/_spacing.py)
 DEFAULT_PERSIST_EVERY = 100  # ServeConfig.checkpoint_persist_every's default
 
 
@@ -22,6 +23,16 @@ def add_checkpoint(add: Callable[..., Any], flag: Callable[..., list[str]]) -> N
         help="memory the node holds for ftd_client.checkpoint's snapshots (and for the replicas "
         "of its peers' in a job of several nodes), e.g. 8G, 512M; "
         "auto: half of /dev/shm's free space at start; 0: none (default: auto)",
+    )
+    add(
+        *flag("--checkpoint-every"),
+        type=_every,
+        default=1,
+        metavar="N|auto",
+        help="which saves take a snapshot: those of the steps divisible by N; auto: as many as "
+        "pay off, every k steps with k from what a snapshot costs the training and how often the "
+        "job fails (Young/Daly's interval, a power of two; docs/checkpoint.md) (default: 1, "
+        "every step's)",
     )
     add(
         *flag("--checkpoint-persist"),
@@ -40,6 +51,15 @@ def add_checkpoint(add: Callable[..., Any], flag: Callable[..., list[str]]) -> N
         help=f"the steps written to --checkpoint-persist: those divisible by N "
         f"(default: {DEFAULT_PERSIST_EVERY})",
     )
+
+
+def _every(text: str) -> int | str:
+    if text == "auto":
+        return text
+    value = _positive(text)
+    if value > MAX_EVERY:
+        raise argparse.ArgumentTypeError(f"{text!r:.40} is more than {MAX_EVERY} steps")
+    return value
 
 
 def _positive(text: str) -> int:

@@ -112,6 +112,7 @@ def serve_config_from_args(args: argparse.Namespace) -> ServeConfig:
         "checkpoint_memory_bytes": None
         if args.checkpoint_memory == "auto"
         else args.checkpoint_memory,
+        "checkpoint_every": None if args.checkpoint_every == "auto" else args.checkpoint_every,
         **_persist(args),
         **_restart_backoff(args.restart_backoff),
     }

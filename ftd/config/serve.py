@@ -110,6 +110,9 @@ class ServeConfig(BaseModel):
     checkpoint_persist_dir: Path | None = None
     """Every `checkpoint_persist_every`-th snapshot is also written there by its rank (DCP)."""
     checkpoint_persist_every: int = Field(100, ge=1, le=2**53)
+    checkpoint_every: int | None = Field(1, ge=1, le=2**20)
+    """A snapshot at the steps divisible by it; None: auto, Young/Daly's interval as a power of
+    two (client/ftd_client/checkpoint/_spacing.py)."""
     enable_fault_injection: bool = False
     """Allow `POST /v1/faults`; ranks then accept the fault signals (see ftd_client.faults)."""
 

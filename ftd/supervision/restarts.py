@@ -46,6 +46,8 @@ class RecoveryTimeline:
         origin = failure.origin if failure is not None and failure.origin else decided
         self._recovery = Recovery(cause=cause, origin=min(origin, decided), decided=decided)
         self._next_fault.set()
+        if (holder := self._tools.health.checkpoints) is not None:
+            holder.spacing.failed()  # how often the job fails: the ranks' snapshot interval
 
     def stopped(self) -> None:
         if self._recovery is not None:

@@ -5,7 +5,7 @@ what happened to <out>/probe.json (the test asserts on it; the daemon runs with
 - a state with a value that does not pickle (a lambda);
 - a state bigger than --checkpoint-memory;
 - a forged `ckd` for a step never begun; a `ckb` whose file is then left without its header;
-- a packet with a negative size;
+- a packet with a negative size, one with an interval of 0 steps;
 - torch.distributed.checkpoint through MemoryWriter/MemoryReader, and a checkpoint id that
   names a path;
 and after each, what load() restores (step 1, 1.0: the older snapshot stays usable).
@@ -86,6 +86,8 @@ def main() -> None:
     path.write_bytes(b"\0" * 4096)  # no header: the rank "finished" a file it never wrote
     result["headerless_done"] = ask(sock, {"t": "ckd", "id": 3, "step": 4, "slot": begun["slot"]})
     result["negative"] = ask(sock, {"t": "ckb", "id": 4, "step": 5, "bytes": -1, "world": 1})
+    no_interval = {"t": "ckb", "id": 5, "step": 5, "bytes": 1 << 20, "world": 1, "every": 0}
+    result["no_interval"] = ask(sock, no_interval)
     result["after_forged"] = restored()
     result["directory_mode"] = oct(stat.S_IMODE(path.parent.stat().st_mode))
     result["file_modes"] = sorted(  # the snapshots' files (not the one this probe wrote)

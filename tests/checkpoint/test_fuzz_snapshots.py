@@ -71,7 +71,8 @@ values = st.one_of(st.none(), st.booleans(), big, st.floats(), st.text(max_size=
 requests = st.fixed_dictionaries(
     {"v": st.just(1), "t": st.sampled_from(sorted(protocol.CHECKPOINT)), "id": st.integers(0, 9)},
     optional={
-        key: st.one_of(values, st.integers(0, 4)) for key in ("step", "bytes", "world", "slot")
+        key: st.one_of(values, st.integers(0, 4))
+        for key in ("step", "bytes", "world", "slot", "every")
     },
 )
 
@@ -93,6 +94,8 @@ def test_checkpoint_requests_are_answered_or_refused(
                         reply = holder.answer(rank, message)
                     assert isinstance(reply.get("ok"), bool)
             assert holder.ledger.reserved_bytes <= 64 << 20
+            interval = holder.spacing.view()["interval_steps"]
+            assert interval is None or 1 <= interval <= protocol.CHECKPOINT_OPTIONAL["ckb"]["every"]
         finally:
             holder.close()
 

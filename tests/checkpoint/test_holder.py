@@ -12,7 +12,8 @@ from pathlib import Path
 from ftd_client import protocol
 from ftd_client.snapshot_format import layout
 
-from ftd.checkpoint.holder import MULTI_NODE, CheckpointHolder, pid_namespace
+from ftd.checkpoint.holder import MULTI_NODE, CheckpointHolder
+from ftd.checkpoint.memory_dir import pid_namespace
 from ftd.status.events import EventLog
 
 

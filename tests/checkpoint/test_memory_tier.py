@@ -119,6 +119,7 @@ async def test_what_a_rank_cannot_save_is_refused_and_the_older_snapshot_stays(
     assert probe["forged_done"]["ok"] is False
     assert "not whole" in probe["headerless_done"]["error"]
     assert probe["negative"]["ok"] is False
+    assert probe["no_interval"]["ok"] is False and "every 0" in probe["no_interval"]["error"]
     assert probe["after_forged"] == kept
     assert probe["directory_mode"] == "0o700" and probe["file_modes"] == ["0o600"]
     dcp = probe["dcp"]  # DCP's files in the same memory, the newest two kept

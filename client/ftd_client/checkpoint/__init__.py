@@ -27,7 +27,8 @@ from typing import Any
 
 from ftd_client.checkpoint._link import CheckpointLink
 from ftd_client.checkpoint._plan import CheckpointError
-from ftd_client.checkpoint._writer import Checkpointer, Stats
+from ftd_client.checkpoint._stats import Stats
+from ftd_client.checkpoint._writer import Checkpointer
 
 _DCP = frozenset({"MemoryReader", "MemoryWriter", "newest_dcp"})
 

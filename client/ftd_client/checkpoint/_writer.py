@@ -41,6 +41,8 @@ from ftd_client.checkpoint._plan import (
     skeleton_of,
     tensor_in,
 )
+from ftd_client.checkpoint._spacing import Spacing
+from ftd_client.checkpoint._stats import Stats
 from ftd_client.rank_setup import keep_stack_signal_off_this_thread
 from ftd_client.snapshot_format import HEADER, HEADER_BYTES, Header, decode_header, layout
 
@@ -57,33 +59,14 @@ _NO_HEADER = bytes(8)
 
 
 @dataclass
-class Stats:
-    saved: int = 0
-    """Snapshots complete in the node's memory."""
-    skipped: int = 0
-    """Saves given up: no slot was free before the optimizer's next step, or no daemon answered."""
-    failed: int = 0
-    waited_s: float = 0.0
-    """Time the training waited for a copy (in the optimizer's pre-step hook, save or load)."""
-    copy_s: float = 0.0
-    """Time the thread spent copying the last snapshot."""
-    restore_s: float = 0.0
-    persisted: int = 0
-    """Snapshots written to --checkpoint-persist (docs/checkpoint.md, Persistence)."""
-    persist_skipped: int = 0
-    """Persist steps whose snapshot was not written: the one before was still being written."""
-    persist_failed: int = 0
-    persist_s: float = 0.0
-    """Time the persist thread spent writing the last one."""
-
-
-@dataclass
 class _Job:
     step: int
     header: Header
     skeleton: bytes
     tensors: list[tuple[torch.Tensor, Stored]]
     size: int
+    save_s: float = 0.0
+    """The time `save` itself took (what the training spent scheduling it)."""
     state: str = "waiting"  # waiting -> copying -> done, or waiting -> canceled
     slot: int = -1
     path: str = ""
@@ -101,6 +84,7 @@ class Checkpointer:
         self.rank = rank
         self.world = world
         self.stats = Stats()
+        self.spacing = Spacing()
         self.last_error: str | None = None
         self._loads = 0
         self.disabled: str | None = None
@@ -116,6 +100,10 @@ class Checkpointer:
     # -- the training's calls -------------------------------------------------------------
 
     def save(self, state: dict[str, Any], step: int) -> bool:
+        if not self.spacing.due(step):
+            self.stats.spaced += 1
+            return False
+        started = time.perf_counter()
         self.settle()
         if self.link is None or self.disabled:
             self.stats.skipped += 1
@@ -130,6 +118,7 @@ class Checkpointer:
         size = -(-header.total_bytes // RESERVE_QUANTUM) * RESERVE_QUANTUM
         job = _Job(step, header, snapshot.skeleton, tensors, size)
         self._begin(job)
+        job.save_s = time.perf_counter() - started
         if job.state == "failed":
             raise CheckpointError(job.error)
         if job.state == "canceled":
@@ -158,6 +147,7 @@ class Checkpointer:
                 {"t": protocol.CHECKPOINT_RESTORE, "world": self.world, "step": step}
             )
             reply.pop("persist", None)  # the ranks agreed on a step in memory: none looks on disk
+        self.spacing.learn(reply)
         if not reply.get("ok") or reply.get("step") is None:
             return self._load_persisted(state, reply)
         started = time.perf_counter()
@@ -290,12 +280,15 @@ class Checkpointer:
                 "step": job.step,
                 "bytes": job.size,
                 "world": self.world,
+                "every": self.stats.interval_steps,
             }
         )
         if reply is None:
             job.state = "canceled"
             self.stats.skipped += 1
             return False
+        self.spacing.learn(reply)
+        self.stats.interval_steps = self.spacing.interval()
         if reply.get("ok"):
             job.slot, job.path, job.state = int(reply["slot"]), str(reply["path"]), "copying"
             persist = reply.get("persist")
@@ -359,7 +352,7 @@ class Checkpointer:
                     return job.state == "copying"
 
     def _copy(self, job: _Job) -> None:
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.thread_time()
         buffer = self._map(job.path, job.size)
         buffer[: len(_NO_HEADER)] = _NO_HEADER  # while it is written, the file is no snapshot
         for tensor, stored in job.tensors:
@@ -369,6 +362,8 @@ class Checkpointer:
         buffer[HEADER_BYTES : HEADER_BYTES + len(job.skeleton)] = job.skeleton
         buffer[: HEADER.size] = job.header.pack()
         self.stats.copy_s = time.perf_counter() - started
+        self.stats.copy_cpu_s = time.thread_time() - cpu
+        self.spacing.spent(self.stats.copy_cpu_s + job.save_s)
         assert self.link is not None
         reply = self.link.request(
             {"t": protocol.CHECKPOINT_DONE, "step": job.step, "slot": job.slot}
