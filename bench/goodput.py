@@ -457,7 +457,7 @@ def main() -> None:
     parser.add_argument("--ftd-args", default="--restart-backoff 0",
                         help="extra flags of the ftd variant (see GOODPUT.md)")  # fmt: skip
     parser.add_argument("--ftd-every", default="auto",
-                        help="--checkpoint-every of the ftd variants (the cost phase: 1)")  # fmt: skip
+                        help="--checkpoint-every of the ftd variants (cost phase: 1)")  # fmt: skip
     parser.add_argument("--cost-blocks", type=int, default=8)
     parser.add_argument("--cost-block", type=int, default=20)
     parser.add_argument(
