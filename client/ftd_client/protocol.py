@@ -102,10 +102,17 @@ CHECKPOINT_BEGIN = "ckb"
 CHECKPOINT_DONE = "ckd"
 CHECKPOINT_RESTORE = "ckr"
 CHECKPOINT_PLACE = "ckp"
+CHECKPOINT_SEEN = "cks"
+"""One way: the rank did `step` and took no snapshot of it (--checkpoint-every), or restored it
+from disk (`restored`)."""
 REPLY = "reply"
 
-CHECKPOINT = frozenset({CHECKPOINT_BEGIN, CHECKPOINT_DONE, CHECKPOINT_RESTORE, CHECKPOINT_PLACE})
-ANSWERED = frozenset({HELLO, WORKLOAD_CONTROL, CALCULATE_TIMEOUTS, SET_TIMEOUTS} | CHECKPOINT)
+CHECKPOINT = frozenset(
+    {CHECKPOINT_BEGIN, CHECKPOINT_DONE, CHECKPOINT_RESTORE, CHECKPOINT_PLACE, CHECKPOINT_SEEN}
+)
+ANSWERED = frozenset(
+    {HELLO, WORKLOAD_CONTROL, CALCULATE_TIMEOUTS, SET_TIMEOUTS} | CHECKPOINT - {CHECKPOINT_SEEN}
+)
 TYPES = frozenset(
     {HELLO, HEARTBEAT, SECTION_START, SECTION_END, WORKLOAD_CONTROL}
     | {CALCULATE_TIMEOUTS, SET_TIMEOUTS, GOODBYE, FAULT, RESUMED, STATE, PROGRESS}
@@ -119,11 +126,13 @@ CHECKPOINT_FIELDS = {
     CHECKPOINT_DONE: {"step": 2**53, "slot": MAX_SLOTS - 1},
     CHECKPOINT_RESTORE: {"world": 2**20},
     CHECKPOINT_PLACE: {},
+    CHECKPOINT_SEEN: {"step": 2**53},
 }
 """Each checkpoint message's required integers and their largest value (`world` >= 1)."""
-CHECKPOINT_OPTIONAL = {CHECKPOINT_BEGIN: {"every": 2**20}}
+CHECKPOINT_OPTIONAL = {CHECKPOINT_BEGIN: {"every": 2**20}, CHECKPOINT_SEEN: {"restored": 1}}
 """Each checkpoint message's optional integers (>= 1) and their largest value: `every`, the
-steps between the rank's snapshots (checkpoint/_spacing.py MAX_EVERY)."""
+steps between the rank's snapshots (checkpoint/_spacing.py MAX_EVERY); `restored`: the rank
+restored `step` from --checkpoint-persist."""
 PROGRESS_COUNTS = ("steps", "age_ms", "entered", "called", "returned", "fwd_us")
 """A progress message's integers, each optional, 0 .. MAX_SEQUENCE."""
 

@@ -95,6 +95,12 @@ def checkpoint_families(snapshot: dict[str, Any]) -> Iterable[Metric]:
             "The newest step whose snapshot is complete on every rank (a restart resumes there)",
             value=view["newest_step"],
         )
+    if view.get("interval_steps") is not None:
+        yield GaugeMetricFamily(
+            "ftd_checkpoint_interval_steps",
+            "The steps between snapshots the ranks use (--checkpoint-every: N, or auto's choice)",
+            value=view["interval_steps"],
+        )
     yield CounterMetricFamily(
         "ftd_checkpoint_steps_lost",
         "Steps the ranks finished but no restore kept (redone after a failure), over every restore",

@@ -115,7 +115,9 @@ class CheckpointHolder:
         self.replicas = replicas
         """A job of several nodes: the ranks agree on the step to restore (ledger.py)."""
         self.steps_lost = 0
-        """Steps the ranks finished (began to save) but no restore kept, over every restore."""
+        """Steps the ranks finished but no restore kept, over every restore."""
+        self.latest: dict[int, int] = {}
+        """Each rank's newest step, with a snapshot or not (--checkpoint-every): the steps lost."""
         self.last_restore: dict[str, Any] | None = None
         self._restoring = False
         """Ranks are restoring and none saved since: the first restore request said the loss."""
@@ -190,11 +192,18 @@ class CheckpointHolder:
                 (self.run_dir / DIRECTORY_RECORD).unlink(missing_ok=True)
             self.directory = None
 
-    def answer(self, global_rank: int, message: dict[str, Any]) -> dict[str, Any]:
-        """The reply to one of a rank's checkpoint messages (already decoded by protocol)."""
+    def answer(self, global_rank: int, message: dict[str, Any]) -> dict[str, Any] | None:
+        """The reply to one of a rank's checkpoint messages (already decoded by protocol); None
+        for one that has none."""
+        kind = message["t"]
+        if kind == protocol.CHECKPOINT_SEEN:
+            if message.get("restored"):
+                self._from_disk(global_rank, message["step"])
+            else:
+                self._reached(global_rank, message["step"])
+            return None
         if self.directory is None:
             return {"ok": False, "error": "the daemon holds no snapshots"}
-        kind = message["t"]
         if self.multi_node and kind == protocol.CHECKPOINT_PLACE:
             return {"ok": False, "refused": "unsupported", "error": MULTI_NODE}
         if kind == protocol.CHECKPOINT_BEGIN:
@@ -257,11 +266,7 @@ class CheckpointHolder:
         decision = self.ledger.begin(rank, step, nbytes, world)
         if isinstance(decision, Grant):
             self.counts.begun += 1
-            self._restoring = False
-            if self._redo_until is not None and step >= self._redo_until:
-                self._redo_until = None
-                self.caught_up_at = time.time()
-                self.caught_up.set()
+            self._reached(rank, step)
             self._refused_ranks.discard(rank)
             path = self.slot_path(rank, decision.slot)
             grant = {"ok": True, "slot": decision.slot, "path": str(path), **self.spacing.reply()}
@@ -303,6 +308,48 @@ class CheckpointHolder:
             self.replicas.completed()
         return {"ok": True}
 
+    def _restored(self, step: int, world: int | None, source: str) -> int:
+        """The ranks restored `step` after a failure: the steps lost, and the redo to wait for."""
+        self._restoring = True
+        done = (s for r, s in self.latest.items() if world is None or r < world)
+        newest = self.ledger.newest_seen(world) if world is not None else None
+        lost = max(max(done, default=0), newest or 0, step) - step
+        self.steps_lost += lost
+        self.restored_at = time.time()
+        self._redo_until = step + lost if lost else None
+        self.caught_up_at = None if lost else self.restored_at
+        if lost:
+            self.caught_up.clear()
+        else:
+            self.caught_up.set()
+        self.last_restore = {
+            "step": step,
+            "steps_lost": lost,
+            "time": round(time.time(), 3),
+            "source": source,
+        }
+        return lost
+
+    def _from_disk(self, rank: int, step: int) -> None:
+        """A rank restored `step` from --checkpoint-persist (memory and replicas held none)."""
+        lost = None if self._restoring else self._restored(step, None, "disk")
+        self.events.emit(
+            EventKind.CHECKPOINT_RESTORED,
+            global_rank=rank,
+            step=step,
+            steps_lost=lost,
+            source="disk",
+        )
+
+    def _reached(self, rank: int, step: int) -> None:
+        """`rank` did `step` (and took a snapshot of it or not): the job is past its restore."""
+        self.latest[rank] = step
+        self._restoring = False
+        if self._redo_until is not None and step >= self._redo_until:
+            self._redo_until = None
+            self.caught_up_at = time.time()
+            self.caught_up.set()
+
     def _restore(self, rank: int, world: int, agreed: int | None) -> dict[str, Any]:
         self.restore_asked_at = time.time()
         if self.multi_node and agreed is None:  # the ranks agree first, on what they hold
@@ -316,17 +363,7 @@ class CheckpointHolder:
         self.counts.restored += found is not None
         lost = None
         if step is not None and not self._restoring:  # the first request after the failure
-            self._restoring = True
-            lost = max((self.ledger.newest_seen(world) or 0) - step, 0)
-            self.steps_lost += lost
-            self.restored_at = time.time()
-            self._redo_until = step + lost if lost else None
-            self.caught_up_at = None if lost else self.restored_at
-            if lost:
-                self.caught_up.clear()
-            else:
-                self.caught_up.set()
-            self.last_restore = {"step": step, "steps_lost": lost, "time": round(time.time(), 3)}
+            lost = self._restored(step, world, "memory")
         self.events.emit(
             EventKind.CHECKPOINT_RESTORED, global_rank=rank, step=step, steps_lost=lost
         )

@@ -192,7 +192,8 @@ def format_status(
 
 def checkpoint_text(status: dict[str, Any]) -> str:
     """`snapshots: step 60 in memory (24.0 MiB of 8.0 GiB), 1 step lost; last restore after
-    step 49 (1 lost)`: the memory tier (docs/checkpoint.md); '' without it."""
+    step 49 (1 lost)`: the memory tier (docs/checkpoint.md); '' without it. With
+    --checkpoint-every: `, every 8 steps (auto)` after the steps lost."""
     memory = status.get("checkpoint")
     if not isinstance(memory, dict) or not memory.get("budget_bytes"):
         return ""
@@ -202,6 +203,10 @@ def checkpoint_text(status: dict[str, Any]) -> str:
         f"({size_text(memory.get('memory_bytes'))} of {size_text(memory.get('budget_bytes'))}), "
         f"{value(memory.get('steps_lost'))} steps lost"
     )
+    every = memory.get("every")
+    if every is not None and every != 1:  # `, every 8 steps (auto)`: --checkpoint-every
+        interval = every if isinstance(every, int) else memory.get("interval_steps")
+        text += f", every {value(interval)} steps" + (" (auto)" if every == "auto" else "")
     replica = memory.get("replica")
     if isinstance(replica, dict):  # `, replica on b 0 steps behind`
         text += (
@@ -211,7 +216,8 @@ def checkpoint_text(status: dict[str, Any]) -> str:
     last = memory.get("last_restore")
     if isinstance(last, dict):
         text += (
-            f"; last restore after step {value(last.get('step'))} "
+            f"; last restore after step {value(last.get('step'))}"
+            f"{' from disk' if last.get('source') == 'disk' else ''} "
             f"({value(last.get('steps_lost'))} lost)"
         )
     return text

@@ -126,7 +126,7 @@ async def test_a_job_that_lost_its_node_resumes_from_disk_bit_identical(
     """The whole node is lost in step 35 (its daemon and both ranks SIGKILLed: the memory
     with them); a new daemon starts the job again and it resumes from the newest step both
     ranks persisted (30, unless the write of 10 still ran at 30: the thread skips a step
-    then), past what was cut short or misnamed in DIR."""
+    then), past what was cut short or misnamed in DIR; the new daemon says so."""
     persist = tmp_path / "persist"
     out = tmp_path / "out"
     train = ("--out", str(out), "--steps", str(MEMORY_TRAIN_STEPS))
@@ -171,6 +171,14 @@ async def test_a_job_that_lost_its_node_resumes_from_disk_bit_identical(
         assert not (world / f"step_{step}").exists()
     assert "not persisted" not in second.stderr.text
     assert "torch.distributed is disabled" not in second.stderr.text
+    restored = second.event_data("checkpoint_restored")  # the daemon hears of it
+    assert {(e["global_rank"], e["step"], e.get("source")) for e in restored} >= {
+        (0, step, "disk"),
+        (1, step, "disk"),
+    }
+    view = second.status()["checkpoint"]
+    assert isinstance(view, dict) and view["last_restore"]["source"] == "disk"
+    assert view["last_restore"]["step"] == step
 
 
 def test_a_listing_takes_only_whole_well_named_steps_and_the_newest_three_stay(

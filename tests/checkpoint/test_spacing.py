@@ -9,12 +9,16 @@ import json
 import math
 from pathlib import Path
 
+from ftd_client import protocol
 from ftd_client.checkpoint._spacing import MAX_AUTO_EVERY, Spacing, auto_interval
+from ftd_client.snapshot_format import layout
 from hypothesis import given
 from hypothesis import strategies as st
 
+from ftd.checkpoint.holder import CheckpointHolder
 from ftd.checkpoint.spacing import SnapshotSpacing
-from tests.checkpoint.test_memory_tier import PRELOAD, STEPS, TRAIN, resumed
+from ftd.status.events import EventLog
+from tests.checkpoint.test_memory_tier import PRELOAD, STEPS, TRAIN, ftd_status, resumed
 from tests.conftest import ServeFactory
 from tests.support.clock import FakeClock
 from tests.support.snapshots import assert_identical
@@ -78,7 +82,11 @@ def test_what_the_daemon_says_is_learned_and_anything_else_ignored() -> None:
     assert spacing.fixed is None and spacing.interval() == 1  # no cost measured yet
     spacing.step_s, spacing.cost_s = 0.2, 0.02
     assert spacing.interval() == 8  # sqrt(2 * 0.02 * 60) / 0.2 = 7.7
+    spacing.learn({"every": 8})
+    assert spacing.due(5)  # the process's first save
     assert not spacing.due(7) and spacing.due(8) and spacing.due(100)  # 100: persisted
+    taken = [s for s in (105, 115, 125, 127, 133, 135) if spacing.due(s)]
+    assert taken == [105, 115, 125, 133]  # a script that saves some steps: the first past each 8
 
 
 def test_the_daemon_s_mean_time_between_failures_is_its_run_time_over_failures_plus_one() -> None:
@@ -96,11 +104,48 @@ def test_the_daemon_s_mean_time_between_failures_is_its_run_time_over_failures_p
     assert spacing.view() == {"every": "auto", "interval_steps": 8, "mtbf_s": 40.0}
 
 
+def test_the_daemon_counts_the_steps_done_between_snapshots_as_lost(tmp_path: Path) -> None:
+    """Ranks that took step 8's snapshot and did steps 9-11 without one (each said so in a
+    message that has no answer): a restore of 8 lost 3 steps, and the job is back once a rank
+    did 11 again; a restore from disk that the ranks report counts the same."""
+    holder = CheckpointHolder(tmp_path, 1 << 30, EventLog(None), base=tmp_path, every=8)
+    holder.start()
+    try:
+        for rank in (0, 1):
+            grant = holder.answer(rank, {"t": protocol.CHECKPOINT_BEGIN, "step": 8, "bytes": 1,
+                                         "world": 2, "every": 8})  # fmt: skip
+            assert grant is not None and grant["every"] == 8 and "mtbf_s" in grant
+            Path(str(grant["path"])).write_bytes(layout(8, 2, rank, 0, 0).pack().ljust(64, b"\0"))
+            done = {"t": protocol.CHECKPOINT_DONE, "step": 8, "slot": grant["slot"]}
+            assert holder.answer(rank, done) == {"ok": True}
+            for step in (9, 10, 11):
+                assert holder.answer(rank, {"t": protocol.CHECKPOINT_SEEN, "step": step}) is None
+        holder.spacing.failed()
+        restore = holder.answer(0, {"t": protocol.CHECKPOINT_RESTORE, "world": 2})
+        assert restore is not None and restore["step"] == 8 and restore["every"] == 8
+        assert holder.last_restore is not None and holder.last_restore["steps_lost"] == 3
+        assert holder.last_restore["source"] == "memory" and not holder.caught_up.is_set()
+        holder.answer(1, {"t": protocol.CHECKPOINT_SEEN, "step": 10})
+        assert not holder.caught_up.is_set()
+        holder.answer(1, {"t": protocol.CHECKPOINT_SEEN, "step": 11})
+        assert holder.caught_up.is_set()
+        holder.answer(0, {"t": protocol.CHECKPOINT_SEEN, "step": 13})
+        disk = {"t": protocol.CHECKPOINT_SEEN, "step": 10, "restored": 1}
+        assert holder.answer(0, disk) is None and holder.answer(1, disk) is None
+        assert holder.last_restore["source"] == "disk" and holder.last_restore["steps_lost"] == 3
+        assert holder.steps_lost == 6
+        view = holder.view()
+        assert view is not None and (view["every"], view["interval_steps"]) == (8, 8)
+    finally:
+        holder.close()
+
+
 async def test_a_job_killed_between_snapshots_resumes_at_the_newest_bit_identical(
     serve: ServeFactory, tmp_path: Path, memory_train_reference: Path
 ) -> None:
     """--checkpoint-every 4: killed in step 50, the job resumes after step 48; auto: after
-    the newest step its interval took. Both end as a run that never failed."""
+    the newest step its interval took. Both end as a run that never failed, and the daemon
+    counts the steps done since that snapshot as lost (the ranks tell it of each step)."""
     runs = {}
     for every in ("4", "auto"):
         out = tmp_path / every
@@ -123,5 +168,10 @@ async def test_a_job_killed_between_snapshots_resumes_at_the_newest_bit_identica
         assert view["every"] == (4 if every == "4" else "auto")
         interval = view["interval_steps"]
         assert interval >= 1 and interval & (interval - 1) == 0
+        lost = view["last_restore"]["steps_lost"]
+        assert lost == 49 - int(zero)  # step 49 took no snapshot, and the daemon heard of it
+        shown = await ftd_status(run.run_dir)
         if every == "4":
-            assert zero == "48" and interval == 4
+            assert zero == "48" and interval == 4 and ", every 4 steps;" in shown
+        else:
+            assert f", every {interval} steps (auto);" in shown

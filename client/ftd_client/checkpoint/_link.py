@@ -48,6 +48,21 @@ class CheckpointLink:
                 self.close()
                 return None
 
+    def notify(self, message: dict[str, Any]) -> None:
+        """Send a message that has no answer, if the connection is free and the daemon keeps up;
+        else drop it (the next one says more)."""
+        if not self._lock.acquire(blocking=False):
+            return
+        try:
+            sock = self._sock or self._connect()
+            sock.send(protocol.encode(message), socket.MSG_NOSIGNAL | socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            pass
+        except OSError:
+            self.close()
+        finally:
+            self._lock.release()
+
     def _connect(self) -> socket.socket:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:

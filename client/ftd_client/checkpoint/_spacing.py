@@ -7,9 +7,10 @@ steps with k from Young and Daly's interval √(2·C·M) (C: what one snapshot c
 mean time between failures, from the daemon), which minimises the sum of the two.
 
 Every rank of a job must hold the same steps (load restores one that all hold), so k is a power
-of two and a snapshot is taken at the steps divisible by k: ranks whose k differ for a while (each
-measures its own C) still share every step divisible by the largest. The steps --checkpoint-persist
-writes are always taken.
+of two and a snapshot is taken at the steps divisible by k (or, where the script saves only
+some steps, at the first save past each multiple): ranks whose k differ for a while (each
+measures its own C) still share every step divisible by the largest. The steps
+--checkpoint-persist writes are always taken.
 """
 
 from __future__ import annotations
@@ -51,15 +52,17 @@ class Spacing:
             self.persist_every = persist
 
     def due(self, step: int) -> bool:
-        """Whether the save of `step` takes a snapshot (called once per save, in order)."""
-        now = time.perf_counter()
-        if self._last is not None and step > self._last[0]:
-            per_step = (now - self._last[1]) / (step - self._last[0])
-            self.step_s = _average(self.step_s, per_step)
+        """Whether the save of `step` takes a snapshot (called once per save, in order): the
+        first save of the process, and then each that reaches a multiple of the interval (in a
+        script that saves every step: the steps divisible by it)."""
+        now, last = time.perf_counter(), self._last
         self._last = (step, now)
+        if last is not None and step > last[0]:
+            self.step_s = _average(self.step_s, (now - last[1]) / (step - last[0]))
         if self.persist_every is not None and step % self.persist_every == 0:
             return True
-        return step % self.interval() == 0
+        every = self.interval()
+        return last is None or step // every > last[0] // every
 
     def spent(self, seconds: float) -> None:
         """A snapshot was taken and cost the training `seconds`."""

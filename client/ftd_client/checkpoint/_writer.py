@@ -102,6 +102,8 @@ class Checkpointer:
     def save(self, state: dict[str, Any], step: int) -> bool:
         if not self.spacing.due(step):
             self.stats.spaced += 1
+            if self.link is not None and not self.disabled:  # the daemon's steps lost, redo
+                self.link.notify({"t": protocol.CHECKPOINT_SEEN, "step": step})
             return False
         started = time.perf_counter()
         self.settle()
@@ -181,6 +183,8 @@ class Checkpointer:
         step = restore_from(reply, state, self.rank, self.world, self._loads)
         if step is not None:
             self.stats.restore_s = time.perf_counter() - started
+            if self.link is not None:  # the daemon's restore, steps lost and redo
+                self.link.notify({"t": protocol.CHECKPOINT_SEEN, "step": step, "restored": 1})
         return step
 
     def _ask_restore(self, message: dict[str, Any]) -> dict[str, Any]:

@@ -138,7 +138,8 @@ function progressFacts(progress) {
 
 // The memory tier (docs/checkpoint.md): the step a restart resumes after, and the steps the
 // ranks finished that restores did not keep; with replicas, the peer that holds this node's
-// and how many steps it is behind; none before a rank used it.
+// and how many steps it is behind; with --checkpoint-every, the interval; none before a rank
+// used it.
 function checkpointFacts(memory) {
   if (!memory || typeof memory !== "object") return [];
   const newest = typeof memory.newest_step === "number" ? `step ${memory.newest_step}` : "–";
@@ -146,6 +147,11 @@ function checkpointFacts(memory) {
     ["snapshot", newest],
     ["steps lost", memory.steps_lost ?? "–"],
   ];
+  if (memory.every === "auto" || (typeof memory.every === "number" && memory.every > 1)) {
+    const steps = memory.every === "auto" ? memory.interval_steps : memory.every;
+    const auto = memory.every === "auto" ? " (auto)" : "";
+    facts.push(["snapshot every", `${typeof steps === "number" ? steps : "–"} steps${auto}`]);
+  }
   const replica = memory.replica;
   if (replica && typeof replica === "object") {
     const lag = typeof memory.replica_lag_steps === "number" ? `${memory.replica_lag_steps} steps behind` : "–";
