@@ -118,8 +118,8 @@ class FtdMemory:
         self.optimizer.load_state_dict(state["optim"])
         return step
 
-    def save(self, step: int) -> None:
-        self.checkpoint.save(self.state(step), step)
+    def save(self, step: int) -> bool:
+        return bool(self.checkpoint.save(self.state(step), step))
 
 
 class Dcp:
@@ -257,12 +257,12 @@ def train(args: argparse.Namespace, log: Log) -> None:
         train_step(ddp, optimizer, step)
         stop[0] = 1.0 if time.time() >= args.deadline or step >= args.steps else 0.0
         dist.all_reduce(stop, op=dist.ReduceOp.MAX)
-        saved_s = None
+        saved_s, took = None, False
         if keeper.every and step % keeper.every == 0:
             began = time.perf_counter()
-            keeper.save(step)
+            took = keeper.save(step) is not False  # ftd: False when no snapshot was taken
             saved_s = time.perf_counter() - began
-        log.write("step", s=step, t=time.time(), save_s=saved_s)
+        log.write("step", s=step, t=time.time(), save_s=saved_s, ck=took)
         if stop[0] > 0:
             break
     if args.mode == "ftd":

@@ -78,10 +78,16 @@ def test_the_grant_of_every_nth_step_and_each_restore_name_the_directory(
     try:
         for made in (persist, persist.parent):
             assert made.is_dir() and oct(made.stat().st_mode & 0o777) == "0o700"
-        assert holder.answer(0, restore()) == {"ok": True, "step": None, "persist": str(persist)}
+        reply = holder.answer(0, restore())
+        assert reply is not None and reply["persist_every"] == 10  # the ranks take those steps
+        assert {k: reply[k] for k in ("ok", "step", "persist")} == {
+            "ok": True,
+            "step": None,
+            "persist": str(persist),
+        }
         grants = {step: holder.answer(0, begin(step)) for step in (9, 10, 11, 20)}
-        assert [s for s, g in grants.items() if g.get("persist") == str(persist)] == [10, 20]
-        assert all(g["ok"] for g in grants.values())
+        assert [s for s, g in grants.items() if g and g.get("persist") == str(persist)] == [10, 20]
+        assert all(g and g["ok"] for g in grants.values())
         view = holder.view()
         assert view is not None and (view["persist_dir"], view["persist_every"]) == (
             str(persist),

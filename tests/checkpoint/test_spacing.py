@@ -115,7 +115,7 @@ def test_the_daemon_counts_the_steps_done_between_snapshots_as_lost(tmp_path: Pa
             grant = holder.answer(rank, {"t": protocol.CHECKPOINT_BEGIN, "step": 8, "bytes": 1,
                                          "world": 2, "every": 8})  # fmt: skip
             assert grant is not None and grant["every"] == 8 and "mtbf_s" in grant
-            Path(str(grant["path"])).write_bytes(layout(8, 2, rank, 0, 0).pack().ljust(64, b"\0"))
+            Path(str(grant["path"])).write_bytes(layout(8, 2, rank, 0, 0).pack().ljust(4096, b"\0"))
             done = {"t": protocol.CHECKPOINT_DONE, "step": 8, "slot": grant["slot"]}
             assert holder.answer(rank, done) == {"ok": True}
             for step in (9, 10, 11):
