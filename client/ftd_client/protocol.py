@@ -43,10 +43,11 @@ would delay the clock), but never from before the daemon last began reading with
 | `up` |  | no | the rank is training again (`resumed()`): ends a restart's first step |
 | `st` | `o`, `dropped` | no | the rank's state only, retried after a drop: no sign of life |
 | `pg` | `steps`, `age_ms`, `entered`, `called`, `returned`, `fwd_us`, `auto` | no | progress |
-| `ckb` | `step`, `bytes`, `world` | yes | begin a snapshot: reply `slot`, `path`, or `refused` |
+| `ckb` | `step`, `bytes`, `world`, `every`? | yes | begin a snapshot: `slot`, `path`; `refused` |
 | `ckd` | `step`, `slot` | yes | the snapshot in `slot` is written whole |
 | `ckr` | `world`, `step`? | yes | what to restore: `step` (null: none), `path`; or `steps` |
 | `ckp` |  | yes | where DCP's files go in the node's memory (checkpoint.MemoryWriter): `path` |
+| `cks` | `step`, `restored`? | no | `step` done without a snapshot; `restored`: loaded from disk |
 
 `pg` is what the rank observed of its own progress without the script's help (progress.py has
 each field's meaning): integers 0 .. MAX_SEQUENCE, `auto` the automatic sections open (name ->
@@ -66,7 +67,10 @@ still be needed: the save is skipped) or `too_large` (it cannot fit `--checkpoin
 job of several nodes a `ckr` without `step` is answered with `agree: true` and `steps`, the
 rank's complete snapshots: the ranks agree on one (checkpoint/_agree.py) and ask for it by `step`;
 or with `pending: true` while the daemon, which holds nothing of the rank, fetches its snapshots
-from the peers' replicas: the rank asks again.
+from the peers' replicas: the rank asks again. `ckb` and `ckr` replies carry the policy of
+`--checkpoint-every`: `every` (an int, or `"auto"`), `mtbf_s` (the job's mean time between
+failures so far) and `persist_every` (with --checkpoint-persist); `every` in a `ckb` is the
+interval the rank uses, in steps (1 .. 2**20).
 """
 
 from __future__ import annotations

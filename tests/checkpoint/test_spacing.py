@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 from ftd_client import protocol
@@ -17,6 +19,8 @@ from hypothesis import strategies as st
 
 from ftd.checkpoint.holder import CheckpointHolder
 from ftd.checkpoint.spacing import SnapshotSpacing
+from ftd.cli.serve_args import parse_serve_argv
+from ftd.config.resolve import serve_config_from_args
 from ftd.status.events import EventLog
 from tests.checkpoint.test_memory_tier import PRELOAD, STEPS, TRAIN, ftd_status, resumed
 from tests.conftest import ServeFactory
@@ -69,6 +73,30 @@ def test_ranks_whose_intervals_differ_still_share_a_step_to_resume_from(
                 took.add(step)
     common = set.intersection(*taken)
     assert {s for s in range(1, steps + 1) if s % longest == 0} <= common
+
+
+def test_the_flag_is_a_whole_number_of_steps_or_auto(tmp_path: Path) -> None:
+    script = tmp_path / "x.py"
+    script.touch()
+
+    def every(*flags: str) -> int | None:
+        return serve_config_from_args(
+            parse_serve_argv([*flags, str(script)]).namespace
+        ).checkpoint_every
+
+    assert (every(), every("--checkpoint-every", "auto"), every("--checkpoint-every", "16")) == (
+        1,
+        None,
+        16,
+    )
+    for bad in ("0", "x", "-3", "2097152", "Auto"):
+        proc = subprocess.run(
+            [sys.executable, "-m", "ftd", "serve", "--checkpoint-every", bad, "x.py"],
+            capture_output=True, text=True, timeout=60, cwd=tmp_path,
+        )  # fmt: skip
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+        assert "--checkpoint-every" in lines[0] and bad in lines[0]
 
 
 def test_what_the_daemon_says_is_learned_and_anything_else_ignored() -> None:
