@@ -109,7 +109,7 @@ class CheckpointHolder:
             agreement=multi_node,
         )
         self.counts = Counts()
-        self.spacing = SnapshotSpacing(every, persist.every if persist else None)
+        self.spacing = SnapshotSpacing(every)
         """--checkpoint-every, and how often the job fails (the ranks' auto interval)."""
         self.multi_node = multi_node
         self.replicas = replicas
@@ -150,7 +150,6 @@ class CheckpointHolder:
         the persistence directory: without it, snapshots stay in memory only."""
         remove_stale(self.run_dir, self.base)
         self._make_persist()
-        self.spacing.persist_every = self.persist.every if self.persist else None
         if self.ledger.budget_bytes == 0:  # --checkpoint-memory 0: no memory tier
             return
         try:
@@ -269,7 +268,7 @@ class CheckpointHolder:
             self._reached(rank, step)
             self._refused_ranks.discard(rank)
             path = self.slot_path(rank, decision.slot)
-            grant = {"ok": True, "slot": decision.slot, "path": str(path), **self.spacing.reply()}
+            grant = {"ok": True, "slot": decision.slot, "path": str(path), **self._policy()}
             if self.persist is not None and step % self.persist.every == 0:
                 grant["persist"] = str(self.persist.directory)
             return grant
@@ -368,15 +367,21 @@ class CheckpointHolder:
             EventKind.CHECKPOINT_RESTORED, global_rank=rank, step=step, steps_lost=lost
         )
         if found is None:
-            return {"ok": True, "step": None, **self._persist_reply(), **self.spacing.reply()}
+            return {"ok": True, "step": None, **self._persist_reply(), **self._policy()}
         path = str(self.slot_path(rank, found[1]))
         return {
             "ok": True,
             "step": step,
             "path": path,
             **self._persist_reply(),
-            **self.spacing.reply(),
+            **self._policy(),
         }
+
+    def _policy(self) -> dict[str, Any]:
+        """--checkpoint-every's policy as the ranks learn it, with the steps they always take
+        (those --checkpoint-persist writes)."""
+        persisted = {} if self.persist is None else {"persist_every": self.persist.every}
+        return self.spacing.reply() | persisted
 
     def _persist_reply(self) -> dict[str, str]:
         """Where the ranks look when neither memory nor a peer holds a snapshot."""

@@ -17,12 +17,10 @@ class SnapshotSpacing:
     def __init__(
         self,
         every: int | None,
-        persist_every: int | None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.every = every
         """A snapshot at the steps divisible by it; None: auto."""
-        self.persist_every = persist_every
         self._clock = clock
         self._started = clock()
         self.failures = 0
@@ -43,13 +41,10 @@ class SnapshotSpacing:
 
     def reply(self) -> dict[str, Any]:
         """What a rank learns with each answer about its snapshots."""
-        policy: dict[str, Any] = {
+        return {
             "every": "auto" if self.every is None else self.every,
             "mtbf_s": round(self.mtbf_s(), 3),
         }
-        if self.persist_every is not None:
-            policy["persist_every"] = self.persist_every
-        return policy
 
     def view(self) -> dict[str, Any]:
         """The status' fields (openapi.yaml NodeCheckpoint)."""

@@ -119,7 +119,7 @@ def test_what_the_daemon_says_is_learned_and_anything_else_ignored() -> None:
 
 def test_the_daemon_s_mean_time_between_failures_is_its_run_time_over_failures_plus_one() -> None:
     clock = FakeClock()
-    spacing = SnapshotSpacing(None, None, clock=clock.now)
+    spacing = SnapshotSpacing(None, clock=clock.now)
     assert spacing.reply() == {"every": "auto", "mtbf_s": 0.0}
     clock.advance_to(120.0)
     assert spacing.mtbf_s() == 120.0
