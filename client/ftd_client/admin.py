@@ -3,6 +3,7 @@
     from ftd_client.admin import AdminClient
     client = AdminClient.from_run_dir("/logs/my-job")     # the daemon's admin socket
     print(client.status()["state"])
+    print(client.rank_stderr(1))                           # privileged: socket or token
     client.restart(reason="bad data shard", count=False)
     for event in client.follow_events():                   # server-sent events
         print(event["kind"])
@@ -268,13 +269,21 @@ class AdminClient:
                 return
 
     def metrics(self) -> str:
-        connection, response = self._send("GET", "/metrics", None, accept="text/plain")
-        try:
-            return response.read().decode()
-        except (OSError, http.client.HTTPException) as error:
-            raise ApiUnreachable(f"{self.url} stopped answering: {error}") from None
-        finally:
-            connection.close()
+        return self._text("/metrics")
+
+    def rank_stacks(self, global_rank: int, attempt: int | None = None) -> str:
+        """The Python stacks a rank of this node wrote (its stacks.txt, escaped text) in
+        `attempt` (default the current one). A privileged read, like `rank_stderr`: over TCP
+        it needs the token (ApiError 401 without one); the admin socket needs none."""
+        return self._text(f"/v1/ranks/{int(global_rank)}/stacks", attempt=attempt)
+
+    def rank_stderr(
+        self, global_rank: int, attempt: int | None = None, tail_bytes: int | None = None
+    ) -> str:
+        """The end of a rank's stderr.log (`tail_bytes`, default 16 KiB, at most 64 KiB), escaped
+        text; what the job printed may hold its secrets, hence the token (see `rank_stacks`)."""
+        path = f"/v1/ranks/{int(global_rank)}/stderr"
+        return self._text(path, attempt=attempt, tail_bytes=tail_bytes)
 
     # -- transport ----------------------------------------------------------------------------
 
@@ -326,6 +335,18 @@ class AdminClient:
             connection.close()
             raise
         return connection, response
+
+    def _text(self, path: str, **query: int | None) -> str:
+        given = {name: str(int(value)) for name, value in query.items() if value is not None}
+        if given:
+            path += "?" + urllib.parse.urlencode(given)
+        connection, response = self._send("GET", path, None, accept="text/plain")
+        try:
+            return response.read().decode()
+        except (OSError, http.client.HTTPException) as error:
+            raise ApiUnreachable(f"{self.url} stopped answering: {error}") from None
+        finally:
+            connection.close()
 
     def _json(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         connection, response = self._send(method, path, body)

@@ -138,7 +138,12 @@ CHECKPOINT_OPTIONAL = {CHECKPOINT_BEGIN: {"every": 2**20}, CHECKPOINT_SEEN: {"re
 steps between the rank's snapshots (checkpoint/_spacing.py MAX_EVERY); `restored`: the rank
 restored `step` from --checkpoint-persist."""
 PROGRESS_COUNTS = ("steps", "age_ms", "entered", "called", "returned", "fwd_us")
-"""A progress message's integers, each optional, 0 .. MAX_SEQUENCE."""
+"""A progress message's integers, 0 .. MAX_SEQUENCE."""
+PROGRESS_REQUIRED = frozenset({"steps", "called", "returned"})
+"""The counts every progress message carries (the others only once the rank has them)."""
+MAX_DESCRIPTION = 1000
+"""A workload request's description (the daemon keeps this much)."""
+MAX_FAULT_KIND = 16
 
 # Pre-encoded: a heartbeat is a constant packet and a sequence number, so sending one costs
 # one %-format and one syscall.
@@ -216,7 +221,60 @@ def decode(data: bytes) -> dict[str, Any]:
         _check_progress(message)
     if kind in CHECKPOINT:
         _check_checkpoint(kind, message)
+    if kind in _REQUEST_CHECKS:
+        _REQUEST_CHECKS[kind](message)
     return message
+
+
+def _check_workload(message: dict[str, Any]) -> None:
+    description = message.get("d", "")
+    if not isinstance(description, str) or len(description) > MAX_DESCRIPTION:
+        raise ProtocolError("bad_request", f"description must be text of <= {MAX_DESCRIPTION}")
+
+
+def _check_calculate(message: dict[str, Any]) -> None:
+    sections = message.get("sections")
+    if sections is not None:
+        _names(sections, "sections")
+    if not isinstance(message.get("oos", True), bool):
+        raise ProtocolError("bad_request", "oos must be true or false")
+    rule, kind = message.get("rule", "ftd"), message.get("kind", "all")
+    if rule not in ("ftd", "nvrx") or kind not in ("all", "hb", "sections"):
+        raise ProtocolError("bad_request", f"rule {rule!r:.20} / kind {kind!r:.20}")
+    generation = message.get("gen")
+    if generation is not None and not (_is_int(generation) and 0 < generation < 2**31):
+        raise ProtocolError("bad_request", "gen must be a positive integer")
+
+
+def _check_set(message: dict[str, Any]) -> None:
+    if not isinstance(message.get("timeouts"), dict):
+        raise ProtocolError("bad_request", "timeouts must be an object")
+    _names(message.get("learned", []), "learned")
+
+
+def _check_fault(message: dict[str, Any]) -> None:
+    fault = message.get("kind")
+    if not isinstance(fault, str) or not 0 < len(fault) <= MAX_FAULT_KIND:
+        raise ProtocolError("bad_request", f"fault kind {fault!r:.40}")
+
+
+def _names(value: object, what: str) -> None:
+    if (
+        not isinstance(value, list)
+        or len(value) > MAX_SECTIONS
+        or not all(isinstance(n, str) and 0 < len(n) <= MAX_SECTION_NAME for n in value)
+    ):
+        raise ProtocolError("bad_request", f"{what} must be a list of at most {MAX_SECTIONS} names")
+
+
+_REQUEST_CHECKS = {
+    WORKLOAD_CONTROL: _check_workload,
+    CALCULATE_TIMEOUTS: _check_calculate,
+    SET_TIMEOUTS: _check_set,
+    FAULT: _check_fault,
+}
+"""What each request's consumer needs, decided here: a message that passes the decoder is one
+its handler can use (no handler validates again or raises on a missing field)."""
 
 
 def _check_checkpoint(kind: str, message: dict[str, Any]) -> None:
@@ -237,6 +295,8 @@ def _check_checkpoint(kind: str, message: dict[str, Any]) -> None:
 def _check_progress(message: dict[str, Any]) -> None:
     for key in PROGRESS_COUNTS:
         value = message.get(key)
+        if value is None and key in PROGRESS_REQUIRED:
+            raise ProtocolError("bad_progress", f"{key} is missing")
         if value is not None and not (_is_int(value) and 0 <= value <= MAX_SEQUENCE):
             raise ProtocolError("bad_progress", f"{key} {value!r:.40}")
     auto = message.get("auto")

@@ -1,8 +1,9 @@
 """The REST control API of a node daemon: its lifecycle (token, sites, api.json, registry).
 
-Two sites serve one aiohttp app: TCP (`--api-host`/`--api-port`, bearer token for changes)
-and the admin unix socket `<run dir>/api.sock` (mode 0600, callers of the daemon's own user
-only, checked with SO_PEERCRED; no token). Both pass a ConnectionGuard (`ftd.api.connections`).
+Two sites serve one aiohttp app: TCP (`--api-host`/`--api-port`, bearer token for changes
+and for a rank's stderr and stacks: `ftd.api.middlewares.token_required`) and the admin unix
+socket `<run dir>/api.sock` (mode 0600, callers of the daemon's own user only, checked with
+SO_PEERCRED; no token). Both pass a ConnectionGuard (`ftd.api.connections`).
 The routes are in `ftd.api.app`, the middlewares in `ftd.api.middlewares`; the contract is
 `openapi.yaml` at the repository root, and the tests hold the server to it.
 """

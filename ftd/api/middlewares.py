@@ -24,9 +24,18 @@ from ftd.errors import FtdError, Misdirected
 log = logging.getLogger("ftd.api")
 
 PROBLEM_TYPE = "application/problem+json"
-UNAUTHENTICATED = frozenset({"/healthz", "/readyz"})
-"""Probes answer without a token on any address (they say nothing but alive/ready)."""
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+OPEN_ROUTES = frozenset({"/healthz", "/readyz", "/", "/dashboard/{name}"})
+"""Reads answered without a token on any address: the probes (alive/ready, nothing more) and
+the dashboard's own files (no job data in them; the page's reads follow the rules below)."""
+LOOPBACK_READS = frozenset({"/v1/status", "/v1/cluster", "/v1/events", "/v1/timeouts", "/metrics"})
+"""Reads that an API listening on loopback only answers without a token: the daemon's own
+account of the job (its status, with a failure's exception type and message; its events,
+metrics and timeouts). Every other route needs the token over TCP, on loopback too, or the
+admin socket: every change, and every read of what the job itself wrote, such as a rank's
+stderr and stacks (`/v1/ranks/{global_rank}/stderr`, `/stacks`), where a secret the job
+printed may be, which the 0700 run directory keeps from other local users. A route is
+privileged unless it is named here: a new one cannot be public by omission."""
 MAX_BODY_BYTES = 64 * 1024
 
 CONTROL: web.AppKey[NodeControl] = web.AppKey("control")
@@ -141,9 +150,30 @@ async def host_middleware(request: web.Request, handler: Handler) -> web.StreamR
     return await handler(request)
 
 
-def _is_page(path: str) -> bool:
-    """The dashboard's static files (the page, its script and style): no job data in them."""
-    return path == "/" or path.startswith("/dashboard/")
+def token_required(method: str, route: str, loopback_only: bool) -> bool:
+    """Whether a TCP request for `route` (the route's template, as routed) must carry the
+    bearer token: the one rule of who may call what (the admin socket's callers never do)."""
+    if method not in READ_METHODS:
+        return True
+    if route in OPEN_ROUTES:
+        return False
+    return not (loopback_only and route in LOOPBACK_READS)
+
+
+PRIVILEGED_READ = (
+    "what the job itself wrote (a rank's stderr, its stacks) is read with the API token, on "
+    "loopback too: "
+)
+
+
+def _unauthorized(detail: str, privileged_read: bool) -> web.Response:
+    return problem(
+        401,
+        "Unauthorized",
+        (PRIVILEGED_READ if privileged_read else "") + detail,
+        "https://ftd.dev/problems/unauthorized",
+        headers={"WWW-Authenticate": 'Bearer realm="ftd"'},
+    )
 
 
 @web.middleware
@@ -151,31 +181,26 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     unmatched = request.match_info.http_exception
     if unmatched is not None:
         raise unmatched  # 404 / 405 before auth: they reveal nothing
-    reads_need_token = not request.app[HOSTS].loopback_only
-    needs_token = request.method not in READ_METHODS or reads_need_token
-    if request.method in READ_METHODS and _is_page(request.path):
-        needs_token = False  # the dashboard's own files hold no data; its reads need the token
-    if needs_token and request.path not in UNAUTHENTICATED and not peer_of(request).trusted:
-        challenge = {"WWW-Authenticate": 'Bearer realm="ftd"'}
+    resource = request.match_info.route.resource
+    route = resource.canonical if resource is not None else request.path
+    loopback_only = request.app[HOSTS].loopback_only
+    if token_required(request.method, route, loopback_only) and not peer_of(request).trusted:
+        privileged_read = request.method in READ_METHODS and loopback_only
         sent = request.headers.getall("Authorization", [])
         if not sent:
-            return problem(
-                401,
-                "Unauthorized",
+            return _unauthorized(
                 "send the API token as `Authorization: Bearer <token>` (the daemon's "
-                "--api-token-file, or FTD_API_TOKEN)",
-                "https://ftd.dev/problems/unauthorized",
-                headers=challenge,
+                "--api-token-file, default <run dir>/api.token, or FTD_API_TOKEN), or ask "
+                "through the admin socket <run dir>/api.sock as the daemon's own user "
+                "(`ftd ... --run-dir <run dir>`, `AdminClient.from_run_dir`)",
+                privileged_read,
             )
         token = bearer_token(sent[0]) if len(sent) == 1 else None
         if token is None:
-            return problem(
-                401,
-                "Unauthorized",
+            return _unauthorized(
                 "the Authorization header must be one `Bearer <token>`, the token in visible "
                 "ASCII characters",
-                "https://ftd.dev/problems/unauthorized",
-                headers=challenge,
+                privileged_read,
             )
         if not hmac.compare_digest(token.encode("ascii"), request.app[TOKEN]):
             return problem(

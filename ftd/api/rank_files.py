@@ -1,9 +1,12 @@
 """`GET /v1/ranks/{global_rank}/stacks` and `/stderr`: the cause of a failure one click away.
 
-Read-only, under the read rule of `/v1/status`. The rank is a decimal number looked up in this
-node's status; the path comes from the daemon's own records (its run directory, the attempt,
-the rank's local number), never from the request. The answer is the file's last bytes (at most
-64 KiB), decoded leniently and escaped (ftd.text), as `text/plain` that no browser sniffs.
+Privileged reads: what a rank wrote may hold a secret it printed (`HF_TOKEN=...`), so these
+routes need the bearer token on loopback too, or the admin socket (they are not among
+`ftd.api.middlewares.LOOPBACK_READS`), while the failure's exception type and message stay in
+the public `/v1/status`. The rank is a decimal number looked up in this node's status; the path
+comes from the daemon's own records (its run directory, the attempt, the rank's local number),
+never from the request. The answer is the file's last bytes (at most 64 KiB), decoded leniently
+and escaped (ftd.text), as `text/plain` that no browser sniffs or keeps.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ _DECIMAL = re.compile(r"[0-9]{1,10}")
 TEXT_HEADERS = {
     "X-Content-Type-Options": "nosniff",
     "Content-Security-Policy": "default-src 'none'; sandbox",
-    "Cache-Control": "no-cache",
+    "Cache-Control": "no-store",
 }
 
 

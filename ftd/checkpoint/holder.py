@@ -13,7 +13,6 @@ file the daemon reads).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
@@ -33,11 +32,14 @@ from ftd.checkpoint.memory_dir import (
     DEFAULT_BASE,
     DIRECTORY_RECORD,
     auto_budget,
+    open_slot,
     owner_prefix,
     remove_stale,
 )
+from ftd.checkpoint.restores import RestoreAccount
 from ftd.checkpoint.spacing import SnapshotSpacing
 from ftd.config.serve import ServeConfig
+from ftd.config.shared_paths import PathRefused, prepare_private_dir
 from ftd.status.event_kind import EventKind
 from ftd.status.events import EventLog
 
@@ -114,25 +116,10 @@ class CheckpointHolder:
         self.multi_node = multi_node
         self.replicas = replicas
         """A job of several nodes: the ranks agree on the step to restore (ledger.py)."""
-        self.steps_lost = 0
-        """Steps the ranks finished but no restore kept, over every restore."""
-        self.latest: dict[int, int] = {}
-        """Each rank's newest step, with a snapshot or not (--checkpoint-every): the steps lost."""
-        self.last_restore: dict[str, Any] | None = None
-        self._restoring = False
-        """Ranks are restoring and none saved since: the first restore request said the loss."""
+        self.restores = RestoreAccount(self.spacing)
+        """The steps the ranks' restores lost, and when the job was back where it had been."""
         self._refused_ranks: set[int] = set()
         """Ranks whose last snapshot was refused as too large: said once per episode."""
-        self.restore_asked_at: float | None = None
-        """When a rank last asked which snapshot to restore (the end of a restart's `init`)."""
-        self._redo_until: int | None = None
-        """The step the job had reached when its last restore lost steps: redone once a rank
-        begins to save it again."""
-        self.restored_at: float | None = None
-        """When the ranks' last restore (of a step) began."""
-        self.caught_up_at: float | None = None
-        self.caught_up = asyncio.Event()
-        """Set once the job is back at the step it had reached before its last restore."""
 
     @classmethod
     def serving(
@@ -172,14 +159,10 @@ class CheckpointHolder:
         if self.persist is None:
             return
         directory = self.persist.directory
-        try:  # 0700 for what is made here (parents too); an existing directory's is the user's
-            missing = [path for path in (directory, *directory.parents) if not path.exists()]
-            for path in reversed(missing):
-                path.mkdir(mode=0o700, exist_ok=True)
-            if not os.access(directory, os.W_OK | os.X_OK):
-                raise PermissionError(f"{directory} is not writable")
-        except OSError as error:
-            log.error("no persistence (--checkpoint-persist): %s", error)
+        try:  # another user's directory would hand them the job's state and its next start
+            prepare_private_dir(directory, "--checkpoint-persist directory")
+        except PathRefused as refused:
+            log.error("no persistence (--checkpoint-persist): %s", refused)
             self.persist = None
             return
         log.info("every %d-th snapshot is persisted to %s", self.persist.every, directory)
@@ -199,7 +182,7 @@ class CheckpointHolder:
             if message.get("restored"):
                 self._from_disk(global_rank, message["step"])
             else:
-                self._reached(global_rank, message["step"])
+                self.restores.reached(global_rank, message["step"])
             return None
         if self.directory is None:
             return {"ok": False, "error": "the daemon holds no snapshots"}
@@ -216,7 +199,7 @@ class CheckpointHolder:
 
     def view(self) -> dict[str, Any] | None:
         """The status' `checkpoint` (openapi.yaml NodeCheckpoint); None until a rank used it."""
-        if not self.counts.begun and not self.counts.refused and self.last_restore is None:
+        if not self.counts.begun and not self.counts.refused and self.restores.last_restore is None:
             return None
         ranks = self.ledger.ranks()
         worlds = {s.world for r in ranks.values() for s in r.slots if s is not None}
@@ -229,8 +212,8 @@ class CheckpointHolder:
             "memory_bytes": self.ledger.reserved_bytes,
             "budget_bytes": self.ledger.budget_bytes,
             "newest_step": common if common >= 0 else None,
-            "steps_lost": self.steps_lost,
-            "last_restore": self.last_restore,
+            "steps_lost": self.restores.steps_lost,
+            "last_restore": self.restores.last_restore,
             "persist_dir": str(self.persist.directory) if self.persist else None,
             "persist_every": self.persist.every if self.persist else None,
             **self.spacing.view(),
@@ -265,7 +248,7 @@ class CheckpointHolder:
         decision = self.ledger.begin(rank, step, nbytes, world)
         if isinstance(decision, Grant):
             self.counts.begun += 1
-            self._reached(rank, step)
+            self.restores.reached(rank, step)
             self._refused_ranks.discard(rank)
             path = self.slot_path(rank, decision.slot)
             grant = {"ok": True, "slot": decision.slot, "path": str(path), **self._policy()}
@@ -281,7 +264,8 @@ class CheckpointHolder:
                 log.warning(
                     "rank %d's snapshot of step %d refused: %s", rank, step, decision.detail
                 )
-                self.events.emit(
+                self.events.emit_for_rank(
+                    rank,
                     EventKind.CHECKPOINT_REFUSED,
                     global_rank=rank,
                     step=step,
@@ -307,32 +291,11 @@ class CheckpointHolder:
             self.replicas.completed()
         return {"ok": True}
 
-    def _restored(self, step: int, world: int | None, source: str) -> int:
-        """The ranks restored `step` after a failure: the steps lost, and the redo to wait for."""
-        self._restoring = True
-        done = (s for r, s in self.latest.items() if world is None or r < world)
-        newest = self.ledger.newest_seen(world) if world is not None else None
-        lost = max(max(done, default=0), newest or 0, step) - step
-        self.steps_lost += lost
-        self.restored_at = time.time()
-        self._redo_until = step + lost if lost else None
-        self.caught_up_at = None if lost else self.restored_at
-        if lost:
-            self.caught_up.clear()
-        else:
-            self.caught_up.set()
-        self.last_restore = {
-            "step": step,
-            "steps_lost": lost,
-            "time": round(time.time(), 3),
-            "source": source,
-        }
-        return lost
-
     def _from_disk(self, rank: int, step: int) -> None:
         """A rank restored `step` from --checkpoint-persist (memory and replicas held none)."""
-        lost = None if self._restoring else self._restored(step, None, "disk")
-        self.events.emit(
+        lost = self.restores.restored(step, None, None, "disk") if self.restores.counts() else None
+        self.events.emit_for_rank(
+            rank,
             EventKind.CHECKPOINT_RESTORED,
             global_rank=rank,
             step=step,
@@ -340,17 +303,8 @@ class CheckpointHolder:
             source="disk",
         )
 
-    def _reached(self, rank: int, step: int) -> None:
-        """`rank` did `step` (and took a snapshot of it or not): the job is past its restore."""
-        self.latest[rank] = step
-        self._restoring = False
-        if self._redo_until is not None and step >= self._redo_until:
-            self._redo_until = None
-            self.caught_up_at = time.time()
-            self.caught_up.set()
-
     def _restore(self, rank: int, world: int, agreed: int | None) -> dict[str, Any]:
-        self.restore_asked_at = time.time()
+        self.restores.restore_asked_at = time.time()
         if self.multi_node and agreed is None:  # the ranks agree first, on what they hold
             slots = self.ledger.ranks().get(rank)
             steps = slots.complete_steps(world) if slots else []
@@ -361,10 +315,11 @@ class CheckpointHolder:
         step = None if found is None else found[0]
         self.counts.restored += found is not None
         lost = None
-        if step is not None and not self._restoring:  # the first request after the failure
-            lost = self._restored(step, world, "memory")
-        self.events.emit(
-            EventKind.CHECKPOINT_RESTORED, global_rank=rank, step=step, steps_lost=lost
+        if step is not None and self.restores.counts():  # the first after the failure
+            newest = self.ledger.newest_seen(world)
+            lost = self.restores.restored(step, world, newest, "memory")
+        self.events.emit_for_rank(
+            rank, EventKind.CHECKPOINT_RESTORED, global_rank=rank, step=step, steps_lost=lost
         )
         if found is None:
             return {"ok": True, "step": None, **self._persist_reply(), **self._policy()}
@@ -389,7 +344,7 @@ class CheckpointHolder:
 
 
 def read_header(path: Path) -> Any:
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    fd = open_slot(path)
     try:
         return decode_header(os.pread(fd, HEADER.size, 0), os.fstat(fd).st_size)
     finally:

@@ -4,10 +4,14 @@ how much of the tmpfs it may hold, and the directories of daemons that died befo
 from __future__ import annotations
 
 import contextlib
+import errno
+import itertools
 import json
 import os
 import re
 import shutil
+import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 DEFAULT_BASE = Path("/dev/shm")
@@ -17,6 +21,9 @@ PREFIX = "ftd-checkpoint-"
 OWNED = re.compile(PREFIX + r"(?P<ns>\d{1,20})-(?P<pid>\d{1,10})-[A-Za-z0-9_]{1,32}")
 """The memory directory's name: the daemon's pid namespace and pid, then mkdtemp's letters."""
 MAX_SCANNED = 10_000
+"""Memory directories (by their name) looked at in one sweep."""
+MAX_ENTRIES = 1_000_000
+"""Entries of the tmpfs read in one sweep, whoever put them there (a name costs no stat)."""
 AUTO_SHARE = 0.5
 """--checkpoint-memory auto: this share of the tmpfs's free space when the daemon starts."""
 
@@ -32,14 +39,9 @@ def remove_stale(run_dir: Path, base: Path) -> None:
         stale = None
     if stale is not None and stale.parent == base and stale.name.startswith(PREFIX):
         shutil.rmtree(stale, ignore_errors=True)
-    namespace = pid_namespace()
-    try:
-        entries = list(os.scandir(base))[:MAX_SCANNED]
-    except OSError:
-        return
-    for entry in entries:
+    for entry in _named_like_ours(base):
         owner = OWNED.fullmatch(entry.name)
-        if owner is None or owner["ns"] != namespace or _alive(int(owner["pid"])):
+        if owner is None or owner["ns"] != pid_namespace() or _alive(int(owner["pid"])):
             continue
         with contextlib.suppress(OSError):
             if (
@@ -47,6 +49,18 @@ def remove_stale(run_dir: Path, base: Path) -> None:
                 and entry.stat(follow_symlinks=False).st_uid == os.getuid()
             ):
                 shutil.rmtree(entry.path, ignore_errors=True)
+
+
+def _named_like_ours(base: Path) -> Iterator[os.DirEntry[str]]:
+    """The entries of `base` named like a memory directory, read as a stream (what others
+    put there is skipped by its name, never listed whole): at most MAX_SCANNED of them, and
+    at most MAX_ENTRIES entries read in all."""
+    try:
+        with os.scandir(base) as entries:
+            named = (e for e in itertools.islice(entries, MAX_ENTRIES) if e.name.startswith(PREFIX))
+            yield from itertools.islice(named, MAX_SCANNED)
+    except OSError:
+        return
 
 
 def owner_prefix() -> str:
@@ -76,3 +90,20 @@ def auto_budget(base: Path) -> int:
     except OSError:
         return 0
     return int(stats.f_bavail * stats.f_frsize * AUTO_SHARE)
+
+
+def open_slot(path: Path) -> int:
+    """A read-only descriptor of the regular file of this user's at `path` (a rank's snapshot
+    slot): never through a link, never blocking on a FIFO planted there (O_NONBLOCK, then
+    fstat before any read); OSError otherwise."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(errno.EINVAL, f"{path.name} is not a regular file")
+        if info.st_uid != os.geteuid():
+            raise OSError(errno.EPERM, f"{path.name} belongs to uid {info.st_uid}")
+    except OSError:
+        os.close(fd)
+        raise
+    return fd

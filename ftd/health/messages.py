@@ -15,10 +15,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ftd_client import protocol
-from ftd_client.protocol import WorkloadAction
+from ftd_client.protocol import ProtocolError, WorkloadAction
 
 from ftd.health.links import Link, RankHealth
 from ftd.health.monitor import STALL_THRESHOLD_S, Monitor
+from ftd.health.socket import parent_pid
 from ftd.health.sync import BudgetExceeded
 from ftd.status.event_kind import EventKind
 from ftd.status.events import EventLog
@@ -114,15 +115,54 @@ class WorkloadRequest:
         return f"rank {self.global_rank} {what}{detail}"
 
 
+def workload_requested(
+    events: EventLog, rank: int, action: WorkloadAction, description: str
+) -> WorkloadRequest | None:
+    """A rank's workload-control request, recorded; the request unless it asks to continue."""
+    request = WorkloadRequest(action, rank, description[: protocol.MAX_DESCRIPTION])
+    events.emit_for_rank(
+        rank,
+        EventKind.WORKLOAD_CONTROL,
+        action=action.name,
+        rank=rank,
+        description=request.description,
+    )
+    if action is WorkloadAction.CONTINUE:
+        return None
+    log.warning("%s", request.reason())
+    return request
+
+
 def fault_injected(events: EventLog, rank: RankHealth, message: dict[str, Any]) -> None:
     """A rank says it carries out a simulated fault (ftd_client.faults)."""
     fault = str(message.get("kind"))[:16]
     rank.simulated_hang = rank.simulated_hang or fault == "hang"
     log.warning("rank %d is carrying out a simulated %s fault", rank.global_rank, fault)
-    events.emit(
+    events.emit_for_rank(
+        rank.global_rank,
         EventKind.FAULT_INJECTED,
         kind=fault,
         global_rank=rank.global_rank,
         pid=rank.pid,
         open_sections=sorted(rank.open_sections),
     )
+
+
+MAX_ANCESTRY = 16
+
+
+def rank_of_process(monitor: Monitor, pid: int) -> RankHealth:
+    """The rank a process is, or descends from (a DataLoader worker, say); ProtocolError for
+    a process that is neither."""
+    rank = monitor.rank_of(pid)
+    if rank is not None:
+        return rank
+    ancestor: int | None = pid
+    for _ in range(MAX_ANCESTRY):
+        ancestor = parent_pid(ancestor) if ancestor else None
+        if not ancestor or ancestor == 1:
+            break
+        if (rank := monitor.rank_of(ancestor)) is not None:
+            monitor.adopt(pid, rank)
+            return rank
+    raise ProtocolError("not_a_rank", f"pid {pid} is no rank of this daemon")

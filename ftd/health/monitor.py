@@ -270,6 +270,12 @@ class Monitor:
         if rank.connected_at is None:  # a message before (or without) the handshake
             self.on_hello(rank, rank.stack_signal, now)
 
+    def section_timed(self, rank: RankHealth) -> bool:
+        """Whether `rank` is inside a section with a timeout in force (that timeout judges it,
+        not the progress deadline: docs/architecture.md, which verdict when)."""
+        sections = self.timeouts.rank_section_timeouts
+        return any(sections.get(name) is not None for name in rank.open_sections)
+
     def _rearm_if_earlier(self, rank: RankHealth, now: float) -> None:
         """Keep the timer at or before the rank's earliest deadline (never later)."""
         deadline = next_deadline(rank, self.timeouts, self.connect_timeout)

@@ -27,13 +27,16 @@ from __future__ import annotations
 import statistics
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
+
+from ftd_client.protocol import MAX_SECTIONS
 
 from ftd.health.links import RankHealth
 from ftd.health.progress_node import NodeProgress, RankPace
 from ftd.health.stragglers import StragglerWatch
+from ftd.health.sync import BudgetExceeded
 
 PROGRESS_FACTOR = 3.0
 """The deadline is this many times the longest interval between progress events seen."""
@@ -50,6 +53,9 @@ STALLED_AFTER_S = 1.5
 """A rank without progress this long is stalled (three of its sampler's intervals): a victim
 when another is judged."""
 STEP_WINDOW = 32
+AUTO_NAMES = "auto_section_names"
+"""The budget of the automatic-section names whose durations a node learns: MAX_SECTIONS, as
+for the script's own sections (a name past it is timed by AUTO_SECTION_DEFAULT_S)."""
 
 
 @dataclass
@@ -104,6 +110,11 @@ class ProgressVerdict:
     at: float
 
 
+def in_a_section(rank: RankHealth) -> bool:
+    """Whether `rank` is inside a section of its script's, timed or not."""
+    return bool(rank.open_sections)
+
+
 def sort_key(progress: RankProgress) -> tuple[bool, int, float, int]:
     """The culprit first: fewest collectives entered, then stopped first, then global rank."""
     entered = progress.entered
@@ -152,8 +163,11 @@ class ProgressWatch:
 
     # -- reports -----------------------------------------------------------------------------
 
-    def observe(self, rank: RankHealth, link: int, message: dict[str, Any], at: float) -> None:
-        """A `pg` report (decoded by protocol.decode) sampled at `at` (daemon clock)."""
+    def observe(
+        self, rank: RankHealth, link: int, message: dict[str, Any], at: float
+    ) -> BudgetExceeded | None:
+        """A `pg` report (decoded by protocol.decode) sampled at `at` (daemon clock); the
+        refusal of what it asked the node to learn past a budget (the rest is taken)."""
         counts = (
             int(message["steps"]),
             message.get("entered"),
@@ -168,10 +182,14 @@ class ProgressWatch:
             )
         auto = {name: previous.auto.get(name, at - ms / 1000) for name, ms in raw_auto.items()}
         changed = counts != previous.counts or auto.keys() != previous.auto.keys()
+        refused = None
         for name, opened in previous.auto.items():
             if name not in auto:  # it ended: how long it took teaches its deadline
                 took = max(at - opened, 0.0)
-                self._auto_longest[name] = max(self._auto_longest.get(name, 0.0), took)
+                if name in self._auto_longest or len(self._auto_longest) < MAX_SECTIONS:
+                    self._auto_longest[name] = max(self._auto_longest.get(name, 0.0), took)
+                else:
+                    refused = BudgetExceeded(AUTO_NAMES, f"more than {MAX_SECTIONS} names")
                 # The ranks that waited for this one (in a barrier, a collective) are timed
                 # from now: their reports of moving on may come up to a report later.
                 for other in self._ranks.values():
@@ -189,6 +207,7 @@ class ProgressWatch:
         previous.link = link
         if "fwd_us" in message:
             previous.forward_s = message["fwd_us"] / 1e6
+        return refused
 
     def _steps_advanced(
         self, progress: RankProgress, steps: int, message: dict[str, Any], at: float
@@ -223,17 +242,20 @@ class ProgressWatch:
         """The verdict `check` gave is carried out: no other in this attempt."""
         self._judged = True
 
-    def check(self, now: float) -> ProgressVerdict | None:
+    def check(
+        self, now: float, section_timed: Callable[[RankHealth], bool] = in_a_section
+    ) -> ProgressVerdict | None:
         """A verdict when the culprit among the stalled ranks is past its deadline (until one
-        is `judged`)."""
+        is `judged`). `section_timed`: whether a rank is inside a section of its script's that
+        has a timeout in force (the monitor's: then that timeout judges it, not progress)."""
         if not self.enabled or self._judged or not self.armed:
             return None
         stalled = sorted(self._stalled(now), key=sort_key)
         if not stalled:
             return None
         culprit, victims = stalled[0], tuple(stalled[1:])
-        if culprit.rank.open_sections:  # the script's own section (ftd_client, NVRx) wins:
-            return None  # the monitor judges it by that section's timeout
+        if section_timed(culprit.rank):  # the script's own timed section (ftd_client, NVRx)
+            return None  # wins: the monitor judges it by that section's timeout
         since, limit, what = self._limit(culprit)
         if now - since < limit:
             return None

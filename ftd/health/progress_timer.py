@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 
 from ftd import containment
+from ftd.health.links import RankHealth
 from ftd.health.monitor import STALL_THRESHOLD_S
 from ftd.health.progress import ProgressVerdict, ProgressWatch
 from ftd.tasks import Background
@@ -27,8 +28,11 @@ class ProgressTimer:
         drain: Callable[[], object],
         on_verdict: Callable[[ProgressVerdict], None],
         on_error: Callable[[str], None],
+        section_timed: Callable[[RankHealth], bool],
     ) -> None:
         self.watch = watch
+        self._section_timed = section_timed
+        """Whether a rank is inside a section with a timeout in force (the monitor's)."""
         self._drain = drain
         self._on_verdict = on_verdict
         self._on_error = on_error
@@ -57,10 +61,10 @@ class ProgressTimer:
                 self._on_error(containment.record("monitor", error))
 
     def _tick(self, now: float) -> None:
-        if self.watch.check(now) is None:
+        if self.watch.check(now, self._section_timed) is None:
             return
         self._drain()
-        verdict = self.watch.check(time.monotonic())
+        verdict = self.watch.check(time.monotonic(), self._section_timed)
         if verdict is not None:
             self.watch.judged()
             self._on_verdict(verdict)

@@ -35,13 +35,20 @@ from ftd.health.learning import (
     load_learned,
 )
 from ftd.health.links import Link, RankHealth
-from ftd.health.messages import WorkloadRequest, deliver, fault_injected, sent_at
+from ftd.health.messages import (
+    WorkloadRequest,
+    deliver,
+    fault_injected,
+    rank_of_process,
+    sent_at,
+    workload_requested,
+)
 from ftd.health.monitor import Monitor
 from ftd.health.nvrx.host import NvrxRankHost
 from ftd.health.nvrx.server import NvrxServer
 from ftd.health.progress import DEFAULT_FLOOR_S, ProgressWatch
 from ftd.health.progress_timer import ProgressTimer
-from ftd.health.socket import RankSocketServer, parent_pid
+from ftd.health.socket import RankSocketServer
 from ftd.health.sync import names_from, patched_sections
 from ftd.ranks.workers import WorkerGroup
 from ftd.status.event_kind import EventKind
@@ -50,8 +57,6 @@ from ftd.status.model import RankStatus
 from ftd.status.persist import Persistence
 
 log = logging.getLogger("ftd.health")
-
-MAX_ANCESTRY = 16
 
 
 class HealthService:
@@ -94,7 +99,11 @@ class HealthService:
         )
         self.server.followers.append(self.nvrx)
         self._progress_timer = ProgressTimer(
-            self.progress, self.server.drain, self.hangs.on_progress_hang, self.hangs.fail
+            self.progress,
+            self.server.drain,
+            self.hangs.on_progress_hang,
+            self.hangs.fail,
+            self.monitor.section_timed,
         )
         self._group: WorkerGroup | None = None
         self._first_steps: asyncio.Future[float | None] | None = None
@@ -180,7 +189,7 @@ class HealthService:
             "stalls": self.monitor.stalls,
             "lost": self.losses.lost_total,
             "loss_episodes": self.losses.episodes,
-            "budget_refusals": dict(self.budgets.refused),
+            "budget_refusals": {**self.budgets.refused, **self.events.rank_budget.counts()},
         }
 
     async def first_steps(self, group: WorkerGroup) -> float | None:
@@ -214,7 +223,11 @@ class HealthService:
         return timeouts
 
     def update(
-        self, patch: dict[str, Any], by: str, learned: frozenset[str] = frozenset()
+        self,
+        patch: dict[str, Any],
+        by: str,
+        learned: frozenset[str] = frozenset(),
+        rank: RankHealth | None = None,
     ) -> RankTimeouts:
         """Apply a partial update, validated by the same model as the CLI; `learned` names the
         values that were calculated (a checkpoint's learned timeouts), the rest are set."""
@@ -229,7 +242,7 @@ class HealthService:
         if "initial_rank_heartbeat_timeout" in set(patch) - learned:
             # Set by hand, it bounds a rank's time to connect too (a learned one does not).
             self.monitor.connect_timeout = timeouts.initial_rank_heartbeat_timeout
-        self._apply(timeouts, by, learned=bool(learned & keys))
+        self._apply(timeouts, by, bool(learned & keys), rank)
         return timeouts
 
     def set_calculated(
@@ -240,14 +253,20 @@ class HealthService:
         self._learned = (self._learned - unlearned) | learned
         self._apply(timeouts, by, learned=bool(learned))
 
-    def _apply(self, timeouts: RankTimeouts, by: str, learned: bool) -> None:
+    def _apply(
+        self, timeouts: RankTimeouts, by: str, learned: bool, rank: RankHealth | None = None
+    ) -> None:
+        """`rank`: the rank whose message changed them (its events are budgeted)."""
         if timeouts == self.timeouts:
             return
         previous, now = self.timeouts.model_dump(), timeouts.model_dump()
         self.monitor.set_timeouts(timeouts)
         self._save_state()
-        kind = EventKind.TIMEOUTS_CHANGED
-        self.events.emit(kind, timeouts=now, by=by, learned=learned, previous=previous)
+        data = {"timeouts": now, "by": by, "learned": learned, "previous": previous}
+        if rank is None:
+            self.events.emit(EventKind.TIMEOUTS_CHANGED, **data)
+        else:
+            self.events.emit_for_rank(rank.global_rank, EventKind.TIMEOUTS_CHANGED, **data)
         log.info("timeouts changed by %s: %s", by, now)
 
     def _save_state(self) -> None:
@@ -257,18 +276,7 @@ class HealthService:
     # -- messages ----------------------------------------------------------------------------
 
     def rank_for(self, pid: int) -> RankHealth:
-        rank = self.monitor.rank_of(pid)
-        if rank is not None:
-            return rank
-        ancestor: int | None = pid
-        for _ in range(MAX_ANCESTRY):  # a descendant of a rank (a DataLoader worker, say)
-            ancestor = parent_pid(ancestor) if ancestor else None
-            if not ancestor or ancestor == 1:
-                break
-            if (rank := self.monitor.rank_of(ancestor)) is not None:
-                self.monitor.adopt(pid, rank)
-                return rank
-        raise ProtocolError("not_a_rank", f"pid {pid} is no rank of this daemon")
+        return rank_of_process(self.monitor, pid)
 
     def _dispatch(self, link: Link, message: dict[str, Any], now: float) -> dict[str, Any] | None:
         rank = self.rank_for(link.pid)
@@ -276,10 +284,13 @@ class HealthService:
         self.losses.received(rank, now)
         if message["t"] == protocol.PROGRESS:  # an observation only: no sign of life
             at = sent_at(message.get("m"), now, self.server.reading_since)
-            self.progress.observe(rank, link.id, message, at)
+            refused = self.progress.observe(rank, link.id, message, at)
             self.monitor.on_progress_link(rank, message.get("stack_signal"))
             if message.get("steps") and rank.local_rank in self._not_stepped:  # the restart's end
                 self._on_first_step(rank, at - message.get("age_ms", 0) / 1000)
+            if refused is not None:
+                self.budgets.exceeded(rank, refused)
+                raise refused  # counted by the socket as a dropped message
             return None
         if message["t"] in protocol.CHECKPOINT:  # the memory tier's: no sign of life either
             if self.checkpoints is None:
@@ -320,12 +331,10 @@ class HealthService:
         elif kind == protocol.CALCULATE_TIMEOUTS:
             return self._on_calculate(rank, message, now)
         elif kind == protocol.SET_TIMEOUTS:
-            patch = message.get("timeouts")
-            if not isinstance(patch, dict):
-                raise ProtocolError("malformed", "timeouts must be an object")
+            patch = message["timeouts"]  # an object: protocol.decode
             learned = names_from(message.get("learned", []), "learned")
             try:
-                applied = self.update(patch, by=f"rank {rank.global_rank}", learned=learned)
+                applied = self.update(patch, f"rank {rank.global_rank}", learned, rank)
             except InvalidRequest as error:
                 return {"ok": False, "error": error.detail}
             return self._timeouts_reply(applied)
@@ -348,10 +357,6 @@ class HealthService:
             message.get("kind", "all"),
             message.get("gen"),
         )
-        if rule not in ("ftd", "nvrx") or kind not in ("all", "hb", "sections"):
-            raise ProtocolError("malformed", f"rule {rule!r:.20} / kind {kind!r:.20}")
-        if generation is not None and not (isinstance(generation, int) and 0 < generation < 2**31):
-            raise ProtocolError("malformed", "gen must be a positive integer")
         current = Base(self.timeouts, self._learned)
         base = (
             current
@@ -380,7 +385,7 @@ class HealthService:
             values = learned_values(result, names)
         self._learned = self._learned | set(values)
         timeouts = apply_values(self.timeouts, values)
-        self._apply(timeouts, f"rank {rank.global_rank}", learned=True)
+        self._apply(timeouts, f"rank {rank.global_rank}", True, rank)
         return self._timeouts_reply(timeouts)
 
     def _on_workload_control(self, rank: RankHealth, message: dict[str, Any]) -> dict[str, Any]:
@@ -388,13 +393,6 @@ class HealthService:
         return {"ok": True}
 
     def workload(self, rank: RankHealth, action: WorkloadAction, description: str) -> None:
-        request = WorkloadRequest(action, rank.global_rank, description[:1000])
-        self.events.emit(
-            EventKind.WORKLOAD_CONTROL,
-            action=action.name,
-            rank=rank.global_rank,
-            description=request.description,
-        )
-        if action is not WorkloadAction.CONTINUE:
-            log.warning("%s", request.reason())
+        request = workload_requested(self.events, rank.global_rank, action, description)
+        if request is not None:
             self.workload_request = request

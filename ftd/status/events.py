@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import errno
 import json
 import logging
@@ -22,10 +23,19 @@ from pathlib import Path
 from typing import Any
 
 from ftd import containment
+from ftd.status.event_kind import EventKind
 
 log = logging.getLogger("ftd.events")
 
 DEFAULT_CAPACITY = 10_000
+MAX_JOURNAL_BYTES = 64 * 1024 * 1024
+"""events.jsonl's size before it is rotated to events.jsonl.1 (the one older file kept)."""
+RANK_EVENTS_BURST = 200
+RANK_EVENTS_PER_S = 20.0
+"""What a rank's messages may add to the log: RANK_EVENTS_BURST events at once, then this many
+a second (a token bucket per rank). A job's real rank events (a restore, a workload request,
+changed timeouts) come a few per attempt."""
+RANK_EVENTS_BUDGET = "events"
 
 
 @dataclass(frozen=True)
@@ -111,6 +121,39 @@ class Subscription:
         self._log._unsubscribe(self)
 
 
+class RankBudget:
+    """A token bucket per rank: whether an event a rank's message causes may be recorded."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._tokens: dict[int, tuple[float, float]] = {}
+        """rank -> (tokens left, when counted)."""
+        self.refused: collections.Counter[int] = collections.Counter()
+        self._refusing: set[int] = set()
+
+    def counts(self) -> dict[str, int]:
+        """The events refused, as a budget's refusals (`ipc.budget_refusals`)."""
+        refused = self.refused.total()
+        return {RANK_EVENTS_BUDGET: refused} if refused else {}
+
+    def take(self, rank: int) -> bool | None:
+        """True: record it; False: refuse it; None: refuse it, the first of an episode."""
+        now = self._clock()
+        tokens, then = self._tokens.get(rank, (float(RANK_EVENTS_BURST), now))
+        tokens = min(RANK_EVENTS_BURST, tokens + (now - then) * RANK_EVENTS_PER_S)
+        if tokens >= 1.0:
+            self._tokens[rank] = (tokens - 1.0, now)
+            if tokens >= RANK_EVENTS_BURST:  # refilled: a later flood is said again
+                self._refusing.discard(rank)
+            return True
+        self._tokens[rank] = (tokens, now)
+        self.refused[rank] += 1
+        if rank in self._refusing:
+            return False
+        self._refusing.add(rank)
+        return None
+
+
 class EventLog:
     def __init__(
         self,
@@ -118,6 +161,8 @@ class EventLog:
         capacity: int = DEFAULT_CAPACITY,
         on_failure: Callable[[str, str], object] | None = None,
         on_recovery: Callable[[int], object] | None = None,
+        max_journal_bytes: int = MAX_JOURNAL_BYTES,
+        rank_budget: RankBudget | None = None,
     ) -> None:
         """`on_failure`, `on_recovery`: told when writes to the file start failing (cause,
         detail) and work again (lines lost)."""
@@ -129,9 +174,11 @@ class EventLog:
         self._next_id = 1
         self._journal: Journal | None = None
         self._subscribers: set[Subscription] = set()
+        self.rank_budget = rank_budget or RankBudget()
+        """What each rank's messages may add (`emit_for_rank`)."""
         if path is not None:
             # First: it refuses a link or a non-file there.
-            self._journal = Journal(path, on_failure, on_recovery)
+            self._journal = Journal(path, on_failure, on_recovery, max_journal_bytes)
             self._next_id = _last_id(path) + 1
         self._first_id = self._next_id
         """The first id this process emitted (older ones are only in the file)."""
@@ -146,6 +193,28 @@ class EventLog:
         for subscription in self._subscribers:
             subscription.offer(event)
         return event
+
+    def emit_for_rank(self, rank: int, kind: str, /, **data: Any) -> Event | None:
+        """An event a rank's message causes, within the rank's budget (RankBudget): past it
+        the event is dropped and counted, and the first of a flood is one `budget_exceeded`."""
+        allowed = self.rank_budget.take(rank)
+        if allowed:
+            return self.emit(kind, **data)
+        if allowed is None:
+            log.warning(
+                "rank %d: more than %d events at %g a second; its further events are counted, "
+                "not recorded, until it slows down",
+                rank,
+                RANK_EVENTS_BURST,
+                RANK_EVENTS_PER_S,
+            )
+            self.emit(
+                EventKind.BUDGET_EXCEEDED,
+                global_rank=rank,
+                budget=RANK_EVENTS_BUDGET,
+                detail=f"more than {RANK_EVENTS_BURST} events at {RANK_EVENTS_PER_S:g}/s",
+            )
+        return None
 
     def _journal_line(self, event: Event) -> None:
         if self._journal is not None:
@@ -199,8 +268,10 @@ class Journal:
         path: Path,
         on_failure: Callable[[str, str], object] | None = None,
         on_recovery: Callable[[int], object] | None = None,
+        max_bytes: int = MAX_JOURNAL_BYTES,
     ) -> None:
         self.path = path
+        self.max_bytes = max_bytes
         self._fd = _open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         self._size = os.fstat(self._fd).st_size
         self.lost = 0
@@ -238,6 +309,8 @@ class Journal:
                         self.on_failure = callback
             return
         self._size += len(data)
+        if self._size >= self.max_bytes:
+            self._rotate()
         if self.failing is not None:
             log.warning(
                 "%s is written again (%d events were kept in memory only)", self.path, self.lost
@@ -249,6 +322,31 @@ class Journal:
                     recovered(self.lost)
                 finally:
                     self.on_recovery = recovered
+
+    def _rotate(self) -> None:
+        """events.jsonl -> events.jsonl.1 (replacing the older one), and a new events.jsonl;
+        where that fails, the file grows on and the rotation is tried at the next line."""
+        fresh = self.path.with_name(self.path.name + ".new")
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(fresh)
+            fd = _open_regular(fresh, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL)
+        except OSError as error:
+            self.max_bytes *= 2  # tried again when the file has doubled, not at every line
+            log.warning("could not rotate %s: %s", self.path, error.strerror or error)
+            return
+        try:
+            os.replace(self.path, rotated(self.path))
+        except OSError as error:
+            self.max_bytes *= 2
+            log.warning("could not rotate %s: %s", self.path, error.strerror or error)
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(fresh)
+            return
+        os.replace(fresh, self.path)  # the same directory: cannot fail once the first did not
+        os.close(self._fd)
+        self._fd, self._size, self._torn = fd, 0, False
 
     def _write_whole(self, data: bytes) -> None:
         """Append `data` whole, or raise OSError with the file as it was: a write cut short
@@ -285,8 +383,22 @@ def _open_regular(path: Path, flags: int) -> int:
     return fd
 
 
+def rotated(path: Path) -> Path:
+    """Where events.jsonl's older events go when it is rotated."""
+    return path.with_name(path.name + ".1")
+
+
 def _last_id(path: Path) -> int:
-    """The id of the file's last complete event (0 for none); a torn last line is skipped."""
+    """The id of the file's last complete event (0 for none), or of the rotated one's when the
+    file holds none yet; a torn last line is skipped."""
+    last = _last_id_in(path)
+    if last == 0:
+        with contextlib.suppress(OSError):
+            last = _last_id_in(rotated(path))
+    return last
+
+
+def _last_id_in(path: Path) -> int:
     last = 0
     with open(_open_regular(path, os.O_RDONLY), encoding="utf-8") as lines:
         for line in lines:

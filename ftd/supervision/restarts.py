@@ -83,17 +83,18 @@ class RecoveryTimeline:
             holder = self._tools.health.checkpoints
             if holder is None or recovery.spawned is None:
                 return
-            recovery.restore_asked = holder.restore_asked_at
-            if holder.restored_at is None or holder.restored_at < recovery.spawned:
+            restores = holder.restores
+            recovery.restore_asked = restores.restore_asked_at
+            if restores.restored_at is None or restores.restored_at < recovery.spawned:
                 return
-            caught_up = asyncio.ensure_future(holder.caught_up.wait())
+            caught_up = asyncio.ensure_future(restores.caught_up.wait())
             faulted = asyncio.ensure_future(next_fault.wait())
             try:
                 await asyncio.wait((caught_up, faulted), return_when=asyncio.FIRST_COMPLETED)
             finally:
                 caught_up.cancel()
                 faulted.cancel()
-            recovery.caught_up = holder.caught_up_at
+            recovery.caught_up = restores.caught_up_at
         finally:
             self._report(attempt, recovery)
 

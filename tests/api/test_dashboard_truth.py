@@ -298,17 +298,65 @@ async def test_stacks_of_a_hung_rank_one_click_away(serve: ServeFactory, tmp_pat
     os.kill(pids[1], signal.SIGSTOP)
     await await_api_event(url, "attempt_started", attempt=1, timeout=90)
     stacks = f"{url}/v1/ranks/1/stacks?attempt=0"
-    async with aiohttp.ClientSession() as session, session.get(stacks) as r:
-        assert r.status == 200 and r.content_type == "text/plain"
-        assert "truth_rank.py" in await r.text()
+    token = (run.run_dir / "api.token").read_text().strip()
+    async with aiohttp.ClientSession() as session:
+        async with session.get(stacks) as r:
+            assert r.status == 401  # a privileged read, on loopback too (issue row 2)
+        async with session.get(stacks, headers={"Authorization": f"Bearer {token}"}) as r:
+            assert r.status == 200 and r.content_type == "text/plain"
+            assert "truth_rank.py" in await r.text()
     async with browser() as chromium:
         page, errors = await open_page(chromium, url)
         failure = page.locator("#failure")
         await failure.filter(has_text="hung").wait_for()
+        await page.fill("#token", token)  # the header's token serves these reads too
+        await page.click("#token-save")
         await failure.locator("button.show-stacks").click()
         await page.locator("#cause-text", has_text="truth_rank.py").wait_for()
         assert "attempt 0" in await page.locator("#cause-text").inner_text()
         await shot(page, tmp_path, "truth-stacks")
+        assert errors == []
+    run.signal(signal.SIGTERM)
+    await run.wait()
+
+
+@in_chromium
+async def test_a_ranks_stderr_asks_for_the_token_then_shows(
+    serve: ServeFactory, tmp_path: Path
+) -> None:
+    """Issue row 2: a rank's stderr is a privileged read on loopback too. Its box answers the
+    401 with a small form asking for the token (from <run dir>/api.token), keeps the token in
+    the tab's sessionStorage, reads again with it in the Authorization header (never in a URL)
+    and shows the text."""
+    run = await serve(
+        *serve_flags("--max-restarts", "1", "--redirects", "2"),
+        script=RANK,
+        script_args=("--fail-until", "1"),
+    )
+    url = (await run.stderr.expect(r"API listening on (http://\S+)"))[1]
+    await await_api_event(url, "attempt_started", attempt=1, timeout=90)
+    token = (run.run_dir / "api.token").read_text().strip()
+    async with browser() as chromium:
+        page, errors = await open_page(chromium, url)
+        requested: list[str] = []
+        page.on("request", lambda request: requested.append(request.url))
+        failure = page.locator("#failure")
+        await failure.filter(has_text="exit code 3").wait_for()
+        await failure.locator("button.show-stderr").click()
+        form = page.locator("#cause-token")
+        await form.wait_for()
+        assert "api.token" in await form.inner_text()
+        assert "only with the API token" in await page.locator("#cause-text").inner_text()
+        await shot(page, tmp_path, "truth-stderr-asks-token")
+        await page.fill("#cause-token-input", token)
+        await form.locator("button[type=submit]").click()
+        await page.locator("#cause-text", has_text="RuntimeError: boom 0").wait_for()
+        assert "attempt 0" in await page.locator("#cause-text").inner_text()
+        assert await form.is_hidden()
+        assert await page.evaluate("sessionStorage.getItem('ftd-token')") == token
+        assert "token set" in await page.locator("#token-state").inner_text()
+        assert not [address for address in requested if token in address]
+        await shot(page, tmp_path, "truth-stderr-shown")
         assert errors == []
     run.signal(signal.SIGTERM)
     await run.wait()

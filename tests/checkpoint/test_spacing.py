@@ -151,17 +151,19 @@ def test_the_daemon_counts_the_steps_done_between_snapshots_as_lost(tmp_path: Pa
         holder.spacing.failed()
         restore = holder.answer(0, {"t": protocol.CHECKPOINT_RESTORE, "world": 2})
         assert restore is not None and restore["step"] == 8 and restore["every"] == 8
-        assert holder.last_restore is not None and holder.last_restore["steps_lost"] == 3
-        assert holder.last_restore["source"] == "memory" and not holder.caught_up.is_set()
+        restores = holder.restores
+        assert restores.last_restore is not None and restores.last_restore["steps_lost"] == 3
+        assert restores.last_restore["source"] == "memory" and not restores.caught_up.is_set()
         holder.answer(1, {"t": protocol.CHECKPOINT_SEEN, "step": 10})
-        assert not holder.caught_up.is_set()
+        assert not holder.restores.caught_up.is_set()
         holder.answer(1, {"t": protocol.CHECKPOINT_SEEN, "step": 11})
-        assert holder.caught_up.is_set()
+        assert holder.restores.caught_up.is_set()
         holder.answer(0, {"t": protocol.CHECKPOINT_SEEN, "step": 13})
+        holder.spacing.failed()
         disk = {"t": protocol.CHECKPOINT_SEEN, "step": 10, "restored": 1}
         assert holder.answer(0, disk) is None and holder.answer(1, disk) is None
-        assert holder.last_restore["source"] == "disk" and holder.last_restore["steps_lost"] == 3
-        assert holder.steps_lost == 6
+        assert restores.last_restore == {**restores.last_restore, "source": "disk", "steps_lost": 3}
+        assert holder.restores.steps_lost == 6
         view = holder.view()
         assert view is not None and (view["every"], view["interval_steps"]) == (8, 8)
     finally:

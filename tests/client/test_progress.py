@@ -319,9 +319,22 @@ def test_the_record_on_the_wire_is_what_the_decoder_accepts() -> None:
     ],
 )
 def test_bad_progress_fields_are_refused(fields: dict[str, Any], cause: str) -> None:
+    counts = {"steps": 0, "called": 0, "returned": 0}
     with pytest.raises(ProtocolError) as refused:
-        protocol.decode(protocol.encode({"t": protocol.PROGRESS, **fields}))
+        protocol.decode(protocol.encode({"t": protocol.PROGRESS, **counts, **fields}))
     assert refused.value.cause == cause
+
+
+@pytest.mark.parametrize("missing", sorted(protocol.PROGRESS_REQUIRED))
+def test_a_progress_report_without_its_counts_is_refused_at_the_door(missing: str) -> None:
+    """Issue 39 row 10: `{"v":1,"t":"pg"}` passed the decoder and raised KeyError in the
+    daemon's progress watch; the decoder now refuses what its consumer cannot use."""
+    counts = {"steps": 0, "called": 0, "returned": 0}
+    del counts[missing]
+    for message in ({"t": protocol.PROGRESS}, {"t": protocol.PROGRESS, **counts}):
+        with pytest.raises(ProtocolError) as refused:
+            protocol.decode(protocol.encode(message))
+        assert refused.value.cause == "bad_progress"
 
 
 def test_the_link_sends_records_the_daemon_can_decode(tmp_path: Path) -> None:

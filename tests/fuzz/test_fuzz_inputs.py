@@ -187,3 +187,33 @@ def test_fuzz_escape(text: str, lines: bool, limit: int | None) -> None:
     assert limit is None or len(shown) <= limit
     if limit is None and not lines:
         assert "\n" not in shown
+
+
+# -- a finished run's files, as `ftd status --run-dir` reads them ------------------------------
+
+
+@fuzz_target("run_files", 150)
+@given(
+    st.one_of(st.binary(max_size=300), _json.map(lambda value: json.dumps(value).encode())),
+    st.lists(st.one_of(st.binary(max_size=80), _json.map(json.dumps).map(str.encode)), max_size=8),
+)
+def test_a_run_dirs_files_are_read_or_refused(status: bytes, events: list[bytes]) -> None:
+    """status.json and events.jsonl are outside input to the CLI (a rank can write the run
+    directory): a record or the CLI's one-line refusal, never another exception."""
+    import tempfile
+    from pathlib import Path
+
+    from ftd.cli.admin import format_status
+    from ftd.cli.run_files import RunDirError, read_run
+
+    with tempfile.TemporaryDirectory() as directory:
+        run_dir = Path(directory)
+        run_dir.chmod(0o700)
+        (run_dir / "status.json").write_bytes(status)
+        (run_dir / "events.jsonl").write_bytes(b"\n".join(events))
+        with budget():
+            try:
+                record = read_run(run_dir)
+            except RunDirError:
+                return
+            format_status(record.status, record.cluster, record.ending)

@@ -217,3 +217,21 @@ def test_an_explicit_section_wins_over_progress() -> None:
     del group[1].open_sections["checkpointing"]
     verdict = watch.check(now + 100 * FLOOR)
     assert verdict is not None and verdict.culprit.rank is group[1]
+
+
+def test_a_section_without_a_timeout_leaves_the_rank_to_the_progress_deadline() -> None:
+    """Issue 39 row 6: only a section whose timeout is in force is left to the monitor (the
+    predicate is the monitor's `section_timed`); inside an untimed one, progress judges."""
+    watch, group = ProgressWatch(FLOOR), ranks(2)
+    now = train(watch, group, 3, 0.1)
+    watch.observe(group[0], 0, report(3, 7), now)
+    group[1].open_sections["untimed"] = now
+    timed = {"checkpointing"}
+
+    def section_timed(rank: RankHealth) -> bool:
+        return any(name in timed for name in rank.open_sections)
+
+    verdict = watch.check(now + FLOOR + 1, section_timed)
+    assert verdict is not None and verdict.culprit.rank is group[1]
+    group[1].open_sections["checkpointing"] = now
+    assert watch.check(now + 100 * FLOOR, section_timed) is None

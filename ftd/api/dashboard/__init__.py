@@ -2,7 +2,8 @@
 nothing fetched from elsewhere). It reads what any API client reads (`/v1/status`,
 `/v1/cluster`, `/v1/events` and its stream) under the same auth rules, and acts through the
 same endpoints with the bearer token the operator types into the page (kept in the tab's
-sessionStorage only).
+sessionStorage only). A rank's stderr and stacks need that token on loopback too: a 401 asks
+for it beside the text and reads again with it, in the Authorization header only.
 """
 
 from __future__ import annotations

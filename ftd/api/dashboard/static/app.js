@@ -128,23 +128,14 @@ function wireActions() {
 }
 
 function wireToken() {
-  const refresh = () => {
-    const has = Boolean(token());
-    $("token-state").textContent = has ? "token set (this tab only)" : "no token: reads only";
-    $("token-forget").hidden = !has;
-  };
   $("token-form").addEventListener("submit", (event) => {
     event.preventDefault();
     const value = $("token").value.trim();
-    if (value) sessionStorage.setItem(TOKEN_KEY, value);
+    if (value) setToken(value);
     $("token").value = "";
-    refresh();
   });
-  $("token-forget").addEventListener("click", () => {
-    sessionStorage.removeItem(TOKEN_KEY);
-    refresh();
-  });
-  refresh();
+  $("token-forget").addEventListener("click", () => setToken(""));
+  showTokenState();
 }
 
 function wireFilters() {
@@ -155,6 +146,7 @@ function wireFilters() {
 
 async function start() {
   wireToken();
+  wireCauseToken();
   wireActions();
   wireFilters();
   setInterval(tickAges, 250);

@@ -48,6 +48,20 @@ function token() {
   return sessionStorage.getItem(TOKEN_KEY) || "";
 }
 
+// The token lives in this tab's sessionStorage (this origin only) and travels only in the
+// Authorization header of requests to this origin, never in a URL.
+function setToken(value) {
+  if (value) sessionStorage.setItem(TOKEN_KEY, value);
+  else sessionStorage.removeItem(TOKEN_KEY);
+  showTokenState();
+}
+
+function showTokenState() {
+  const has = Boolean(token());
+  $("token-state").textContent = has ? "token set (this tab only)" : "no token: status and events only";
+  $("token-forget").hidden = !has;
+}
+
 function headers(extra) {
   const out = { Accept: "application/json", ...extra };
   if (token()) out.Authorization = `Bearer ${token()}`;

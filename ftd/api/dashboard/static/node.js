@@ -276,8 +276,15 @@ function renderFailure(s) {
   box.replaceChildren(...parts);
 }
 
+// A rank's stacks and stderr are privileged reads (the token even on loopback: what a job
+// prints may hold its secrets). A 401 or 403 asks for the token beside the text, keeps it as
+// the header's form does, and reads again with it.
+let causeShown = null;
+
 async function showCause(path, title) {
+  causeShown = { path, title };
   const pre = $("cause-text");
+  $("cause-token").hidden = true;
   pre.hidden = false;
   pre.textContent = `${title}: loading…`;
   try {
@@ -286,8 +293,27 @@ async function showCause(path, title) {
     const text = await response.text();
     pre.textContent = `${title}\n\n${text || "(empty)"}`;
   } catch (error) {
+    if (error instanceof Problem && (error.status === 401 || error.status === 403)) {
+      pre.textContent = error.status === 401
+        ? `${title}: a rank's output is shown only with the API token`
+        : `${title}: that token is not this daemon's API token`;
+      $("cause-token").hidden = false;
+      $("cause-token-input").focus();
+      return;
+    }
     pre.textContent = `${title}: ${error instanceof Problem ? error.message : explain(error)}`;
   }
+}
+
+function wireCauseToken() {
+  $("cause-token").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const value = $("cause-token-input").value.trim();
+    $("cause-token-input").value = "";
+    if (!value || !causeShown) return;
+    setToken(value);
+    showCause(causeShown.path, causeShown.title);
+  });
 }
 
 // Exclusion needs the multi-node rendezvous: no form where it always fails.
