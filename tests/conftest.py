@@ -160,13 +160,14 @@ TORCH_FREE = frozenset(
     BIN / f"{name}.py"
     for name in ("argv_dump", "bad_error_file", "burst_rank", "chatty_rank", "dash_rank",
                  "escape_section", "nvrx_attack", "nvrx_heartbeats", "nvrx_sections",
-                 "nvrx_state", "probe_rank", "relay", "truth_rank")
+                 "nvrx_state", "probe_rank", "relay", "truth_rank", "stuck_rank")
 )  # fmt: skip
 """Test ranks that never import torch (nor does ftd_client): their zygote need not preload it."""
 TORCH_WHEN = {
     WORKER: frozenset({"--allreduce", "--record"}),
     BIN / "chaos_rank.py": frozenset({"gloo-hang"}),
     BIN / "health_worker.py": frozenset({"gloo-hang"}),
+    BIN / "door_rank.py": frozenset({"section-hang"}),
 }
 """Test ranks that import torch only when given one of these arguments (a flag, a mode)."""
 

@@ -201,17 +201,10 @@ class CheckpointHolder:
         """The status' `checkpoint` (openapi.yaml NodeCheckpoint); None until a rank used it."""
         if not self.counts.begun and not self.counts.refused and self.restores.last_restore is None:
             return None
-        ranks = self.ledger.ranks()
-        worlds = {s.world for r in ranks.values() for s in r.slots if s is not None}
-        if self.multi_node:  # what this node's ranks hold: the ranks agree on the rest
-            newest = [r.complete_steps(w) for w in worlds for r in ranks.values()]
-            common = min((steps[-1] if steps else -1 for steps in newest), default=-1)
-        else:
-            common = max((self.ledger.common_step(w) or -1 for w in worlds), default=-1)
         return {
             "memory_bytes": self.ledger.reserved_bytes,
             "budget_bytes": self.ledger.budget_bytes,
-            "newest_step": common if common >= 0 else None,
+            "newest_step": self.newest_step(),
             "steps_lost": self.restores.steps_lost,
             "last_restore": self.restores.last_restore,
             "persist_dir": str(self.persist.directory) if self.persist else None,
@@ -220,6 +213,19 @@ class CheckpointHolder:
             **vars(self.counts),
             **(self.replicas.view() if self.replicas is not None else NOT_REPLICATED),
         }
+
+    def newest_step(self) -> int | None:
+        """The newest step every rank of the node holds complete (the job's checkpoint
+        iteration, as far as this node knows: in a job of several nodes the ranks agree on the
+        rest); None before one."""
+        ranks = self.ledger.ranks()
+        worlds = {s.world for r in ranks.values() for s in r.slots if s is not None}
+        if self.multi_node:
+            newest = [r.complete_steps(w) for w in worlds for r in ranks.values()]
+            common = min((steps[-1] if steps else -1 for steps in newest), default=-1)
+        else:
+            common = max((self.ledger.common_step(w) or -1 for w in worlds), default=-1)
+        return common if common >= 0 else None
 
     @property
     def budget_bytes(self) -> int:

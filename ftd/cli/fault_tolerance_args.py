@@ -23,6 +23,12 @@ FT_HELP = {
     "workload_check_interval": "accepted for compatibility: ftd checks deadlines when due",
     "simulated_fault": "inject one fault in the first attempt: <kill|hang>:<rank|random>:"
     "<seconds or MIN-MAX>, e.g. hang:1:5",
+    "max_no_progress_cycles": "attempts in a row whose checkpoint iteration did not grow before "
+    "the job stops with --ft-no-restart-exit-code (default 3; 0 or -1: never)",
+    "min_progress_iterations": "iterations an attempt must add to count as progress (default 1)",
+    "checkpoint_iteration_file": "a file holding the latest checkpoint's iteration (NVRx's); "
+    "default: the steps saved through ftd_client.checkpoint",
+    "no_restart_exit_code": "every node's exit code when restarting cannot help (default 93)",
 }
 FT_METAVAR = {
     "rank_section_timeouts": "NAME:S,...",
@@ -31,6 +37,10 @@ FT_METAVAR = {
     "calc_timeouts": "BOOL",
     "simulated_fault": "SPEC",
     "safety_factor": "X",
+    "max_no_progress_cycles": "N",
+    "min_progress_iterations": "N",
+    "checkpoint_iteration_file": "FILE",
+    "no_restart_exit_code": "CODE",
 }
 
 

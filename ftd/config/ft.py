@@ -78,6 +78,14 @@ class FaultToleranceConfig(RankTimeouts):
     """Accepted for ft_launcher compatibility; ftd checks deadlines as they fall due."""
     simulated_fault: str | None = None
     """`<kill|hang>:<rank|random>:<delay s or MIN-MAX>`: inject one fault on the first attempt."""
+    max_no_progress_cycles: int = Field(3, ge=-1, le=1_000_000)
+    """Attempts in a row whose checkpoint iteration did not grow before the job stops
+    (ftd/supervision/no_progress.py); 0 or -1: never."""
+    min_progress_iterations: int = Field(1, ge=1, le=2**62)
+    checkpoint_iteration_file: str | None = Field(None, max_length=4096)
+    """NVRx's: a file holding the latest checkpoint's iteration (else ftd_client.checkpoint's)."""
+    no_restart_exit_code: int = Field(93, ge=1, le=255)
+    """Every node's exit code when restarting cannot help (no progress)."""
 
     @field_validator("simulated_fault")
     @classmethod
@@ -121,9 +129,6 @@ IGNORED_PARAMETERS = frozenset(
         "gpu_memory_tolerance_mb",
         "gpu_memory_poll_interval",
         "check_remaining_processes",
-        "max_no_progress_cycles",
-        "min_progress_iterations",
-        "checkpoint_iteration_file",
         "install_exception_hook",
         "num_warmup_iterations",
         "attribution_endpoint",

@@ -83,10 +83,19 @@ class Round:
 
 
 def new_request(
-    action: Literal["restart", "fail", "succeed"], reason: str, by: str, counted: bool = False
+    action: Literal["restart", "fail", "succeed"],
+    reason: str,
+    by: str,
+    counted: bool = False,
+    exit_code: int = 1,
 ) -> RequestRecord:
     return RequestRecord(
-        action=action, reason=reason[:4000], by=by, counted=counted, nonce=uuid.uuid4().hex
+        action=action,
+        reason=reason[:4000],
+        by=by,
+        counted=counted,
+        nonce=uuid.uuid4().hex,
+        exit_code=exit_code,
     )
 
 

@@ -80,6 +80,9 @@ class RequestRecord(Record):
     by: NodeId
     counted: bool = False
     nonce: Annotated[str, StringConstraints(max_length=64)] = ""
+    exit_code: int = Field(1, ge=1, le=255)
+    """A `fail`'s exit code on every node: 1, or --ft-no-restart-exit-code where restarting
+    cannot help (ftd/supervision/no_progress.py)."""
 
 
 class AliveRecord(Record):

@@ -26,6 +26,8 @@ class EventKind(enum.StrEnum):
     CLUSTER_REQUEST = "cluster_request"
     WORKERS_STOPPED = "workers_stopped"
     RESTART_BACKOFF = "restart_backoff"
+    NO_PROGRESS = "no_progress"
+    """Attempts in a row made no progress: the job is not restarted again (no_progress.py)."""
     RECOVERY = "recovery"
     """A restart's stages (detect ... init, restore, redo) once it resumed and redid its loss."""
     # ranks

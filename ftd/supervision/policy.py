@@ -18,6 +18,8 @@ class Action(enum.StrEnum):
 
 NO_RESTARTS_LEFT = "no restarts left"
 NOT_RESTARTED = "not restarted: "
+CANNOT_HELP = "restarting cannot help: "
+"""What a fail decision's reason says when attempts in a row made no progress (no_progress.py)."""
 """What a fail decision's reason says when a rank asked for the job's end (its request
 follows), as against running out of restarts: the job's last line names which."""
 
@@ -26,6 +28,16 @@ follows), as against running out of restarts: the job's last line names which.""
 class Decision:
     action: Action
     reason: str
+    exit_code: int = 1
+    """A FAIL's exit code on every node."""
+
+
+@dataclass(frozen=True)
+class Stuck:
+    """Restarting cannot help (no_progress.py): why, and every node's exit code."""
+
+    reason: str
+    exit_code: int
 
 
 def after_attempt(
@@ -33,11 +45,13 @@ def after_attempt(
     restarts_used: int,
     max_restarts: int,
     workload_stop: str | None = None,
+    stuck: Stuck | None = None,
 ) -> Decision:
     """What to do once an attempt has ended with `outcome` (None: every rank exited 0).
 
     `workload_stop` is the reason of a rank's request to stop restarting (SHUTDOWN_WORKLOAD,
-    or EXCLUDE_THIS_NODE on a single node), if one was made.
+    or EXCLUDE_THIS_NODE on a single node), if one was made; `stuck`, that attempts in a row
+    made no progress.
     """
     if outcome is None:
         return Decision(Action.SUCCEED, "every rank exited 0")
@@ -45,6 +59,10 @@ def after_attempt(
         return Decision(Action.FAIL, outcome.reason)
     if workload_stop is not None:
         return Decision(Action.FAIL, f"{outcome.reason}; {NOT_RESTARTED}{workload_stop}")
+    if stuck is not None and outcome.counted:
+        return Decision(
+            Action.FAIL, f"{outcome.reason}; {CANNOT_HELP}{stuck.reason}", stuck.exit_code
+        )
     if not outcome.counted:
         return Decision(Action.RESTART, f"{outcome.reason}; restart not counted")
     if restarts_used >= max_restarts:

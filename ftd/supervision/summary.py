@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ftd.ranks.error_file import RankError, Unreadable, read_error_file, read_tail
 from ftd.status.model import Failure, RankStatus
-from ftd.supervision.policy import NO_RESTARTS_LEFT, NOT_RESTARTED
+from ftd.supervision.policy import CANNOT_HELP, NO_RESTARTS_LEFT, NOT_RESTARTED
 from ftd.text import escape
 
 log = logging.getLogger("ftd.summary")
@@ -100,6 +100,9 @@ def ending_headline(reason: str) -> str:
     only when they were; a rank's request to stop (NVRx ShutdownWorkload, a workload-control
     message) named as such; any other end (a fatal reason, another node's decision) as a
     failure without a restart."""
+    if CANNOT_HELP in reason:
+        why = reason.split(CANNOT_HELP, 1)[1]
+        return f"the job failed and was not restarted: restarting cannot help: {escape(why, 300)}"
     if NOT_RESTARTED in reason:
         request = reason.split(NOT_RESTARTED, 1)[1]
         return f"the job failed and was not restarted, as a rank asked: {escape(request, 300)}"

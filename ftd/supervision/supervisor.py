@@ -25,8 +25,9 @@ from ftd.status.board import StatusBoard
 from ftd.status.event_kind import EventKind
 from ftd.status.model import DaemonState, Failure
 from ftd.supervision.attempt import Attempt, AttemptTools, Running
+from ftd.supervision.no_progress import ProgressGuard
 from ftd.supervision.node_loss import ask_after_node_lost
-from ftd.supervision.policy import Action, after_attempt, asks_the_healthy_first
+from ftd.supervision.policy import Action, Stuck, after_attempt, asks_the_healthy_first
 from ftd.supervision.restarts import CrashLoop, RecoveryTimeline
 from ftd.supervision.summary import ending_headline
 from ftd.tasks import Background, first_of, within
@@ -60,6 +61,8 @@ class Supervisor:
         self.running = running
         self.recovery = RecoveryTimeline(tools, background)
         self.crash_loop = CrashLoop(tools, board, stop)
+        self.no_progress = ProgressGuard(self.config.ft, tools.events)
+        """Attempts in a row that did not move the job's checkpoint iteration."""
 
     @property
     def status(self) -> Any:
@@ -115,7 +118,7 @@ class Supervisor:
                 log.error("%s:\n%s", ending_headline(request.reason), summary)
             else:
                 log.error("the job failed: %s", request.reason)
-            return 1
+            return request.exit_code
 
     async def _attempt(
         self, rnd: Round, ended: asyncio.Future[RequestRecord]
@@ -234,6 +237,8 @@ class Supervisor:
                 EventKind.CLUSTER_REQUEST, round=rnd.number, **request.model_dump()
             )
             self.recovery.begin(request.reason, None)
+            if request.action == "restart" and request.counted:  # every node counts it
+                self.no_progress.after_failure(rnd.number, self.tools.health.checkpoints)
             self._ending(request)
             await self._end(attempt)
             return request
@@ -269,7 +274,11 @@ class Supervisor:
             return await coordinator.request(rnd, new_request("restart", reason, me))
         used = await coordinator.restarts_used(rnd)
         decision = after_attempt(
-            outcome, used, self.config.max_restarts, workload.reason() if workload else None
+            outcome,
+            used,
+            self.config.max_restarts,
+            workload.reason() if workload else None,
+            self._stuck(rnd, outcome),
         )
         if asks_the_healthy_first(decision, self.config.restart_policy):
             healthy = await coordinator.unhealthy(rnd, me)
@@ -284,7 +293,7 @@ class Supervisor:
         if decision.action is Action.RESTART:
             mine = new_request("restart", decision.reason, me, counted=outcome.counted)
         else:
-            mine = new_request("fail", decision.reason, me)
+            mine = new_request("fail", decision.reason, me, exit_code=decision.exit_code)
         request = await coordinator.request(rnd, mine)
         self._ending(request)
         await self._end(attempt)
@@ -321,15 +330,22 @@ class Supervisor:
         self.recovery.begin(reason, failure)
         me = self.config.node_id
         used = await self.coordinator.restarts_used(rnd)
-        decision = after_attempt(failure, used, self.config.max_restarts)
+        stuck = self._stuck(rnd, failure)
+        decision = after_attempt(failure, used, self.config.max_restarts, stuck=stuck)
         if decision.action is Action.RESTART:
             mine = new_request("restart", decision.reason, me, counted=failure.counted)
         else:
-            mine = new_request("fail", decision.reason, me)
+            mine = new_request("fail", decision.reason, me, exit_code=decision.exit_code)
         request = await self.coordinator.request(rnd, mine)
         self._ending(request)
         self.recovery.stopped()
         return request
+
+    def _stuck(self, rnd: Round, failure: Failure) -> Stuck | None:
+        """Whether this failed attempt was one too many without progress (no_progress.py)."""
+        if not failure.counted:
+            return None
+        return self.no_progress.after_failure(rnd.number, self.tools.health.checkpoints)
 
     def _ending(self, request: RequestRecord) -> None:
         """Say what the round's end means while the ranks are being stopped."""

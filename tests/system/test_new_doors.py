@@ -222,12 +222,12 @@ async def test_row11_junk_on_dev_shm_hides_no_stale_memory_directory(
     stale = SHM / f"{PREFIX}{pid_namespace()}-{dead_pid()}-junktest"
     made = 0
     try:
-        for i in range(120_000):  # before the stale directory: the order tmpfs lists them in
-            os.close(os.open(junk / f"{tag}{i}", os.O_CREAT | os.O_WRONLY, 0o600))
-            made += 1
         stale.mkdir(mode=0o700)
         (stale / "rank0.0").write_bytes(b"\0" * 4096)
-        run = await start(serve, tmp_path, "pg-empty")
+        for i in range(120_000):  # after the stale directory: tmpfs lists the newest first
+            os.close(os.open(junk / f"{tag}{i}", os.O_CREAT | os.O_WRONLY, 0o600))
+            made += 1
+        run = await start(serve, tmp_path, "ckr-flood", n=1)
         await door_result(run, tmp_path / "door")
         assert not stale.exists(), "the dead daemon's memory directory is still there"
         assert await release(run, tmp_path / "door") == 0
