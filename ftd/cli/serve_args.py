@@ -172,7 +172,9 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="accepted for torchrun compatibility: the rendezvous ranks the nodes",
+        help="this node's rank in the scheduler's order (SLURM_NODEID, a pod's index): nodes "
+        "that give one are ranked by it in every round, so a replacement takes the rank of "
+        "the node it replaces (default: the rendezvous ranks nodes as they join)",
     )
     add(
         *_flag("--local-addr"),

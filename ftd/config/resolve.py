@@ -90,6 +90,7 @@ def serve_config_from_args(args: argparse.Namespace) -> ServeConfig:
         "master_addr": args.master_addr,
         "master_port": args.master_port,
         "local_addr": args.local_addr,
+        "node_rank": args.node_rank,
         "node_keepalive_timeout_s": args.node_keepalive_timeout,
         "role": args.role,
         "start_method": args.start_method,
@@ -267,15 +268,6 @@ def format_config(
         (name, json.dumps(value, default=str), source)
         for name, value, source in config_sources(config, args, sources)
     ]
-    node_rank = args.node_rank
-    if node_rank is not None:
-        rows.append(
-            (
-                "node_rank",
-                str(node_rank),
-                f"{sources.get('node_rank', FLAG)} (informational: the rendezvous ranks nodes)",
-            )
-        )
     width = max(len(name) for name, _, _ in rows)
     lines = [
         "# ftd serve: the configuration (nothing started)",

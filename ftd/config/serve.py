@@ -63,6 +63,10 @@ class ServeConfig(BaseModel):
     master_port: int | None = Field(None, ge=0, le=65535)
     local_addr: str | None = None
     """The address other nodes reach this node at (its workers' store, when it hosts it)."""
+    node_rank: int | None = Field(None, ge=0, lt=2**20)
+    """The scheduler's rank of this node (--node-rank, SLURM_NODEID, a pod's index): nodes
+    that have one are ranked in its order, so a node that replaces another under the same
+    scheduler rank takes its place and the others keep theirs."""
     node_keepalive_timeout_s: float = Field(5.0, gt=0)
     """A node whose keepalive is older than this is declared dead by the survivors."""
     rdzv_last_call_timeout_s: float = Field(30.0, ge=0)

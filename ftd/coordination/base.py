@@ -100,13 +100,20 @@ def new_request(
 
 
 def order_members(joined: list[Member], previous: list[str]) -> list[Member]:
-    """Node ranks: nodes of the previous round keep their order, newcomers follow by id; a node
-    id joins once per round (the first record wins)."""
+    """Node ranks: nodes with the scheduler's rank (`order`) first, in its order; then nodes of
+    the previous round in theirs, newcomers following by id; a node id joins once per round
+    (the first record wins)."""
     unique: dict[str, Member] = {}
     for member in joined:
         unique.setdefault(member.node_id, member)
     rank = {node: i for i, node in enumerate(previous)}
-    return sorted(unique.values(), key=lambda m: (rank.get(m.node_id, len(rank)), m.node_id))
+
+    def key(m: Member) -> tuple[int, int, str]:
+        if m.order is not None:
+            return (0, m.order, m.node_id)
+        return (1, rank.get(m.node_id, len(rank)), m.node_id)
+
+    return sorted(unique.values(), key=key)
 
 
 class Coordinator(Protocol):

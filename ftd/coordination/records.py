@@ -56,6 +56,8 @@ class Member(Record):
     addr: HostName
     nproc: int = Field(ge=1, le=65536)
     store_port: int = Field(ge=1, le=65535)
+    order: int | None = Field(None, ge=0, lt=2**20)
+    """The scheduler's rank of the node (--node-rank), where it has one."""
 
 
 class RoundRecord(Record):

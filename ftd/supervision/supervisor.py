@@ -164,6 +164,7 @@ class Supervisor:
             addr=self.address,
             nproc=config.nproc_per_node,
             store_port=port,
+            order=config.node_rank,
         )
         join = asyncio.ensure_future(self.coordinator.join(me))
         first = await first_of(join, self.stop.wait(), self.coordinator.lost.wait())

@@ -319,6 +319,7 @@ def test_the_slurm_example_needs_no_rendezvous_flags() -> None:
         rdzv_endpoint="gpu07:29400",
         run_id="4242",
         log_dir=Path("runs/slurm"),
+        node_rank=1,  # SLURM_NODEID: the node keeps the scheduler's rank in every round
     )
     assert config == expected
     assert config.multi_node
