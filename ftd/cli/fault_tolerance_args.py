@@ -29,6 +29,11 @@ FT_HELP = {
     "checkpoint_iteration_file": "a file holding the latest checkpoint's iteration (NVRx's); "
     "default: the steps saved through ftd_client.checkpoint",
     "no_restart_exit_code": "every node's exit code when restarting cannot help (default 93)",
+    "gpu_memory_reclaim_timeout": "between attempts, seconds to wait at most for every GPU's "
+    "memory to be released, where NVML is present (default 50; 0: no wait)",
+    "gpu_memory_tolerance_mb": "a GPU holding at most this many MiB counts as released "
+    "(default 512)",
+    "gpu_memory_poll_interval": "seconds between looks at the GPUs' memory (default 2)",
 }
 FT_METAVAR = {
     "rank_section_timeouts": "NAME:S,...",
@@ -41,6 +46,9 @@ FT_METAVAR = {
     "min_progress_iterations": "N",
     "checkpoint_iteration_file": "FILE",
     "no_restart_exit_code": "CODE",
+    "gpu_memory_reclaim_timeout": "SECONDS",
+    "gpu_memory_tolerance_mb": "MIB",
+    "gpu_memory_poll_interval": "SECONDS",
 }
 
 

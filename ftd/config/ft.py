@@ -84,6 +84,10 @@ class FaultToleranceConfig(RankTimeouts):
     min_progress_iterations: int = Field(1, ge=1, le=2**62)
     checkpoint_iteration_file: str | None = Field(None, max_length=4096)
     """NVRx's: a file holding the latest checkpoint's iteration (else ftd_client.checkpoint's)."""
+    gpu_memory_reclaim_timeout: float = Field(50.0, ge=0, le=3600, allow_inf_nan=False)
+    """Between attempts, seconds to wait at most for the GPUs' memory (NVML; 0: never)."""
+    gpu_memory_tolerance_mb: float = Field(512.0, ge=0, le=2**30, allow_inf_nan=False)
+    gpu_memory_poll_interval: float = Field(2.0, gt=0, le=60, allow_inf_nan=False)
     no_restart_exit_code: int = Field(93, ge=1, le=255)
     """Every node's exit code when restarting cannot help (no progress)."""
 
@@ -125,9 +129,6 @@ IGNORED_PARAMETERS = frozenset(
         "skip_section_response",
         "segment",
         "numa_bind_strict",
-        "gpu_memory_reclaim_timeout",
-        "gpu_memory_tolerance_mb",
-        "gpu_memory_poll_interval",
         "check_remaining_processes",
         "install_exception_hook",
         "num_warmup_iterations",

@@ -26,6 +26,8 @@ class EventKind(enum.StrEnum):
     CLUSTER_REQUEST = "cluster_request"
     WORKERS_STOPPED = "workers_stopped"
     RESTART_BACKOFF = "restart_backoff"
+    GPU_MEMORY_RECLAIMED = "gpu_memory_reclaimed"
+    """Between attempts, the wait for the GPUs' memory to be released ended (gpu_memory.py)."""
     NO_PROGRESS = "no_progress"
     """Attempts in a row made no progress: the job is not restarted again (no_progress.py)."""
     RECOVERY = "recovery"

@@ -26,6 +26,7 @@ from typing import Protocol
 from ftd.config.ft import FaultToleranceConfig
 from ftd.status.event_kind import EventKind
 from ftd.status.events import EventLog
+from ftd.status.model import Failure
 from ftd.supervision.policy import Stuck
 
 log = logging.getLogger("ftd.supervision")
@@ -86,8 +87,13 @@ class ProgressGuard:
         self._events = events
         self.tracker = NoProgress(ft.max_no_progress_cycles, ft.min_progress_iterations)
 
-    def after_failure(self, attempt: int, snapshots: Snapshots | None) -> Stuck | None:
-        """A counted failure ended `attempt`: Stuck when restarting cannot help."""
+    def after_failure(
+        self, attempt: int, failure: Failure | None, snapshots: Snapshots | None
+    ) -> Stuck | None:
+        """`failure` ended `attempt` (None: another node's, counted): Stuck when restarting
+        cannot help. A failure that is not counted (a lost node) judges nothing."""
+        if failure is not None and not failure.counted:
+            return None
         if self._ft.checkpoint_iteration_file is not None:
             iteration = read_iteration_file(Path(self._ft.checkpoint_iteration_file))
         else:

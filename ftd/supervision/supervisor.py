@@ -21,13 +21,14 @@ from ftd import containment
 from ftd.coordination import CoordinationError, Round
 from ftd.coordination.base import new_request
 from ftd.coordination.records import Member, RequestRecord
+from ftd.ranks.gpu_memory import GpuMemory
 from ftd.status.board import StatusBoard
 from ftd.status.event_kind import EventKind
 from ftd.status.model import DaemonState, Failure
 from ftd.supervision.attempt import Attempt, AttemptTools, Running
 from ftd.supervision.no_progress import ProgressGuard
 from ftd.supervision.node_loss import ask_after_node_lost
-from ftd.supervision.policy import Action, Stuck, after_attempt, asks_the_healthy_first
+from ftd.supervision.policy import Action, after_attempt, asks_the_healthy_first
 from ftd.supervision.restarts import CrashLoop, RecoveryTimeline
 from ftd.supervision.summary import ending_headline
 from ftd.tasks import Background, first_of, within
@@ -62,6 +63,7 @@ class Supervisor:
         self.recovery = RecoveryTimeline(tools, background)
         self.crash_loop = CrashLoop(tools, board, stop)
         self.no_progress = ProgressGuard(self.config.ft, tools.events)
+        self.gpu_memory = GpuMemory(self.config.ft, tools.events)
         """Attempts in a row that did not move the job's checkpoint iteration."""
 
     @property
@@ -101,6 +103,7 @@ class Supervisor:
                 await coordinator.leave(rnd)
             if request.action == "restart":
                 self.board.set_state(DaemonState.RESTARTING, request.reason)
+                await self.gpu_memory.reclaimed(self.stop)
                 await self.crash_loop.back_off(rnd.number, ran_s)
                 self.recovery.backed_off()
                 continue
@@ -239,7 +242,7 @@ class Supervisor:
             )
             self.recovery.begin(request.reason, None)
             if request.action == "restart" and request.counted:  # every node counts it
-                self.no_progress.after_failure(rnd.number, self.tools.health.checkpoints)
+                self.no_progress.after_failure(rnd.number, None, health.checkpoints)
             self._ending(request)
             await self._end(attempt)
             return request
@@ -279,7 +282,7 @@ class Supervisor:
             used,
             self.config.max_restarts,
             workload.reason() if workload else None,
-            self._stuck(rnd, outcome),
+            self.no_progress.after_failure(rnd.number, outcome, health.checkpoints),
         )
         if asks_the_healthy_first(decision, self.config.restart_policy):
             healthy = await coordinator.unhealthy(rnd, me)
@@ -331,7 +334,7 @@ class Supervisor:
         self.recovery.begin(reason, failure)
         me = self.config.node_id
         used = await self.coordinator.restarts_used(rnd)
-        stuck = self._stuck(rnd, failure)
+        stuck = self.no_progress.after_failure(rnd.number, failure, self.tools.health.checkpoints)
         decision = after_attempt(failure, used, self.config.max_restarts, stuck=stuck)
         if decision.action is Action.RESTART:
             mine = new_request("restart", decision.reason, me, counted=failure.counted)
@@ -341,12 +344,6 @@ class Supervisor:
         self._ending(request)
         self.recovery.stopped()
         return request
-
-    def _stuck(self, rnd: Round, failure: Failure) -> Stuck | None:
-        """Whether this failed attempt was one too many without progress (no_progress.py)."""
-        if not failure.counted:
-            return None
-        return self.no_progress.after_failure(rnd.number, self.tools.health.checkpoints)
 
     def _ending(self, request: RequestRecord) -> None:
         """Say what the round's end means while the ranks are being stopped."""

@@ -80,11 +80,11 @@ def test_the_memory_tier_is_the_iteration_where_no_file_is_named(tmp_path: Path)
     events = EventLog(None)
     guard = ProgressGuard(FaultToleranceConfig(max_no_progress_cycles=2), events)
     memory = Memory()
-    assert guard.after_failure(0, memory) is None  # nothing saved yet: not judged
+    assert guard.after_failure(0, None, memory) is None  # nothing saved yet: not judged
     memory.step = 4
-    assert guard.after_failure(1, memory) is None
-    assert guard.after_failure(2, memory) is None
-    stuck = guard.after_failure(3, memory)
+    assert guard.after_failure(1, None, memory) is None
+    assert guard.after_failure(2, None, memory) is None
+    stuck = guard.after_failure(3, None, memory)
     assert stuck == Stuck(stuck.reason if stuck else "", 93) and stuck is not None
     [event] = [e for e in events.since(0) if e.kind == "no_progress"]
     assert event.data["attempts"] == 2 and event.data["iteration"] == 4
@@ -92,7 +92,7 @@ def test_the_memory_tier_is_the_iteration_where_no_file_is_named(tmp_path: Path)
     iteration_file.write_text("7\n")
     ft = FaultToleranceConfig(checkpoint_iteration_file=str(iteration_file), no_restart_exit_code=7)
     named = ProgressGuard(ft, EventLog(None))
-    assert named.after_failure(0, memory) is None and named.tracker.last == 7
+    assert named.after_failure(0, None, memory) is None and named.tracker.last == 7
 
 
 @fuzz_target("iteration_file", 300)
