@@ -1,28 +1,61 @@
 """The client side of the replica protocol: a node's push of one step's snapshots to its
 successor, each acknowledged; and a replacement node's pull, asking one peer's replica server
 for its replicas of a global rank, each verified whole (its frame, its body's digest, its
-snapshot header) before it counts."""
+snapshot header) before it counts. Both open with the handshake (replica_wire.py): nothing is
+sent to a server that has not proved it holds the job's key and is the node the summary named,
+so a port taken by someone else gets no snapshot."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ftd.checkpoint.replica_frame import FrameError, FrameHeader
 from ftd.checkpoint.replica_store import Incoming, ReplicaStore
-from ftd.checkpoint.replica_wire import file_digest, read_body, read_header, send
+from ftd.checkpoint.replica_wire import (
+    client_handshake,
+    fd_digest,
+    in_thread,
+    open_regular,
+    parse_address,
+    read_body,
+    read_header,
+    send,
+)
 
 if TYPE_CHECKING:
-    from ftd.checkpoint.replication import Ring
+    from ftd.checkpoint.replica_ring import Ring
 
 MAX_FETCHED = 16
 
 
 async def connect(address: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """A connection to a peer's replica server at `host:port` (an IPv6 host in brackets or not)."""
-    host, _, port = address.rpartition(":")
-    return await asyncio.open_connection(host.strip("[]"), int(port))
+    """A connection to a peer's replica server at `host:port` (an IPv6 host in brackets or not);
+    FrameError (`bad_address`) for anything else."""
+    parsed = parse_address(address)
+    if parsed is None:
+        raise FrameError("bad_address", f"{address[:80]!r} is not host:port")
+    return await asyncio.open_connection(*parsed)
+
+
+def _snapshot(path: Path) -> tuple[int, int, str]:
+    """(fd, size, sha256) of a slot's file, refused unless a regular file (blocking)."""
+    fd, nbytes = open_regular(path)
+    try:
+        digest = fd_digest(fd, nbytes)
+    except BaseException:
+        os.close(fd)
+        raise
+    if digest is None:
+        os.close(fd)
+        raise FrameError("truncated", f"{path.name} is shorter than it was")
+    return fd, nbytes, digest
+
+
+def _close(opened: tuple[int, int, str]) -> None:
+    os.close(opened[0])
 
 
 async def push(
@@ -35,27 +68,29 @@ async def push(
     files: list[tuple[int, Path]],
 ) -> None:
     """Each (global rank, snapshot file) of `step` to `successor`, one after the other, each
-    acknowledged; FrameError, OSError, EOFError otherwise. Files read in a thread."""
+    acknowledged; FrameError, OSError, EOFError otherwise. Files read in the replicas' threads."""
     reader, writer = await connect(address)
     try:
+        mine, theirs = await client_handshake(reader, writer, key, me, successor)
         for rank, path in files:
-            nbytes = (await asyncio.to_thread(path.stat)).st_size
-            digest = await asyncio.to_thread(file_digest, path, nbytes)
-            if digest is None:
-                raise FrameError("truncated", f"{path} is shorter than it was")
-            header = FrameHeader(
-                kind="push",
-                source=me,
-                to=successor,
-                rank=rank,
-                world=ring.world,
-                step=step,
-                round=ring.number,
-                body_bytes=nbytes,
-                body_sha256=digest,
-            )
-            await send(writer, key, header, path)
-            ack = await read_header(reader, key, me, 0)
+            fd, nbytes, digest = await in_thread(_snapshot, path, undo=_close)
+            try:
+                header = FrameHeader(
+                    kind="push",
+                    source=me,
+                    to=successor,
+                    rank=rank,
+                    world=ring.world,
+                    step=step,
+                    round=ring.number,
+                    body_bytes=nbytes,
+                    body_sha256=digest,
+                    echo=theirs,
+                )
+                await send(writer, key, header, fd)
+            finally:
+                os.close(fd)
+            ack = await read_header(reader, key, me, 0, mine)
             if (ack.kind, ack.rank, ack.step) != ("ack", rank, step):
                 raise FrameError("unexpected", f"a {ack.kind} frame for a push")
     finally:
@@ -71,11 +106,11 @@ async def fetch(
     reader, writer = await connect(address)
     received: list[tuple[int, Incoming]] = []
     try:
-        await send(
-            writer, key, FrameHeader(kind="pull", source=me, to=node, rank=rank, world=world)
-        )
+        mine, theirs = await client_handshake(reader, writer, key, me, node)
+        pull = FrameHeader(kind="pull", source=me, to=node, rank=rank, world=world, echo=theirs)
+        await send(writer, key, pull)
         while True:
-            header = await read_header(reader, key, me, store.ledger.budget_bytes)
+            header = await read_header(reader, key, me, store.ledger.budget_bytes, mine)
             if header.kind == "end":
                 return received
             if (header.kind, header.rank, header.world) != ("snapshot", rank, world):
@@ -85,7 +120,7 @@ async def fetch(
             incoming = store.incoming(header.body_bytes)
             received.append((header.step, incoming))
             digest = await read_body(reader, incoming)
-            await asyncio.to_thread(store.check, header, incoming, digest)
+            await in_thread(store.check, header, incoming, digest)
     except BaseException:
         for _, incoming in received:
             incoming.discard()

@@ -4,8 +4,14 @@ snapshots, and the answer).
 
     prefix (PREFIX: 56 bytes)  magic, version, header length (<= MAX_HEADER_BYTES),
                                body length, HMAC-SHA256
-    header (JSON)              FrameHeader: kind, from, to, rank, world, step, body's sha256
+    header (JSON)              FrameHeader: kind, from, to, rank, world, step, body's sha256,
+                               the sender's fresh nonce (hello, challenge) or the one it answers
     body                       a snapshot file (ftd_client/snapshot_format.py), or nothing
+
+A connection opens with a handshake: the client's `hello` carries a fresh random nonce; the
+server's `challenge` echoes it (so the server proves it holds the key and, by `source`, that it
+is the node the client meant) and carries the server's own; every later frame echoes the
+receiver's nonce. A frame captured on one connection is refused on any other (`replayed`).
 
 The MAC covers the prefix's fields and the header, and the header names the body's sha256: a
 receiver checks the MAC before it reads a byte of the body, and the body's digest once it has
@@ -26,16 +32,20 @@ from typing import Annotated, Literal, NamedTuple
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 MAGIC = b"FTDREPL1"
-VERSION = 1
+VERSION = 2
 PREFIX = struct.Struct("<8sHHIQ32s")
 MAX_HEADER_BYTES = 4096
 MAC_BYTES = 32
 MAX_STEP = 2**53
 MAX_WORLD = 2**20
 
-Kind = Literal["push", "ack", "pull", "snapshot", "end", "refused"]
-"""push: a snapshot for the receiver to keep (body) -> ack (step kept) or refused;
+NONCE_HEX = 32
+
+Kind = Literal["hello", "challenge", "push", "ack", "pull", "snapshot", "end", "refused"]
+"""hello (the client's nonce) -> challenge (it echoed, the server's nonce); then
+push: a snapshot for the receiver to keep (body) -> ack (step kept) or refused;
 pull: the snapshots of one global rank, please -> snapshot* (bodies) then end."""
+Nonce = Annotated[str, StringConstraints(pattern=rf"^(|[0-9a-f]{{{NONCE_HEX}}})$")]
 
 
 class FrameError(ValueError):
@@ -63,6 +73,10 @@ class FrameHeader(BaseModel):
         b""
     ).hexdigest()
     detail: Annotated[str, StringConstraints(max_length=400)] = ""
+    nonce: Nonce = ""
+    """The sender's fresh nonce: in `hello` and `challenge` only."""
+    echo: Nonce = ""
+    """The receiver's nonce this frame answers: in every frame but `hello`."""
 
 
 class Prefix(NamedTuple):
@@ -120,4 +134,8 @@ def decode_header(key: bytes, prefix: Prefix, data: bytes, me: str) -> FrameHead
         raise FrameError("misdirected", f"meant for node {header.to!r}, not this one")
     if header.kind in ("push", "snapshot") and header.rank >= header.world:
         raise FrameError("invalid", f"rank {header.rank} of a world of {header.world}")
+    if bool(header.nonce) != (header.kind in ("hello", "challenge")):
+        raise FrameError("invalid", f"a {header.kind} frame with a nonce or without its own")
+    if bool(header.echo) != (header.kind != "hello"):
+        raise FrameError("invalid", f"a {header.kind} frame that answers no nonce")
     return header

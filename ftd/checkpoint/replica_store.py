@@ -6,6 +6,10 @@ A replica is kept only once whole: its frame verified (replica_frame.py) and its
 describing exactly the rank, world and step the frame names (the same check as a rank's own
 snapshot). Per rank the newest three are kept: the two newest the sender knows acknowledged,
 and one whose acknowledgement may not have reached it (ledger.py says why that is enough).
+
+A replica being sent to a pulling peer stays open until its answer is read; one dropped
+meanwhile (trimmed, replaced) is still memory: its bytes count against the budget until its
+file is closed, and the sender stops at its next chunk (`holds`).
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import hashlib
 import itertools
 import os
 import shutil
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +42,7 @@ class Replica:
     step: int
     path: Path
     nbytes: int
+    sha256: str
 
 
 def kept_steps(steps: Iterable[int]) -> set[int]:
@@ -85,6 +90,10 @@ class ReplicaStore:
         self._rounds: dict[tuple[int, int], int] = {}
         """The newest round whose replica of (rank, world) was kept: an older one is refused."""
         self._incoming_bytes = 0
+        self._reading: dict[Path, int] = {}
+        """Replicas open for a pulling peer, and how many times."""
+        self._dropped_open: dict[Path, int] = {}
+        """The bytes of replicas dropped while still open: memory until they are closed."""
         self._names = itertools.count()
         self.kept = 0
 
@@ -94,7 +103,7 @@ class ReplicaStore:
 
     def room(self, nbytes: int) -> bool:
         """Whether a replica of `nbytes` fits the budget beside what this node holds."""
-        used = self.ledger.reserved_bytes + self.held_bytes + self._incoming_bytes
+        used = self.ledger.reserved_bytes + self.ledger.replica_bytes
         return used + nbytes <= self.ledger.budget_bytes
 
     def incoming(self, nbytes: int) -> Incoming:
@@ -132,13 +141,17 @@ class ReplicaStore:
             raise FrameError("stale", f"round {header.round}, after round {seen} was seen")
         if header.round > seen:  # the job may have gone back: a newer step of before is not this
             for step in [s for s in self._held.get(key, {}) if s >= header.step]:
-                with contextlib.suppress(OSError):
-                    self._held[key].pop(step).path.unlink()
+                self._drop(self._held[key].pop(step))
         if key not in self._held and len(self._held) >= MAX_RANKS:
             raise FrameError("over_budget", f"replicas of {MAX_RANKS} ranks are held already")
         path = self.directory / f"rank{header.rank}.w{header.world}.s{header.step}"
+        replaced = self._held.get(key, {}).pop(header.step, None)
+        if replaced is not None:
+            self._drop(replaced)
         os.replace(incoming.path, path)
-        replica = Replica(header.rank, header.world, header.step, path, header.body_bytes)
+        replica = Replica(
+            header.rank, header.world, header.step, path, header.body_bytes, header.body_sha256
+        )
         self._held.setdefault(key, {})[header.step] = replica
         self._rounds[key] = header.round
         self.kept += 1
@@ -155,9 +168,38 @@ class ReplicaStore:
         for steps in self._held.values():
             kept = kept_steps(steps)
             for step in [s for s in steps if s not in kept]:
-                with contextlib.suppress(OSError):
-                    steps.pop(step).path.unlink()
+                self._drop(steps.pop(step))
         self._account()
+
+    def holds(self, replica: Replica) -> bool:
+        """Whether `replica` is still kept (not trimmed or replaced since it was listed)."""
+        return self._held.get((replica.rank, replica.world), {}).get(replica.step) is replica
+
+    @contextlib.contextmanager
+    def reading(self, replica: Replica) -> Iterator[int | None]:
+        """`replica`'s file open for a pulling peer (None: dropped meanwhile); counted against
+        the budget until closed even if it is dropped meanwhile."""
+        try:
+            fd = os.open(replica.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            yield None
+            return
+        self._reading[replica.path] = self._reading.get(replica.path, 0) + 1
+        try:
+            yield fd
+        finally:
+            os.close(fd)
+            left = self._reading.pop(replica.path) - 1
+            if left:
+                self._reading[replica.path] = left
+            elif self._dropped_open.pop(replica.path, None) is not None:
+                self._account()
+
+    def _drop(self, replica: Replica) -> None:
+        if replica.path in self._reading:
+            self._dropped_open[replica.path] = replica.nbytes
+        with contextlib.suppress(OSError):
+            replica.path.unlink()
 
     def view(self) -> dict[str, Any]:
         return {
@@ -171,4 +213,5 @@ class ReplicaStore:
         self._account()
 
     def _account(self) -> None:
-        self.ledger.replica_bytes = self.held_bytes + self._incoming_bytes
+        dropped_open = sum(self._dropped_open.values())
+        self.ledger.replica_bytes = self.held_bytes + self._incoming_bytes + dropped_open

@@ -4,8 +4,11 @@ snapshots fetched from it by the node that takes a lost node's place (docs/check
 The ring is the current round's members in node-id order; a node pushes to the one after it.
 Once a snapshot of each of the node's ranks is complete at one step, that step is pushed in the
 background (one push in flight; the newest complete step next, so a slow peer skips steps and
-never queues them), every rank's file read in a thread while its slot is marked `sending` (the
-ledger does not give it to a newer save meanwhile). The peer acknowledges each one it kept.
+never queues them), every rank's file read in the replicas' few threads while its slot is marked
+`sending` (the ledger does not give it to a newer save meanwhile), opened only if it is a regular
+file (a FIFO a rank planted is refused, never waited on). The peer acknowledges each one it kept.
+Whatever fails in one push is contained: said once per cause, counted, and the loop goes on.
+The pull of a replacement node is replica_pull.py's, the peers' summaries replica_ring.py's.
 
 Survivors of a lost node must still hold a step its replica holds: each node publishes the steps
 its successor acknowledged for all its ranks (NodeSummary.replicated_steps) and the address of
@@ -19,21 +22,22 @@ it (replica_frame.py), and without one anyone who reaches the port could plant a
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from ftd.checkpoint.ledger import replica_floor
-from ftd.checkpoint.replica_client import fetch, push
+from ftd.checkpoint.replica_client import push
 from ftd.checkpoint.replica_frame import FrameError
+from ftd.checkpoint.replica_pull import Pulls
+from ftd.checkpoint.replica_ring import Ring, newest_common
 from ftd.checkpoint.replica_server import ReplicaServer
-from ftd.checkpoint.replica_store import Incoming, ReplicaStore
+from ftd.checkpoint.replica_store import ReplicaStore
 from ftd.config.serve import ServeConfig
 from ftd.coordination.base import Coordinator
 from ftd.coordination.records import RecordCodec
+from ftd.refusals import Refusals
 from ftd.status.board import StatusBoard
-from ftd.status.event_kind import EventKind
 from ftd.status.events import EventLog
 from ftd.tasks import Background
 
@@ -48,35 +52,7 @@ this node's is published if its acknowledged steps changed: every node reads eve
 (the straggler watch does too, every 5 s), and a late view only keeps more snapshots."""
 RETRY_S = 0.5
 PUSH_TIMEOUT_S = 60.0
-PULL_TIMEOUT_S = 30.0
-"""The longest one peer's answer to a pull may take (a rank's restore waits for it)."""
-PEERS_WAIT_S = 5.0
-"""The longest a pull waits for the round's members to have published their replica servers."""
 MAX_ACKED = 16
-
-
-class Ring:
-    """What this node knows of the round: its ranks and the peers' replica servers."""
-
-    def __init__(self) -> None:
-        self.number = 0
-        self.members: list[str] = []
-        self.ranks: range = range(0)
-        self.world = 0
-        self.addresses: dict[str, str] = {}
-        self.replicated: dict[str, tuple[int, ...]] = {}
-
-    def successor(self, me: str) -> str | None:
-        ring = sorted(self.members)
-        if me not in ring or len(ring) < 2:
-            return None
-        return ring[(ring.index(me) + 1) % len(ring)]
-
-
-def newest_common(lists: Sequence[Iterable[int]]) -> int | None:
-    """The newest step in every list, or None."""
-    common = set.intersection(*(set(steps) for steps in lists)) if lists else set()
-    return max(common) if common else None
 
 
 class Replication:
@@ -96,7 +72,9 @@ class Replication:
         self._round_view = round_view
         self._cluster = cluster
         self._board: StatusBoard | None = None
-        self.ring = Ring()
+        self.refused = Refusals("replica")
+        """What this node refused of its peers' summaries, its ranks' restores and its slots."""
+        self.ring = Ring(self.refused)
         self.holder: CheckpointHolder | None = None
         self.store: ReplicaStore | None = None
         self.server: ReplicaServer | None = None
@@ -108,8 +86,8 @@ class Replication:
         self._unpublished = False
         self._wake = asyncio.Event()
         self._background = Background()
-        self._pulls: dict[tuple[int, int], asyncio.Task[None]] = {}
-        self.pulled = 0
+        self.pulls = Pulls(key, node_id, events, self.ring, self._watch, self.refused)
+        self._failing: set[str] = set()
 
     async def start(self, holder: CheckpointHolder, host: str, board: StatusBoard) -> None:
         """Serve replicas on `host` (this node's own address), start the pusher and the reads of
@@ -137,8 +115,7 @@ class Replication:
 
     async def close(self) -> None:
         await self._background.close()
-        for task in self._pulls.values():
-            task.cancel()
+        self.pulls.close()
         if self.server is not None:
             await self.server.close()
         if self.store is not None:
@@ -169,13 +146,11 @@ class Replication:
     def restoring(self, rank: int, world: int) -> bool:
         """A rank asks to restore and this node holds nothing of it: fetch it from the peers'
         replicas first. True while that runs (the rank asks again)."""
-        if self.server is None:  # not replicating (no memory directory, no server)
-            return False
-        task = self._pulls.get((rank, world))
-        if task is None:
-            task = asyncio.ensure_future(self._pull(rank, world))
-            self._pulls[(rank, world)] = task
-        return not task.done()
+        if self.server is None or self.store is None or self.holder is None:
+            return False  # not replicating (no memory directory, no server)
+        view = self._round_view()
+        current = (view[0], view[3]) if view is not None else None
+        return self.pulls.restoring(rank, world, current, self.store, self.holder)
 
     def view(self) -> dict[str, Any]:
         """The status' `replica_lag_steps` and `replica` (openapi.yaml NodeCheckpoint)."""
@@ -196,8 +171,8 @@ class Replication:
                 "kept_busy": holder.ledger.pinned_busy,
                 **self.store.view(),
                 "received": self.server.pushes,
-                "pulled": self.pulled,
-                "refused": sum(self.server.refused.values()),
+                "pulled": self.pulls.pulled,
+                "refused": sum(self.server.refused.values()) + sum(self.refused.values()),
             },
         }
 
@@ -221,14 +196,7 @@ class Replication:
             return
         self.ring.number, self.ring.members, self.ring.ranks, self.ring.world = view
         answer = await self._cluster()
-        for node in answer.get("nodes", ()):
-            node_id = node.get("node_id")
-            if node_id in self.ring.members and node.get("replica_addr"):
-                self.ring.addresses[node_id] = node["replica_addr"]
-            if node_id in self.ring.members:  # another round's steps count as none
-                this_round = node.get("replicated_round") == self.ring.number
-                steps = node.get("replicated_steps", ()) if this_round else ()
-                self.ring.replicated[node_id] = tuple(steps)
+        self.ring.read(answer.get("nodes", ()))
         now = (self.ring.number, self.ring.successor(self.node_id))
         if now != self._acked_by:
             self._acked_by, self.acked = now, []
@@ -256,20 +224,45 @@ class Replication:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            successor = self.ring.successor(self.node_id)
-            step = self._newest_complete()
-            address = self.ring.addresses.get(successor) if successor else None
-            if step is None or address is None or (self.acked and step <= self.acked[-1]):
-                continue
             try:
-                await asyncio.wait_for(self._push(successor, address, step), PUSH_TIMEOUT_S)
-            except (OSError, FrameError, EOFError, TimeoutError) as error:
-                log.debug("pushing step %d to %s: %s", step, successor, error)
-                await asyncio.sleep(RETRY_S)  # the next completed save, or the next look, retries
-                continue
-            if (self.ring.number, successor) == self._acked_by:
-                self.acked = [*self.acked, step][-MAX_ACKED:]
-                self._unpublished = True  # published with the next read of the peers
+                await self._push_newest()
+            except Exception as error:  # contained: the next completed save or look retries
+                self.refused["push_error"] += 1
+                self._push_failed("push_error", error)
+                await asyncio.sleep(RETRY_S)
+
+    async def _push_newest(self) -> None:
+        successor = self.ring.successor(self.node_id)
+        step = self._newest_complete()
+        address = self.ring.addresses.get(successor) if successor else None
+        if step is None or address is None or (self.acked and step <= self.acked[-1]):
+            return
+        try:
+            await asyncio.wait_for(self._push(successor, address, step), PUSH_TIMEOUT_S)
+        except FrameError as error:  # a slot that is no file, a peer that is not the successor
+            self.refused[error.cause] += 1
+            self._push_failed(error.cause, error)
+            await asyncio.sleep(RETRY_S)  # the next completed save, or the next look, retries
+            return
+        except (OSError, EOFError, TimeoutError) as error:
+            log.debug("pushing step %d to %s: %s", step, successor, error)
+            await asyncio.sleep(RETRY_S)
+            return
+        self._failing.clear()
+        if (self.ring.number, successor) == self._acked_by:
+            self.acked = [*self.acked, step][-MAX_ACKED:]
+            self._unpublished = True  # published with the next read of the peers
+
+    def _push_failed(self, cause: str, error: BaseException) -> None:
+        """Said once per cause until a push succeeds again."""
+        if cause not in self._failing:
+            self._failing.add(cause)
+            log.warning(
+                "pushing the snapshots to the next node failed (%s): %s",
+                cause,
+                error,
+                exc_info=cause == "push_error",
+            )
 
     async def _push(self, successor: str | None, address: str, step: int) -> None:
         holder = self.holder
@@ -290,80 +283,6 @@ class Replication:
         finally:
             for _, _, slot in slots:
                 slot.sending = False
-
-    # -- a replacement node's restore --------------------------------------------------------
-
-    async def _pull(self, rank: int, world: int) -> None:
-        """Every peer's replicas of `rank`, into this node's slots (contained: a failure means
-        the rank has nothing, and the ranks' agreement says so)."""
-        try:
-            await self._pull_all(rank, world)
-        except Exception as error:
-            log.exception("pulling rank %d's snapshots from the peers failed", rank)
-            self.events.emit(
-                EventKind.REPLICA_PULLED, global_rank=rank, steps=[], error=str(error)[:400]
-            )
-
-    async def _fetch(self, node: str, rank: int, world: int) -> list[tuple[int, Incoming]]:
-        """`node`'s replicas of `rank`, checked whole; none (said) when it cannot answer."""
-        address = self.ring.addresses.get(node)
-        if address is None:
-            log.warning("rank %d: node %s published no replica server", rank, node)
-            return []
-        assert self.store is not None
-        try:
-            return await asyncio.wait_for(
-                fetch(self.key, self.node_id, node, address, rank, world, self.store),
-                PULL_TIMEOUT_S,
-            )
-        except (OSError, FrameError, EOFError, TimeoutError) as error:
-            log.warning("could not pull rank %d's snapshots from %s: %s", rank, node, error)
-            self.events.emit(
-                EventKind.REPLICA_PULLED, global_rank=rank, source=[node], steps=[],
-                error=str(error)[:400] or type(error).__name__,
-            )  # fmt: skip
-            return []
-
-    def _drop(self, incoming: Incoming) -> None:
-        assert self.store is not None
-        incoming.discard()
-        self.store.release(incoming)
-
-    async def _pull_all(self, rank: int, world: int) -> None:
-        deadline = asyncio.get_running_loop().time() + PEERS_WAIT_S
-        while True:  # this round's members, and their replica servers (published at start)
-            with contextlib.suppress(Exception):
-                await self._watch()
-            peers = [n for n in self.ring.members if n != self.node_id]
-            waiting = [n for n in peers if n not in self.ring.addresses]
-            if not waiting or asyncio.get_running_loop().time() > deadline:
-                break
-            await asyncio.sleep(RETRY_S)
-        got: dict[int, tuple[str, Incoming]] = {}
-        try:
-            for node in peers:
-                for step, incoming in await self._fetch(node, rank, world):
-                    if step in got:
-                        self._drop(incoming)
-                    else:
-                        got[step] = (node, incoming)
-            for step in sorted(got):  # oldest first: the ledger takes a newer step for the rank's
-                holder = self.holder  # history, an older one for its history going back
-                assert holder is not None
-                if not holder.adopt(rank, world, step, got[step][1].path):
-                    del got[step]
-        finally:
-            for _, incoming in got.values():
-                self._drop(incoming)
-        if got:  # a fresh job's ranks hold nothing anywhere: nothing to say then
-            self.pulled += len(got)
-            log.info("rank %d's snapshots from the peers' replicas: steps %s", rank, sorted(got))
-            self.events.emit(
-                EventKind.REPLICA_PULLED,
-                global_rank=rank,
-                steps=sorted(got),
-                source=sorted({node for node, _ in got.values()}),
-            )
 
 
 def replication_for(

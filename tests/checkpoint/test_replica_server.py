@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import stat
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from ftd_client.snapshot_format import HEADER_BYTES, layout
@@ -19,7 +21,7 @@ from ftd.checkpoint.replica_client import fetch
 from ftd.checkpoint.replica_frame import MAGIC, PREFIX, VERSION, FrameError, FrameHeader, encode
 from ftd.checkpoint.replica_server import MAX_CONNECTIONS, ReplicaServer
 from ftd.checkpoint.replica_store import ReplicaStore
-from ftd.checkpoint.replica_wire import read_header
+from ftd.checkpoint.replica_wire import client_handshake, read_header, send
 from ftd.status.events import EventLog
 
 KEY = hashlib.sha256(b"the job's replica key").digest()
@@ -43,6 +45,7 @@ def frame(
     kind: str = "push",
     source: str = "b",
     round_: int = 0,
+    echo: str = "0" * 32,
 ) -> bytes:
     header = FrameHeader(
         kind=kind,  # type: ignore[arg-type]
@@ -52,23 +55,35 @@ def frame(
         world=world,
         step=step,
         round=round_,
+        echo=echo,
         body_bytes=len(body),
         body_sha256=hashlib.sha256(body if digest_of is None else digest_of).hexdigest(),
     )
     return encode(key, header) + body
 
 
+Frame = bytes | Callable[[str], bytes]
+"""A frame's bytes, or made for the server's nonce of the connection."""
+
+
 class Peer:
+    """Node b, with the job's key: each exchange on a connection of its own, after the
+    handshake (the server's challenge answered)."""
+
     def __init__(self, server: ReplicaServer) -> None:
         self.port = server.port
 
-    async def exchange(self, data: bytes) -> FrameHeader | None:
+    async def exchange(self, data: Frame) -> FrameHeader | None:
         """Send `data`; the server's reply frame, or None when it closed the connection."""
-        reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
         try:
-            writer.write(data)
+            reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
+        except ConnectionError:
+            return None
+        try:
+            mine, theirs = await client_handshake(reader, writer, KEY, "b", "a")
+            writer.write(data(theirs) if callable(data) else data)
             await writer.drain()
-            return await read_header(reader, KEY, "b", BUDGET)
+            return await read_header(reader, KEY, "b", BUDGET, mine)
         except (EOFError, ConnectionError):
             return None
         finally:
@@ -78,12 +93,18 @@ class Peer:
         reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
         got = []
         try:
-            writer.write(frame(b"", kind="pull", rank=rank))
-            while (header := await read_header(reader, KEY, "b", BUDGET)).kind != "end":
+            mine, theirs = await client_handshake(reader, writer, KEY, "b", "a")
+            writer.write(frame(b"", kind="pull", rank=rank, echo=theirs))
+            while (header := await read_header(reader, KEY, "b", BUDGET, mine)).kind != "end":
                 got.append((header, await reader.readexactly(header.body_bytes)))
         finally:
             writer.close()
         return got
+
+
+def pushed(body: bytes, **fields: Any) -> Callable[[str], bytes]:
+    """A push frame of `body`, for the server's nonce."""
+    return lambda nonce: frame(body, echo=nonce, **fields)
 
 
 @pytest.fixture
@@ -103,7 +124,7 @@ async def test_a_pushed_snapshot_is_kept_privately_and_acknowledged(
     served: tuple[ReplicaServer, EventLog, Peer],
 ) -> None:
     server, _, peer = served
-    ack = await peer.exchange(frame(snapshot(1, 1, 2)))
+    ack = await peer.exchange(pushed(snapshot(1, 1, 2)))
     assert ack is not None and (ack.kind, ack.rank, ack.step, ack.to) == ("ack", 1, 1, "b")
     (kept,) = server.store.newest(1, 2, 8)
     assert (kept.step, kept.world, kept.path.read_bytes()) == (1, 2, snapshot(1, 1, 2))
@@ -111,7 +132,7 @@ async def test_a_pushed_snapshot_is_kept_privately_and_acknowledged(
     assert stat.S_IMODE(kept.path.parent.stat().st_mode) == 0o700
     assert server.store.ledger.replica_bytes == len(snapshot(1, 1, 2))
     for step in (2, 3, 4):  # the newest three stay
-        assert await peer.exchange(frame(snapshot(step, 1, 2), step=step)) is not None
+        assert await peer.exchange(pushed(snapshot(step, 1, 2), step=step)) is not None
     assert [r.step for r in server.store.newest(1, 2, 8)] == [4, 3, 2]
     assert sorted(p.name for p in kept.path.parent.iterdir()) == [
         f"rank1.w2.s{step}" for step in (2, 3, 4)
@@ -123,18 +144,19 @@ async def test_forged_corrupt_oversized_and_flooding_peers_are_refused_and_the_r
 ) -> None:
     server, events, peer = served
     good = snapshot(1, 1, 2)
-    assert await peer.exchange(frame(good)) is not None
+    assert await peer.exchange(pushed(good)) is not None
     other = hashlib.sha256(b"not the job's key").digest()
     liar = snapshot(3, 1, 2)  # a whole snapshot, of step 3, sent as step 2
-    attacks = {
-        "bad_signature": frame(snapshot(2, 1, 2, fill=9), step=2, key=other),
-        "corrupt": frame(snapshot(2, 1, 2, fill=9), step=2, digest_of=snapshot(2, 1, 2)),
-        "misdirected": frame(snapshot(2, 1, 2), step=2, to="c"),
+    attacks: dict[str, Frame] = {
+        "bad_signature": pushed(snapshot(2, 1, 2, fill=9), step=2, key=other),
+        "corrupt": pushed(snapshot(2, 1, 2, fill=9), step=2, digest_of=snapshot(2, 1, 2)),
+        "misdirected": pushed(snapshot(2, 1, 2), step=2, to="c"),
         # a prefix announcing more than the budget: refused before its header is read
         "oversized": PREFIX.pack(MAGIC, VERSION, 0, 100, BUDGET + 1, b"\0" * 32),
         "malformed": b"GET / HTTP/1.1\r\nHost: a\r\n\r\n".ljust(PREFIX.size, b" "),
     }
-    for cause, data in [*attacks.items(), ("corrupt", frame(liar, step=2))]:
+    attempts: list[tuple[str, Frame]] = [*attacks.items(), ("corrupt", pushed(liar, step=2))]
+    for cause, data in attempts:
         assert await peer.exchange(data) is None, cause
         assert server.refused[cause] >= 1, (cause, dict(server.refused))
     flood = [await asyncio.open_connection("127.0.0.1", peer.port) for _ in range(MAX_CONNECTIONS)]
@@ -143,7 +165,7 @@ async def test_forged_corrupt_oversized_and_flooding_peers_are_refused_and_the_r
         if len(server._connections) == MAX_CONNECTIONS:
             break
         await asyncio.sleep(0.01)
-    assert await peer.exchange(frame(good)) is None
+    assert await peer.exchange(pushed(good)) is None
     assert server.refused["too_many_connections"] == 1
     for _, writer in flood:
         writer.close()
@@ -170,7 +192,7 @@ async def test_a_pull_keeps_only_whole_snapshots_of_the_rank_asked_for(
     answers with a body other than the one its header names, or another rank's snapshot, is
     refused and leaves nothing behind in the puller's memory."""
     server, _, peer = served
-    ack = await peer.exchange(frame(snapshot(5, 1, 2), step=5))
+    ack = await peer.exchange(pushed(snapshot(5, 1, 2), step=5))
     assert ack is not None, dict(server.refused)
     memory = tmp_path / "puller"
     memory.mkdir(mode=0o700)
@@ -181,10 +203,17 @@ async def test_a_pull_keeps_only_whole_snapshots_of_the_rank_asked_for(
     incoming.discard()
     store.release(incoming)
 
-    async def liar(answer: bytes) -> str:
+    async def liar(answer: Callable[[str], bytes]) -> str:
+        """A server with the key, node a's, that answers a pull with `answer`."""
+
         async def reply(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            await reader.readexactly(1)
-            writer.write(answer)
+            hello = await read_header(reader, KEY, "a", 0, None)
+            challenge = FrameHeader(
+                kind="challenge", source="a", to="b", nonce="1" * 32, echo=hello.nonce
+            )
+            await send(writer, KEY, challenge)
+            await read_header(reader, KEY, "a", 0, "1" * 32)
+            writer.write(answer(hello.nonce))
             await writer.drain()
             writer.close()
 
@@ -194,12 +223,18 @@ async def test_a_pull_keeps_only_whole_snapshots_of_the_rank_asked_for(
 
     servers: list[asyncio.Server] = []
     answers = {
-        "corrupt": frame(
-            snapshot(6, 1, 2, fill=9), step=6, digest_of=snapshot(6, 1, 2), to="b", source="a",
+        "corrupt": pushed(
+            snapshot(6, 1, 2, fill=9),
+            step=6,
+            digest_of=snapshot(6, 1, 2),
+            to="b",
+            source="a",
             kind="snapshot",
         ),
-        "unexpected": frame(snapshot(6, 0, 2), step=6, rank=0, to="b", source="a", kind="snapshot"),
-    }  # fmt: skip
+        "unexpected": pushed(
+            snapshot(6, 0, 2), step=6, rank=0, to="b", source="a", kind="snapshot"
+        ),
+    }
     for cause, answer in answers.items():
         with pytest.raises(FrameError) as refused:
             await fetch(KEY, "b", "a", await liar(answer), 1, 2, store)
@@ -228,9 +263,13 @@ def test_replicas_only_for_a_job_of_several_nodes_with_a_secret_and_a_memory_tie
 
     def config(nnodes: int, memory: int | None = None) -> ServeConfig:
         return ServeConfig(
-            entrypoint=__file__, nnodes_min=nnodes, nnodes_max=nnodes, node_id="a",
-            rdzv_endpoint="127.0.0.1:1", checkpoint_memory_bytes=memory,
-        )  # fmt: skip
+            entrypoint=__file__,
+            nnodes_min=nnodes,
+            nnodes_max=nnodes,
+            node_id="a",
+            rdzv_endpoint="127.0.0.1:1",
+            checkpoint_memory_bytes=memory,
+        )
 
     events = EventLog(None)
     signed = Coordinator(b"the job's secret, 16+ bytes")
@@ -250,11 +289,11 @@ async def test_a_newer_round_replaces_the_replicas_from_its_step_and_an_older_on
     from its step on (they were another history); one of an older round is refused."""
     server, _, peer = served
     for step in (5, 6, 7):
-        assert await peer.exchange(frame(snapshot(step, 1, 2), step=step)) is not None
-    assert await peer.exchange(frame(snapshot(6, 1, 2, fill=3), step=6, round_=1)) is not None
+        assert await peer.exchange(pushed(snapshot(step, 1, 2), step=step)) is not None
+    assert await peer.exchange(pushed(snapshot(6, 1, 2, fill=3), step=6, round_=1)) is not None
     assert [(r.step, r.path.read_bytes()[-1]) for r in server.store.newest(1, 2, 8)] == [
         (6, 3),
         (5, 7),
     ]
-    assert await peer.exchange(frame(snapshot(8, 1, 2), step=8)) is None
+    assert await peer.exchange(pushed(snapshot(8, 1, 2), step=8)) is None
     assert server.refused["stale"] == 1
