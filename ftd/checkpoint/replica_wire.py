@@ -12,12 +12,12 @@ import functools
 import hashlib
 import os
 import secrets
-import stat
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
+from ftd.checkpoint.memory_dir import open_slot
 from ftd.checkpoint.replica_frame import (
     NONCE_HEX,
     PREFIX,
@@ -76,16 +76,13 @@ def parse_address(address: object) -> tuple[str, int] | None:
 
 def open_regular(path: Path) -> tuple[int, int]:
     """(fd, size) of `path`, a regular file of this user, opened without following a link and
-    without waiting on a FIFO; FrameError `not_regular` otherwise. Blocking: in a thread."""
+    without waiting on a FIFO (memory_dir.open_slot); FrameError `not_regular` otherwise.
+    Blocking: in a thread."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = open_slot(path)
     except OSError as error:
         raise FrameError("not_regular", f"{path.name}: {error.strerror}") from None
-    found = os.fstat(fd)
-    if not stat.S_ISREG(found.st_mode) or found.st_uid != os.geteuid():
-        os.close(fd)
-        raise FrameError("not_regular", f"{path.name} is not a regular file of this user")
-    return fd, found.st_size
+    return fd, os.fstat(fd).st_size
 
 
 def fd_digest(fd: int, nbytes: int) -> str | None:
