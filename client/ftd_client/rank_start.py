@@ -18,15 +18,17 @@ def wanted(environ: Mapping[str, str]) -> bool:
 
 
 def install_from_env() -> None:
-    try:
-        from ftd_client import progress_link
+    if os.environ.get("FTD_PROGRESS") == "1":
+        try:
+            from ftd_client import progress_link
 
-        progress_link.install_from_env()
-    except Exception as error:
-        os.write(2, f"ftd: progress is not observed in this rank: {error!r}\n".encode())
-    try:
-        from ftd_client.inprocess import nvrx_alias
+            progress_link.install_from_env()
+        except Exception as error:
+            os.write(2, f"ftd: progress is not observed in this rank: {error!r}\n".encode())
+    if os.environ.get("FTD_RESTART_MODE") == "inprocess":  # its package costs 60 ms to import
+        try:
+            from ftd_client.inprocess import nvrx_alias
 
-        nvrx_alias.install_from_env()
-    except Exception as error:
-        os.write(2, f"ftd: NVRx's in-process restart is not ftd's here: {error!r}\n".encode())
+            nvrx_alias.install_from_env()
+        except Exception as error:
+            os.write(2, f"ftd: NVRx's in-process restart is not ftd's here: {error!r}\n".encode())
