@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import shutil
 import signal
 import time
@@ -34,6 +35,8 @@ STACK_SETTLE_S = 0.05
 """A dump is done once its file stopped growing this long: a rank descheduled between two of
 faulthandler's writes (a busy machine) pauses for milliseconds, and a kill then cuts it."""
 NATIVE_DUMP_TIMEOUT_S = 10.0
+MAX_TASKS = 4096
+"""Threads of a rank looked at to tell its dump is done (past them, the file's settling)."""
 
 
 class HangHandler:
@@ -130,15 +133,24 @@ class HangHandler:
             timestamp=time.time(),
             origin=origin,
         )
+        # The victims' stacks are written beside the culprit's, and never delay its kill.
+        victims = asyncio.ensure_future(self._explain_each(group, others))
         notes: list[str] = []
+        killed = False
         try:
             containment.inject("hangs")
-            notes = await self._explain_each(group, [rank, *others], unnamed=rank)
+            notes = await self._explain_each(group, [rank], unnamed=rank)
+            self._signal_culprit(group, rank)
+            killed = True
+            notes += await victims
         except Exception as error:  # never lose the kill to an explanation
             containment.record("hangs", error)
             notes.append(f"stacks not collected ({error!r})")
         finally:
-            self._kill(group, rank, others, reason, notes, origin)
+            victims.cancel()
+            if not killed:
+                self._signal_culprit(group, rank)
+            self._record(group, rank, others, reason, notes, origin)
 
     async def explain_ranks(self, local_ranks: list[int]) -> list[str]:
         """Write these local ranks' stacks (in-process mode: the stragglers that make the
@@ -189,6 +201,7 @@ class HangHandler:
             rank.stack_signal,
             stacks_file,
             resume,
+            rank.pid,
         ):
             notes.append(f"Python stacks in {stacks_file}")
         else:
@@ -199,7 +212,13 @@ class HangHandler:
             notes.append(f"native stacks in {native}")
         return notes
 
-    def _kill(
+    def _signal_culprit(self, group: WorkerGroup, rank: RankHealth) -> None:
+        try:
+            group.signal_rank(rank.local_rank, signal.Signals[self.termination_signal])
+        except Exception as error:
+            containment.record("hangs", error)
+
+    def _record(
         self,
         group: WorkerGroup,
         rank: RankHealth,
@@ -208,6 +227,8 @@ class HangHandler:
         notes: list[str],
         origin: float | None,
     ) -> None:
+        """The verdict said (a `rank_hung` event) and the attempt failed with it, once the
+        culprit was signalled and the victims' stacks were written."""
         section = max(rank.open_sections, key=rank.open_sections.__getitem__, default=None)
         signal_name = self.termination_signal
         try:
@@ -227,10 +248,6 @@ class HangHandler:
         except Exception as error:
             containment.record("hangs", error)
             timestamp = time.time()
-        try:
-            group.signal_rank(rank.local_rank, signal.Signals[signal_name])
-        except Exception as error:
-            containment.record("hangs", error)
         full_reason = f"{reason}; {'; '.join(notes)}; terminated with {signal_name}"
         group.fail(
             Failure(
@@ -284,10 +301,14 @@ def _is_stopped(pid: int) -> bool:
 
 
 async def _dump_stacks(
-    send: Callable[[int], bool], stack_signal: int, path: Path, before_signal: Callable[[], None]
+    send: Callable[[int], bool],
+    stack_signal: int,
+    path: Path,
+    before_signal: Callable[[], None],
+    pid: int | None = None,
 ) -> bool:
-    """Signal the rank's faulthandler (through its pidfd: `send`) and await its dump (the file
-    grows, then settles)."""
+    """Signal the rank's faulthandler (through its pidfd: `send`) and await its dump: the file
+    grew, and every thread of `pid` is back asleep, or the file settled."""
     before = _size(path)
     before_signal()
     if not send(stack_signal):
@@ -296,13 +317,29 @@ async def _dump_stacks(
     deadline = loop.time() + STACK_DUMP_WAIT_S
     last, settled_at = before, loop.time()
     while loop.time() < deadline:
-        await asyncio.sleep(0.002)  # the dump is written from a signal handler: no event to await
+        await asyncio.sleep(0.001)  # the dump is written from a signal handler: no event to await
         size = _size(path)
         if size != last:
             last, settled_at = size, loop.time()
-        elif size > before and loop.time() - settled_at >= STACK_SETTLE_S:
+        elif size > before and (
+            loop.time() - settled_at >= STACK_SETTLE_S or (pid is not None and _asleep(pid))
+        ):
             return True
     return _size(path) > before
+
+
+def _asleep(pid: int) -> bool:
+    """No thread of `pid` runs or waits to run: its signal handler (faulthandler's dump)
+    returned, and the threads are back where they hung (a dump takes ~1 ms; a thread
+    descheduled mid-dump on a busy machine is runnable, 'R', so this waits for it)."""
+    try:
+        for task in os.listdir(f"/proc/{pid}/task")[:MAX_TASKS]:
+            with open(f"/proc/{pid}/task/{task}/stat", "rb") as stat:
+                if stat.read(4096).rpartition(b")")[2].split()[:1] == [b"R"]:
+                    return False
+    except (OSError, IndexError):
+        return False
+    return True
 
 
 def _size(path: Path) -> int:
