@@ -2,10 +2,11 @@
 its header before it counts the snapshot complete (standard library only: both sides import it).
 
 A snapshot is one file in the daemon's checkpoint directory (a tmpfs: memory that outlives the
-rank). It begins with a fixed header, then the skeleton (the state dict pickled with every tensor
-replaced by a reference to its bytes), then the tensors' bytes, each aligned to ALIGN. The
-header is written last: a file whose header does not describe the snapshot asked for is no
-snapshot, whatever its other bytes hold.
+rank). It begins with a fixed header, then the skeleton (the state dict with every tensor
+replaced by a reference to its bytes, in ftd_client/checkpoint/_skeleton.py's format: never a
+pickle), then the tensors' bytes, each aligned to ALIGN. The header is written last: a file
+whose header does not describe the snapshot asked for is no snapshot, whatever its other bytes
+hold.
 """
 
 from __future__ import annotations

@@ -1,11 +1,13 @@
 """A state dict into a snapshot's bytes and back (ftd_client/checkpoint/_plan.py), without a
-daemon: every dtype and shape a state dict holds comes back bit for bit, tensors of the same
-shape and type are filled in place, the rest replaced; what cannot be snapshotted is refused
-before anything is written."""
+daemon: every dtype and shape a state dict holds comes back bit for bit, and what real jobs save
+(a model's, an optimizer's and a scheduler's state dicts, RNG states) comes back whole, of the
+same types; tensors of the same shape and type are filled in place, the rest replaced; what
+cannot be snapshotted is refused before anything is written, naming where it is."""
 
 from __future__ import annotations
 
 import collections
+import random
 from typing import Any
 
 import pytest
@@ -23,10 +25,9 @@ def round_trip(state: Any, target: Any) -> Any:
     for tensor, stored in snapshot.tensors:
         if stored.nbytes:
             tensor_in(buffer, header.data_offset, stored).copy_(tensor)
-    buffer[header.skeleton_offset : header.data_offset] = snapshot.skeleton.ljust(
-        header.data_offset - header.skeleton_offset, b"\0"
-    )
-    skeleton = skeleton_of(bytes(buffer[header.skeleton_offset : header.data_offset]))
+    end = header.skeleton_offset + header.skeleton_bytes
+    buffer[header.skeleton_offset : end] = snapshot.skeleton
+    skeleton = skeleton_of(bytes(buffer[header.skeleton_offset : end]))
     return Restorer(buffer, header.data_offset, header.data_bytes).into(target, skeleton)
 
 
@@ -43,10 +44,17 @@ def same(a: Any, b: Any) -> bool:
             and bits(a) == bits(b)
         )
     if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+        return (
+            type(a) is type(b)
+            and list(a) == list(b)
+            and all(same(a[k], b[k]) for k in a)
+            and same(getattr(a, "_metadata", None), getattr(b, "_metadata", None))
+        )
     if isinstance(a, list | tuple):
         return type(a) is type(b) and len(a) == len(b) and all(map(same, a, b))
-    return bool(a == b)
+    if isinstance(a, float) and isinstance(b, float):
+        return repr(a) == repr(b)  # nan == nan, -0.0 != 0.0
+    return type(a) is type(b) and bool(a == b)
 
 
 def test_every_dtype_and_shape_comes_back_bit_for_bit() -> None:
@@ -69,7 +77,7 @@ def test_every_dtype_and_shape_comes_back_bit_for_bit() -> None:
         "twice": [shared, shared],
         "param": torch.nn.Parameter(base.clone()),
         "nan": torch.tensor([float("nan"), float("inf"), -0.0]),
-        "python": {"n": 3, "lr": 1e-3, "name": "x", "none": None, "pair": Pair(1, base[0])},
+        "python": {"n": 3, "lr": 1e-3, "name": "x", "none": None, "pair": (1, base[0])},
     }
     restored = round_trip(state, {})
     expected = {**state, "param": state["param"].detach()}
@@ -104,14 +112,89 @@ def test_an_optimizers_missing_state_is_put_in_the_dict() -> None:
 @pytest.mark.parametrize(
     ("value", "words"),
     [
-        (lambda: 0, "every value that is not a tensor must pickle"),
+        (lambda: 0, r"state\['bad'\] cannot be snapshotted: a builtins.function; a snapshot holds"),
+        (Pair(1, 2), r"state\['bad'\] cannot be snapshotted: a .*Pair"),
+        ({"x": [1, {2}]}, r"state\['bad'\]\['x'\]\[1\] cannot be snapshotted: a builtins.set"),
+        ({(1, (2,)): 3}, r"state\['bad'\] cannot be snapshotted: a key .* of type tuple"),
+        (collections.defaultdict(int), "a collections.defaultdict"),
+        (2**9000, "an int of over 8191 bits"),
         (torch.ones(2, 2).to_sparse(), "cannot be snapshotted"),
         (torch.empty(2, device="meta"), "cannot be snapshotted"),
     ],
-    ids=["lambda", "sparse", "meta"],
+    ids=["lambda", "namedtuple", "set", "key", "defaultdict", "huge-int", "sparse", "meta"],
 )
 def test_what_cannot_be_snapshotted_is_refused_before_anything_is_written(
     value: object, words: str
 ) -> None:
     with pytest.raises(CheckpointError, match=words):
         plan({"ok": torch.ones(2), "bad": value})
+
+
+def test_what_real_jobs_save_comes_back_whole_and_loads_into_fresh_objects() -> None:
+    """A model's state dict (an OrderedDict with `_metadata`, which load_state_dict reads for
+    BatchNorm's version), Adam's and SGD's (int keys, param_groups of floats, bools, None,
+    tuples), a scheduler's, a torch.Generator's state (a uint8 tensor) and random.getstate()
+    (tuples of ints): the same values and types, bit for bit."""
+    torch.manual_seed(1)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3), torch.nn.Linear(3, 2)
+    )
+    adam = torch.optim.Adam(model[0].parameters(), lr=1e-3, foreach=False)
+    sgd = torch.optim.SGD(model[2].parameters(), lr=0.1, momentum=0.9, nesterov=True)
+    scheduler = torch.optim.lr_scheduler.StepLR(adam, step_size=2, gamma=0.5)
+    for _ in range(3):
+        model(torch.randn(5, 4)).sum().backward()
+        adam.step()
+        sgd.step()
+        scheduler.step()
+    state = {
+        "model": model.state_dict(),
+        "adam": adam.state_dict(),
+        "sgd": sgd.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "generator": torch.Generator().manual_seed(7).get_state(),
+        "random": random.Random(3).getstate(),
+        "misc": [torch.float16, torch.device("cpu"), torch.Size([2, 3]), b"raw", float("nan")],
+    }
+    restored = round_trip(state, {})
+    assert same(state, restored), restored
+    assert isinstance(restored["model"], collections.OrderedDict)
+    assert restored["model"]._metadata == state["model"]._metadata  # type: ignore[attr-defined]
+    fresh = torch.nn.Sequential(
+        torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3), torch.nn.Linear(3, 2)
+    )
+    fresh.load_state_dict(restored["model"])
+    fresh_adam = torch.optim.Adam(fresh[0].parameters(), lr=1e-3, foreach=False)
+    fresh_adam.load_state_dict(restored["adam"])
+    fresh_scheduler = torch.optim.lr_scheduler.StepLR(fresh_adam, step_size=2, gamma=0.5)
+    fresh_scheduler.load_state_dict(restored["scheduler"])
+    assert fresh_scheduler.get_last_lr() == scheduler.get_last_lr()
+    generator = torch.Generator()
+    generator.set_state(restored["generator"])
+    assert torch.equal(
+        torch.rand(4, generator=generator),
+        torch.rand(4, generator=torch.Generator().manual_seed(7)),
+    )
+    again = random.Random()
+    again.setstate(restored["random"])
+    assert again.random() == random.Random(3).random()
+    for p, q in zip(model.parameters(), fresh.parameters(), strict=True):
+        assert bits(p) == bits(q)
+
+
+def test_a_skeleton_holds_no_pickle_and_a_pickle_is_no_skeleton(tmp_path: Any) -> None:
+    """The skeleton is ftd's own format; a pickle where one is read (an older ftd's, or one
+    planted) is refused without being run."""
+    import pickle
+
+    snapshot = plan({"w": torch.ones(2), "n": 1})
+    assert snapshot.skeleton.startswith(b"FTDSKEL1") and b"\x80" not in snapshot.skeleton[:9]
+    marker = tmp_path / "ran"
+
+    class Planted:
+        def __reduce__(self) -> tuple[Any, ...]:
+            return (open, (str(marker), "w"))
+
+    with pytest.raises(CheckpointError, match="not a skeleton of this ftd"):
+        skeleton_of(pickle.dumps(Planted()))
+    assert not marker.exists()

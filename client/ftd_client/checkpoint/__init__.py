@@ -7,11 +7,12 @@
         train_one_step()
         checkpoint.save(state, step)        # returns once the copy is scheduled
 
-`state` is a dict of tensors and picklable values (model and optimizer state dicts, counters,
-RNG states). `load` returns the newest step whose snapshot is complete on every rank of the
-job, so every rank resumes at the same step; tensors of the same shape and type are copied into
-in place (call `model.load_state_dict`/`optimizer.load_state_dict` after it for the parts that
-had none, as with torch.distributed.checkpoint). Sharded states go through DCP into the same
+`state` is a dict of tensors and plain values (model, optimizer and scheduler state dicts,
+counters, RNG states; the types a snapshot holds: docs/checkpoint.md, _skeleton.py). `load`
+returns the newest step whose snapshot is complete on every rank of the job, so every rank
+resumes at the same step; tensors of the same shape and type are copied into in place (call
+`model.load_state_dict`/`optimizer.load_state_dict` after it for the parts that had none, as
+with torch.distributed.checkpoint). Sharded states go through DCP into the same
 memory: `dcp.save(state, storage_writer=checkpoint.MemoryWriter(step))` (checkpoint/dcp.py).
 Outside ftd (no FTD_SOCKET) `save` does nothing and `load` returns None. How it works and what
 it costs: docs/checkpoint.md.
@@ -61,8 +62,9 @@ _checkpointer: Checkpointer | None = None
 def save(state_dict: dict[str, Any], step: int) -> bool:
     """Snapshot `state_dict` as of `step` into the node's memory; True once the copy is
     scheduled, False when the save is skipped (no slot free before the optimizer's next step,
-    or no daemon). CheckpointError for a state that cannot be snapshotted (a value that does
-    not pickle, a snapshot larger than --checkpoint-memory): the older snapshot stays usable."""
+    or no daemon). CheckpointError for a state that cannot be snapshotted (a value of a type
+    a snapshot does not hold, named with where it is; a snapshot larger than
+    --checkpoint-memory): the older snapshot stays usable."""
     if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= 2**53:
         raise CheckpointError(f"step must be an integer 0 .. 2**53, not {step!r:.40}")
     return _get().save(state_dict, step)

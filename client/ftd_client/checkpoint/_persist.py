@@ -4,11 +4,14 @@ that finds nothing in memory nor on a peer resumes from the newest step every ra
 
 Layout: DIR/w<world>/step_<N>/rank_<r>, one complete DCP checkpoint per rank (its own .metadata;
 its keys the state dict's, flattened as dcp.save flattens them) plus `ftd.skeleton` (the
-snapshot's pickled structure, so that a restore gives back every key and value as saved: DCP
-names an optimizer's int keys by their text). It is written into a hidden `.rank_<r>.tmp-<pid>`
-beside it and renamed when whole, so a `rank_<r>` is always complete. Each rank keeps its newest
-KEEP steps and removes its own older ones; a step it writes again (its history went back after a
-restore) replaces the old one, and any newer one of the old history goes.
+snapshot's structure in _skeleton.py's format, so that a restore gives back every key and value
+as saved: DCP names an optimizer's int keys by their text) and `ftd.index` (where each tensor's
+bytes are in DCP's files: a restore reads neither DCP's `.metadata` nor anything else that is
+a pickle; _persist_load.py). Directories are 0700, files 0600. It is written into a hidden
+`.rank_<r>.tmp-<pid>` beside it and renamed when whole, so a `rank_<r>` is always complete.
+Each rank keeps its newest KEEP steps and removes its own older ones; a step it writes again
+(its history went back after a restore) replaces the old one, and any newer one of the old
+history goes.
 
 The snapshot is read from its slot file through a mapping of this thread's own (tensors are
 views of it: no copy before DCP's own); while it is read the copy thread writes no snapshot into
@@ -21,7 +24,6 @@ import contextlib
 import itertools
 import mmap
 import os
-import re
 import shutil
 import sys
 import threading
@@ -33,40 +35,24 @@ from typing import Any, Protocol
 
 import torch
 
-from ftd_client.checkpoint._agree import agreed_step
-from ftd_client.checkpoint._plan import CheckpointError, Restorer, Stored, skeleton_of
+from ftd_client.checkpoint._disk import (
+    DIR_MODE,
+    INDEX,
+    MAX_LISTED,
+    SKELETON,
+    check_dirs,
+    make_private,
+    steps_of,
+    world_dir,
+)
+from ftd_client.checkpoint._errors import CheckpointError
+from ftd_client.checkpoint._plan import Restorer, Stored, skeleton_of
+from ftd_client.checkpoint._skeleton import encode
 from ftd_client.rank_setup import keep_stack_signal_off_this_thread
 from ftd_client.snapshot_format import HEADER, decode_header
 
 KEEP = 3
-MAX_LISTED = 10_000
-"""Entries read from a directory of DIR at most (a listing is bounded, whatever DIR holds)."""
-SKELETON = "ftd.skeleton"
-METADATA = ".metadata"
 _LOCAL_SAVE = r"torch\.distributed is disabled, .* the intent is to save"
-_STEP = re.compile(r"step_(0|[1-9][0-9]{0,15})")
-
-
-def world_dir(directory: str | Path, world: int) -> Path:
-    return Path(directory) / f"w{world}"
-
-
-def steps_of(directory: Path, rank: int) -> list[int]:
-    """The steps of `rank` complete in `directory` (a DIR/w<world>), oldest first: only
-    `step_<digits>` directories holding a `rank_<r>` with DCP's metadata and the skeleton."""
-    steps = []
-    try:
-        with os.scandir(directory) as entries:
-            for entry in itertools.islice(entries, MAX_LISTED):
-                name = _STEP.fullmatch(entry.name)
-                if name is None or not entry.is_dir(follow_symlinks=False):
-                    continue
-                mine = Path(entry.path) / f"rank_{rank}"
-                if (mine / METADATA).is_file() and (mine / SKELETON).is_file():
-                    steps.append(int(name[1]))
-    except OSError:
-        return []
-    return sorted(steps)
 
 
 def doomed(held: list[int], written: int, keep: int = KEEP) -> list[int]:
@@ -141,8 +127,8 @@ class Persister:
                 self.counts.persist_failed += 1
                 if not self.failing:
                     self.failing = True
-                    say(f"snapshot of step {work.step} not persisted: {type(error).__name__}: "
-                        f"{error}"[:500])  # fmt: skip
+                    reason = f"{type(error).__name__}: {error}"
+                    say(f"snapshot of step {work.step} not persisted: {reason}"[:500])
             self.counts.persist_s = time.perf_counter() - started
             with self._cond:
                 self.reading = None
@@ -151,7 +137,6 @@ class Persister:
 
 def write(work: Work) -> None:
     """The snapshot in `work.path` as rank_<r> of DIR/w<world>/step_<N>, then the retention."""
-    from torch.distributed.checkpoint import FileSystemWriter
     from torch.distributed.checkpoint import save as dcp_save
 
     warnings.filterwarnings("ignore", _LOCAL_SAVE, UserWarning)  # no_dist=True: as meant
@@ -173,11 +158,15 @@ def write(work: Work) -> None:
         tree = Restorer(view, header.data_offset, header.data_bytes, copy=False).into(
             None, skeleton_of(skeleton)
         )
+        _private_dirs(Path(work.directory), base, step_dir)
         shutil.rmtree(tmp, ignore_errors=True)
-        step_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        dcp_save(tree, storage_writer=FileSystemWriter(tmp), no_dist=True)
+        os.mkdir(tmp, DIR_MODE)  # DCP's files get the umask's modes: nobody else reaches them
+        writer = _metadata_keeping_writer(tmp)
+        dcp_save(_listed(tree), storage_writer=writer, no_dist=True)
         del tree
         _write_file(tmp / SKELETON, skeleton)
+        _write_file(tmp / INDEX, index_of(skeleton_of(skeleton), writer.metadata))
+        make_private(tmp)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -190,6 +179,79 @@ def write(work: Work) -> None:
         _fsync_dir(step_dir)
     for step in doomed(steps_of(base, work.rank), work.step):
         remove(base, step, work.rank)
+
+
+def _private_dirs(*made: Path) -> None:
+    """DIR (the daemon made or checked it) and the directories below it, made 0700 where
+    missing: each this user's only, never through a link."""
+    for path in made:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path, DIR_MODE)
+        check_dirs(path)
+
+
+def _listed(tree: Any) -> Any:
+    """The tree DCP is given: tuples as lists (DCP pickles a tuple whole, tensors and all,
+    where it walks a list); dicts and lists are this write's own, changed in place."""
+    if isinstance(tree, tuple) and type(tree) is not torch.Size:
+        return [_listed(value) for value in tree]
+    if isinstance(tree, list | dict):
+        for key, value in tree.items() if isinstance(tree, dict) else enumerate(tree):
+            tree[key] = _listed(value)
+    return tree
+
+
+def _metadata_keeping_writer(path: Path) -> Any:
+    """DCP's FileSystemWriter that keeps the metadata it wrote (where each tensor went)."""
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    class Writer(FileSystemWriter):  # type: ignore[misc]
+        metadata: Any = None
+
+        def finish(self, metadata: Any, results: Any) -> None:
+            super().finish(metadata, results)
+            self.metadata = metadata
+
+    return Writer(path)
+
+
+def index_of(skeleton: Any, metadata: Any) -> bytes:
+    """Where DCP put each tensor of `skeleton` (its file, offset and length), by the tensor's
+    offset in the snapshot; CheckpointError if DCP put one where this cannot say."""
+    places: dict[tuple[object, ...], Stored] = {}
+    _places(skeleton, (), places)
+    index: dict[int, tuple[str, int, int]] = {}
+    for key, info in metadata.storage_data.items():
+        path = (metadata.planner_data or {}).get(key.fqn)
+        stored = places.get(tuple(path)) if path is not None else None
+        if stored is not None and stored.nbytes and not info.transform_descriptors:
+            index[stored.offset] = (str(info.relative_path), int(info.offset), int(info.length))
+    missing = {s.offset for s in places.values() if s.nbytes} - index.keys()
+    if missing:
+        raise CheckpointError(
+            f"DCP stored {len(missing)} tensors under keys that do not name one place of the "
+            "state (keys such as 1 and '1' in one dict)"
+        )
+    return encode(index, _no_tensor)
+
+
+def _places(
+    stored: Any, path: tuple[object, ...], places: dict[tuple[object, ...], Stored]
+) -> None:
+    """Each tensor by its path as DCP names it (a dict's keys by their text, a list's items
+    by their index)."""
+    if isinstance(stored, Stored):
+        places[path] = stored
+    elif isinstance(stored, dict):
+        for key, value in stored.items():
+            _places(value, (*path, str(key)), places)
+    elif isinstance(stored, list | tuple) and type(stored) is not torch.Size:
+        for number, value in enumerate(stored):
+            _places(value, (*path, number), places)
+
+
+def _no_tensor(_: object) -> Stored:
+    raise CheckpointError("an index holds no tensor")
 
 
 def remove(base: Path, step: int, rank: int) -> None:
@@ -224,70 +286,6 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def restore_from(
-    reply: dict[str, Any], state: dict[str, Any], rank: int, world: int, round_number: int
-) -> int | None:
-    """Memory and the peers hold nothing (the daemon's restore `reply`): fill `state` from the
-    newest step every rank holds in --checkpoint-persist; that step, or None. In a job of
-    several nodes every rank takes part (one whose daemon has no such directory holds no
-    step), so no rank waits for one that never asks."""
-    directory = reply.get("persist")
-    if not reply.get("ok") or not (reply.get("agree") or isinstance(directory, str)):
-        return None
-    base = world_dir(directory, world) if isinstance(directory, str) else None
-    held = steps_of(base, rank) if base is not None else []
-    step = agreed_step(held, rank, world, round_number, kind="disk")
-    if step is None or base is None:
-        return None
-    load(base / f"step_{step}" / f"rank_{rank}", state)
-    return step
-
-
-def load(path: Path, state: dict[str, Any]) -> None:
-    """Fill `state` in place from the rank's checkpoint at `path`, as Restorer.into does."""
-    from torch.distributed.checkpoint import FileSystemReader
-    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
-    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
-
-    skeleton = skeleton_of((path / SKELETON).read_bytes())
-    loaded: dict[str, Any] = {}
-    _load_state_dict(  # as DCP's format_utils does: dcp.load would fill a copy of `loaded`
-        loaded,
-        storage_reader=FileSystemReader(path),
-        planner=_EmptyStateDictLoadPlanner(),
-        no_dist=True,
-    )
-    tensors: dict[int, torch.Tensor] = {}
-    _pair(skeleton, loaded, tensors)
-    _Loaded(tensors).into(state, skeleton)
-
-
-def _pair(stored: Any, loaded: Any, tensors: dict[int, torch.Tensor]) -> None:
-    """Each tensor DCP gave back, by its place in the skeleton (DCP keys dicts by str(key))."""
-    if isinstance(stored, Stored):
-        if isinstance(loaded, torch.Tensor):
-            tensors[stored.offset] = loaded
-    elif isinstance(stored, dict) and isinstance(loaded, dict):
-        for key, value in stored.items():
-            if str(key) in loaded:
-                _pair(value, loaded[str(key)], tensors)
-    elif isinstance(stored, (list, tuple)) and isinstance(loaded, (list, tuple)):
-        for value, other in zip(stored, loaded, strict=False):
-            _pair(value, other, tensors)
-
-
-class _Loaded(Restorer):
-    def __init__(self, tensors: dict[int, torch.Tensor]) -> None:
-        super().__init__(None, 0, 0)
-        self.tensors = tensors
-
-    def _tensor(self, stored: Stored) -> torch.Tensor:
-        tensor = self.tensors.get(stored.offset)
-        if tensor is None or tensor.shape != stored.shape or tensor.dtype != stored.dtype:
-            raise CheckpointError("the persisted checkpoint lacks a tensor of its skeleton")
-        return tensor
 
 
 def say(message: str) -> None:

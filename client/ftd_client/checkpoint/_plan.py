@@ -1,42 +1,23 @@
-"""A state dict as a snapshot: its skeleton (pickled, tensors replaced by references to their
-bytes) and where each tensor's bytes go; and the way back, into a state dict in place.
+"""A state dict as a snapshot: its skeleton (tensors replaced by references to their bytes,
+_skeleton.py's format: data only, never pickle) and where each tensor's bytes go; and the way
+back, into a state dict in place.
 
-The skeleton is pickled like torch.save does (every value that is not a tensor must pickle);
-tensors are referenced by persistent ids, so their bytes never pass through pickle: they are
-copied once, from the tensor into the mapped snapshot, and once back.
+Tensors never pass through the skeleton: their bytes are copied once, from the tensor into the
+mapped snapshot, and once back. A tensor that appears twice in the state is stored once.
 """
 
 from __future__ import annotations
 
-import io
-import pickle
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from ftd_client.checkpoint._errors import CheckpointError
+from ftd_client.checkpoint._skeleton import Stored, decode, encode
 from ftd_client.snapshot_format import align
 
-
-class CheckpointError(RuntimeError):
-    """A snapshot that cannot be taken or restored; what the training holds is unchanged."""
-
-
-@dataclass(frozen=True)
-class Stored:
-    """A tensor of the snapshot: where its bytes are (from the data region's start)."""
-
-    offset: int
-    dtype: torch.dtype
-    shape: tuple[int, ...]
-    device: str
-
-    @property
-    def nbytes(self) -> int:
-        numel = 1
-        for size in self.shape:
-            numel *= size
-        return numel * int(self.dtype.itemsize)
+__all__ = ["CheckpointError", "Plan", "Restorer", "Stored", "plan", "skeleton_of", "tensor_in"]
 
 
 @dataclass
@@ -46,15 +27,14 @@ class Plan:
     data_bytes: int = 0
 
 
-class _Pickler(pickle.Pickler):
-    def __init__(self, file: io.BytesIO, plan: Plan) -> None:
-        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
-        self.plan = plan
-        self.seen: dict[int, tuple[object, ...]] = {}
+class _Placer:
+    """Where each tensor goes in the data region (a tensor seen before: where it went)."""
 
-    def persistent_id(self, obj: object) -> tuple[object, ...] | None:
-        if not isinstance(obj, torch.Tensor):
-            return None
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self.seen: dict[int, Stored] = {}
+
+    def __call__(self, obj: torch.Tensor) -> Stored:
         known = self.seen.get(id(obj))
         if known is not None:
             return known
@@ -64,15 +44,8 @@ class _Pickler(pickle.Pickler):
         )
         self.plan.data_bytes = stored.offset + stored.nbytes
         self.plan.tensors.append((tensor, stored))
-        ref = (
-            "t",
-            stored.offset,
-            str(stored.dtype).removeprefix("torch."),
-            stored.shape,
-            stored.device,
-        )
-        self.seen[id(obj)] = ref
-        return ref
+        self.seen[id(obj)] = stored
+        return stored
 
 
 def _plain(tensor: torch.Tensor) -> torch.Tensor:
@@ -89,20 +62,10 @@ def _plain(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def plan(state: object) -> Plan:
-    """The skeleton and the tensors of `state`; CheckpointError for a value that cannot be
-    pickled (nothing is written then)."""
+    """The skeleton and the tensors of `state`; CheckpointError for a value a skeleton cannot
+    hold, naming where it is (nothing is written then)."""
     result = Plan(b"")
-    buffer = io.BytesIO()
-    try:
-        _Pickler(buffer, result).dump(state)
-    except CheckpointError:
-        raise
-    except Exception as error:  # pickle raises what the object's reduce raises
-        raise CheckpointError(
-            f"the state dict cannot be snapshotted: {type(error).__name__}: {error} "
-            "(every value that is not a tensor must pickle)"
-        ) from error
-    result.skeleton = buffer.getvalue()
+    result.skeleton = encode(state, _Placer(result))
     return result
 
 
@@ -116,20 +79,10 @@ def tensor_in(buffer: Any, data_offset: int, stored: Stored) -> torch.Tensor:
     return raw.view(stored.dtype).view(stored.shape)
 
 
-class _Unpickler(pickle.Unpickler):
-    def persistent_load(self, pid: Any) -> Stored:
-        tag, offset, dtype_name, shape, device = pid
-        dtype = getattr(torch, dtype_name, None)
-        if tag != "t" or not isinstance(dtype, torch.dtype):
-            raise CheckpointError(f"the snapshot names no tensor type {dtype_name!r}")
-        return Stored(int(offset), dtype, tuple(int(s) for s in shape), str(device))
-
-
 def skeleton_of(data: bytes) -> Any:
-    """The state dict a snapshot holds, with Stored where its tensors are. The snapshot was
-    written by a rank of this job into the daemon's private directory: it is this job's own
-    state, read as torch.load reads a checkpoint the job wrote."""
-    return _Unpickler(io.BytesIO(data)).load()
+    """The state dict a snapshot holds, with Stored where its tensors are; SkeletonError (a
+    CheckpointError) for bytes that are not a skeleton. Nothing in them is run."""
+    return decode(data)
 
 
 class Restorer:
@@ -168,12 +121,11 @@ class Restorer:
             for index, value in enumerate(stored):
                 target[index] = self.into(target[index], value)
             return target
-        if isinstance(stored, tuple) and hasattr(stored, "_fields"):  # a named tuple
-            return type(stored)(*(self.into(None, value) for value in stored))
-        if isinstance(stored, (list, tuple)):
+        if isinstance(stored, tuple) and type(stored) is not torch.Size:
             return type(stored)(self.into(None, value) for value in stored)
-        if isinstance(stored, dict):
-            return {key: self.into(None, value) for key, value in stored.items()}
+        if isinstance(stored, list | dict):  # decoded for this call alone: filled where it is
+            for key, value in stored.items() if isinstance(stored, dict) else enumerate(stored):
+                stored[key] = self.into(None, value)
         return stored
 
     def _tensor(self, stored: Stored) -> torch.Tensor:

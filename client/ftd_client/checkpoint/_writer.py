@@ -32,7 +32,8 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from ftd_client import protocol
 from ftd_client.checkpoint._agree import agreed_step
 from ftd_client.checkpoint._link import CheckpointLink
-from ftd_client.checkpoint._persist import Persister, Work, restore_from
+from ftd_client.checkpoint._persist import Persister, Work
+from ftd_client.checkpoint._persist_load import restore_from
 from ftd_client.checkpoint._plan import (
     CheckpointError,
     Restorer,
