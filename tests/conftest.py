@@ -159,8 +159,8 @@ ServeFactory = Callable[..., Awaitable[Serve]]
 TORCH_FREE = frozenset(
     BIN / f"{name}.py"
     for name in ("argv_dump", "bad_error_file", "burst_rank", "chatty_rank", "dash_rank",
-                 "escape_section", "nvrx_attack", "nvrx_heartbeats", "nvrx_sections",
-                 "nvrx_state", "probe_rank", "relay", "truth_rank", "stuck_rank")
+                 "escape_section", "nvrx_attack", "nvrx_field_attack", "nvrx_heartbeats",
+                 "nvrx_sections", "nvrx_state", "probe_rank", "relay", "truth_rank", "stuck_rank")
 )  # fmt: skip
 """Test ranks that never import torch (nor does ftd_client): their zygote need not preload it."""
 TORCH_WHEN = {

@@ -26,6 +26,7 @@ from typing import Protocol
 from ftd_client.protocol import ProtocolError
 
 from ftd.health.nvrx import wire as wire
+from ftd.health.nvrx.session import ClientSession
 from ftd.health.socket import MAX_CONNECTIONS, PREVIOUS_ATTEMPT, accept_ranks, listen_unix
 from ftd.ranks.launch import socket_paths
 from ftd.refusals import Refusals
@@ -43,10 +44,13 @@ class NvrxHost(Protocol):
     def nvrx_authorize(self, pid: int) -> None:
         """Raises ProtocolError unless `pid` is a rank of this daemon or its descendant."""
 
-    def nvrx_message(self, pid: int, message: wire.Record, now: float) -> bytes:
-        """Handle one rank-monitor message; the framed reply."""
+    def nvrx_message(
+        self, session: ClientSession, message: wire.Record, now: float
+    ) -> bytes | None:
+        """Handle one rank-monitor message; the framed reply, or None where the client reads
+        none (a reply it never reads would fill its socket)."""
 
-    def nvrx_disconnected(self, pid: int) -> None: ...
+    def nvrx_disconnected(self, session: ClientSession) -> None: ...
 
     def nvrx_workload_control(self, pid: int, request: wire.WorkloadControlRequest) -> None: ...
 
@@ -56,6 +60,8 @@ class _Connection:
     sock: socket.socket
     pid: int
     buffer: bytearray = field(default_factory=bytearray)
+    session: ClientSession | None = None
+    """The rank-monitor socket's: what the client's release expects (session.py)."""
 
 
 class _StreamServer:
@@ -250,7 +256,7 @@ class NvrxServer:
             self.rank_monitor_path,
             host.nvrx_authorize,
             self._on_rank_message,
-            lambda connection: host.nvrx_disconnected(connection.pid),
+            self._on_rank_close,
             self.dropped,
             logged,
             previous,
@@ -294,8 +300,13 @@ class NvrxServer:
         for server in self._servers:
             server.close()
 
-    def _on_rank_message(self, connection: _Connection, payload: bytes, now: float) -> bytes:
-        return self._host.nvrx_message(connection.pid, wire.decode_rank_message(payload), now)
+    def _on_rank_message(self, connection: _Connection, payload: bytes, now: float) -> bytes | None:
+        if connection.session is None:
+            connection.session = ClientSession(connection.pid)
+        return self._host.nvrx_message(connection.session, wire.decode_rank_message(payload), now)
+
+    def _on_rank_close(self, connection: _Connection) -> None:
+        self._host.nvrx_disconnected(connection.session or ClientSession(connection.pid))
 
     def _on_launcher_message(self, connection: _Connection, payload: bytes, now: float) -> bytes:
         _, request = wire.decode_launcher_message(payload)  # the kernel says who sent it

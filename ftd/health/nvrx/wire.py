@@ -3,25 +3,26 @@
 nvidia-resiliency-ext's RankMonitorClient sends pickled objects of its own classes, each framed
 by a 4-byte big-endian length, over a unix stream socket, and unpickles the replies. Here:
 
-- `decode` reads one message with ftd/health/nvrx/pickle_decoder.py, a decoder of the few opcodes
-NVRx's
-  messages use (never `pickle.Unpickler`): NVRx's message classes become frozen records of
-  ours, built from a state whose every field is checked (type, bounds), and its two enums
-  members of ours, looked up in explicit tables. No callable of the sender's choosing runs,
+- `decode` reads one message with ftd/health/nvrx/pickle_decoder.py, a decoder of the few
+  opcodes NVRx's messages use (never `pickle.Unpickler`): NVRx's message classes become frozen
+  records of ours, built from a state whose every field is checked (type, bounds), and its two
+  enums members of ours, looked up in explicit tables. No callable of the sender's choosing runs,
   no class is looked up or changed, and a message costs time linear in its bytes
   (MAX_MESSAGE_BYTES at most).
-- `ok`, `error` and `ack` write the replies by reference, naming NVRx's own classes
-  (`nvidia_resiliency_ext.fault_tolerance.data.OkMsg`, `...config.FaultToleranceConfig`), so
-  the client's ordinary unpickle builds its own objects; the daemon never imports NVRx.
+- `ok`, `error` and `ack` (ftd/health/nvrx/replies.py, named here too) write the replies by
+  reference to NVRx's own classes, so the client's ordinary unpickle builds its own objects;
+  the daemon never imports NVRx.
 
-Message layouts are those of nvidia-resiliency-ext 0.4.x (`fault_tolerance/data.py`).
+Message layouts are those of nvidia-resiliency-ext 0.4.x to 0.7.x (`fault_tolerance/data.py`):
+0.6 added `InitMsg.iteration` and `.num_warmup_iters`, `SectionMsg.iteration` and
+`UpdateConfigMsg.current_cycle`, and sends `RankInfo.global_rank` as an int. A field a later
+release adds to a known message is tolerated, not kept (MAX_UNKNOWN_FIELDS).
 """
 
 from __future__ import annotations
 
 import enum
 import math
-import struct
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -31,11 +32,25 @@ from ftd_client.protocol import MAX_SECTION_NAME, MAX_SECTIONS
 from ftd.config.ft import MAX_TIMEOUT_S
 from ftd.health.nvrx.pickle_decoder import Refused as Refused
 from ftd.health.nvrx.pickle_decoder import load
+from ftd.health.nvrx.replies import CONFIG_MODULE as CONFIG_MODULE
+from ftd.health.nvrx.replies import DATA_MODULE as DATA_MODULE
+from ftd.health.nvrx.replies import LENGTH as LENGTH
+from ftd.health.nvrx.replies import EnumRef as EnumRef
+from ftd.health.nvrx.replies import Ref as Ref
+from ftd.health.nvrx.replies import ack as ack
+from ftd.health.nvrx.replies import dumps as dumps
+from ftd.health.nvrx.replies import error as error
+from ftd.health.nvrx.replies import frame as frame
+from ftd.health.nvrx.replies import ok as ok
 
-DATA_MODULE = "nvidia_resiliency_ext.fault_tolerance.data"
-CONFIG_MODULE = "nvidia_resiliency_ext.fault_tolerance.config"
 MAX_NAME = MAX_SECTION_NAME
-LENGTH = struct.Struct(">I")
+MAX_UNKNOWN_FIELDS = 8
+"""Fields of a known message that ftd does not know (a newer NVRx's): at most this many, each
+named by an identifier (not a dunder) of at most MAX_FIELD_NAME characters; their values,
+bounded by the decoder like every other, are dropped. More, or another name, is `bad_state`."""
+MAX_FIELD_NAME = 64
+MAX_ITERATION = 2**53
+"""A training iteration (Megatron-LM's, which NVRx 0.6 reports) or a cycle: a count."""
 
 
 # -- field checks ----------------------------------------------------------------------------
@@ -71,6 +86,12 @@ def _int(value: object) -> int:
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) < 2**31:
         return value
     raise Refused("bad_field", f"integer expected, got {value!r:.40}")
+
+
+def _count(value: object) -> int:
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < MAX_ITERATION:
+        return value
+    raise Refused("bad_field", f"a count expected, got {value!r:.40}")
 
 
 def _bool(value: object) -> bool | None:
@@ -129,19 +150,31 @@ def _names(value: object) -> frozenset[str]:
 
 class Record:
     """An NVRx object's stand-in, frozen: built once from its pickled state through `FIELDS`
-    (absent fields take their default, unknown ones are refused)."""
+    (absent fields take their default; unknown ones, a few, are named in `unknown_fields` and
+    their values dropped)."""
 
     FIELDS: ClassVar[dict[str, tuple[Callable[[object], Any], Any]]] = {}
+    unknown_fields: frozenset[str]
 
     @classmethod
     def build(cls, state: dict[str, Any]) -> Record:
-        unknown = set(state) - set(cls.FIELDS)
-        if unknown:
-            raise Refused("bad_state", f"{cls.__name__}: unknown fields {sorted(unknown)[:8]}")
+        unknown = frozenset(state.keys() - cls.FIELDS.keys())
+        if len(unknown) > MAX_UNKNOWN_FIELDS:
+            raise Refused("bad_state", f"{cls.__name__}: {len(unknown)} unknown fields")
+        for name in unknown:
+            plain = name.isascii() and name.isidentifier() and not name.startswith("__")
+            if not plain or len(name) > MAX_FIELD_NAME:
+                raise Refused("bad_state", f"{cls.__name__}: a field named {name!r:.40}")
         record = cls.__new__(cls)
         for name, (check, default) in cls.FIELDS.items():
             object.__setattr__(record, name, check(state[name]) if name in state else default)
+        object.__setattr__(record, "unknown_fields", unknown)
+        cls.complete(record, state)
         return record
+
+    @classmethod
+    def complete(cls, record: Record, state: dict[str, Any]) -> None:
+        """What a record derives from its whole state (InitMsg: which release sent it)."""
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"{type(self).__name__} is frozen")
@@ -206,7 +239,20 @@ class AuthkeyMsg(Record):
 
 class InitMsg(Record):
     rank_info: RankInfo | None
-    FIELDS = {"rank_info": (_optional(_instance(RankInfo)), None)}
+    iteration: int | None
+    num_warmup_iters: int | None
+    client_0_6_or_later: bool
+    """NVRx 0.6 and later always send `iteration` and `num_warmup_iters` (None included);
+    0.4.x and 0.5.x send the same bytes as each other, with neither."""
+    FIELDS = {
+        "rank_info": (_optional(_instance(RankInfo)), None),
+        "iteration": (_optional(_count), None),
+        "num_warmup_iters": (_optional(_count), None),
+    }
+
+    @classmethod
+    def complete(cls, record: Record, state: dict[str, Any]) -> None:
+        object.__setattr__(record, "client_0_6_or_later", "num_warmup_iters" in state)
 
 
 class HeartbeatMsg(Record):
@@ -216,19 +262,25 @@ class HeartbeatMsg(Record):
 class SectionMsg(Record):
     section: str | None
     action: SectionAction
+    iteration: int | None
     FIELDS = {
         "rank": (_optional(_rank), None),
         "section": (_optional(_name), None),
         "action": (_instance(SectionAction), SectionAction.CLOSE_ALL),
+        "iteration": (_optional(_count), None),
     }
 
 
 class UpdateConfigMsg(Record):
     hb_timeouts: HeartbeatTimeouts | None
     section_timeouts: SectionTimeouts | None
+    current_cycle: int | None
+    """Set only by ft_launcher itself (its cycle, for the monitor's log lines); a rank's client
+    sends None. ftd's cycle is its own attempt number."""
     FIELDS = {
         "hb_timeouts": (_optional(_instance(HeartbeatTimeouts)), None),
         "section_timeouts": (_optional(_instance(SectionTimeouts)), None),
+        "current_cycle": (_optional(_count), None),
     }
 
 
@@ -296,83 +348,3 @@ def decode_launcher_message(data: bytes) -> tuple[int, WorkloadControlRequest]:
     ):
         raise Refused("unexpected", "the launcher socket takes (rank, WorkloadControlRequest)")
     return _rank(message[0]), message[1]
-
-
-# -- replies, by reference to NVRx's classes ------------------------------------------------
-
-
-class Ref:
-    """An object of an NVRx class, written as NEWOBJ + BUILD(state)."""
-
-    def __init__(self, module: str, name: str, state: dict[str, Any]) -> None:
-        self.module, self.name, self.state = module, name, state
-
-
-class EnumRef:
-    """An enum member, written as REDUCE(cls, (value,)), as Enum pickles itself."""
-
-    def __init__(self, module: str, name: str, value: int) -> None:
-        self.module, self.name, self.value = module, name, value
-
-
-def _global(module: str, name: str) -> bytes:
-    return b"c" + module.encode() + b"\n" + name.encode() + b"\n"
-
-
-def _write(value: object, out: bytearray) -> None:
-    if value is None:
-        out += b"N"
-    elif value is True or value is False:
-        out += b"\x88" if value else b"\x89"
-    elif isinstance(value, int):
-        if not -(2**31) <= value < 2**31:
-            raise ValueError(f"integer {value} out of range")
-        out += b"J" + struct.pack("<i", value)
-    elif isinstance(value, float):
-        out += b"G" + struct.pack(">d", value)
-    elif isinstance(value, str):
-        raw = value.encode()
-        out += b"X" + struct.pack("<I", len(raw)) + raw
-    elif isinstance(value, bytes):
-        out += b"B" + struct.pack("<I", len(value)) + value
-    elif isinstance(value, dict):
-        out += b"}("
-        for key, item in value.items():
-            _write(key, out)
-            _write(item, out)
-        out += b"u"
-    elif isinstance(value, Ref):
-        out += _global(value.module, value.name) + b")\x81"
-        _write(value.state, out)
-        out += b"b"
-    elif isinstance(value, EnumRef):
-        out += _global(value.module, value.name)
-        _write(value.value, out)
-        out += b"\x85R"
-    else:
-        raise TypeError(f"cannot write {type(value).__name__}")
-
-
-def dumps(value: object) -> bytes:
-    """Pickle protocol 3 of plain values, Refs and EnumRefs."""
-    out = bytearray(b"\x80\x03")
-    _write(value, out)
-    out += b"."
-    return bytes(out)
-
-
-def frame(payload: bytes) -> bytes:
-    return LENGTH.pack(len(payload)) + payload
-
-
-def ok(**fields: object) -> bytes:
-    return frame(dumps(Ref(DATA_MODULE, "OkMsg", dict(fields))))
-
-
-def error(cause: str) -> bytes:
-    return frame(dumps(Ref(DATA_MODULE, "ErrorMsg", {"cause": cause})))
-
-
-def ack() -> bytes:
-    """IpcConnector's acknowledgement: the bytes b'ok'."""
-    return frame(dumps(b"ok"))

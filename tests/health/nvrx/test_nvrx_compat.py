@@ -62,7 +62,12 @@ def test_the_unpickler_refuses_every_global_but_nvrx_messages(payload: bytes) ->
         ({"rank": 0, "section": 7, "action": None}, "bad_field"),
         ({"rank": 0, "section": "x" * 1000, "action": None}, "bad_field"),
         ({"rank": "0; rm -rf /", "section": "s"}, "bad_field"),
-        ({"rank": 0, "surprise": 1}, "bad_state"),
+        (
+            {"rank": 0, **{f"surprise{n}": 1 for n in range(wire.MAX_UNKNOWN_FIELDS + 1)}},
+            "bad_state",
+        ),
+        ({"rank": 0, "not a name": 1}, "bad_state"),
+        ({"rank": 0, "x" * (wire.MAX_FIELD_NAME + 1): 1}, "bad_state"),
     ],
 )
 def test_nvrx_messages_are_checked_field_by_field(state: dict[str, Any], cause: str) -> None:

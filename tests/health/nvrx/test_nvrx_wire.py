@@ -112,16 +112,25 @@ FRAMES: dict[str, bytes] = {
 }
 EXPECTED: dict[str, str] = {
     "authkey": "AuthkeyMsg(authkey=None)",
-    "init": ("InitMsg(rank_info=RankInfo(global_rank=3, local_rank=1, host='node-1', pid=70000))"),
+    "init": (
+        "InitMsg(rank_info=RankInfo(global_rank=3, local_rank=1, host='node-1', pid=70000), "
+        "iteration=None, num_warmup_iters=None)"
+    ),
     "heartbeat": "HeartbeatMsg(rank=3, state=None)",
-    "section_open": "SectionMsg(rank=0, section='step', action=<SectionAction.OPEN: 1>)",
-    "section_close": "SectionMsg(rank=2, section='step', action=<SectionAction.CLOSE: 2>)",
-    "close_all": "SectionMsg(rank=0, section=None, action=<SectionAction.CLOSE_ALL: 3>)",
+    "section_open": (
+        "SectionMsg(rank=0, section='step', action=<SectionAction.OPEN: 1>, iteration=None)"
+    ),
+    "section_close": (
+        "SectionMsg(rank=2, section='step', action=<SectionAction.CLOSE: 2>, iteration=None)"
+    ),
+    "close_all": (
+        "SectionMsg(rank=0, section=None, action=<SectionAction.CLOSE_ALL: 3>, iteration=None)"
+    ),
     "update_config": (
         "UpdateConfigMsg(hb_timeouts=HeartbeatTimeouts(initial=10.0, subsequent=5.0, "
         "were_calculated=True), section_timeouts=SectionTimeouts(section={'step': 3.0, "
         "'init': None}, out_of_section=2.0, calculated_sections=frozenset({'step'}), "
-        "is_out_of_section_calculated=True))"
+        "is_out_of_section_calculated=True), current_cycle=None)"
     ),
     "workload_request": (
         "(1, WorkloadControlRequest(action=<WorkloadAction.ExcludeThisNode: 1>, "
@@ -435,6 +444,8 @@ _PIECES = [
     b"\x8f", b"\x85", b"\x86", b"\x87", b"t", b"s", b"u", b"\x90", b"\x93", b"\x81", b"b",
     b"R", _text(wire.DATA_MODULE), _text("SectionMsg"), _text("SectionAction"),
     _text("section"), _text("rank"), _global("HeartbeatMsg"), b"G" + b"\x00" * 8,
+    _global("InitMsg"), _text("iteration"), _text("num_warmup_iters"), _text("later"),
+    b"\x8a\x08" + b"\xff" * 8, b"M\xb1\x04",
 ]  # fmt: skip
 
 
