@@ -261,6 +261,18 @@ class ProgressWatch:
             return None
         return ProgressVerdict(culprit, victims, _reason(culprit, victims, now - since, what), now)
 
+    def next_due(self) -> float | None:
+        """The earliest time (this clock) a verdict could be due, were no rank to report
+        progress before it: each rank's stalled time and its deadline from when it was last
+        seen to move; None when nothing is judged (off, judged, or before the first step)."""
+        if not self.enabled or self._judged or not self.armed:
+            return None
+        dues = []
+        for progress in self._ranks.values():
+            since, limit, _ = self._limit(progress)
+            dues.append(max(since + limit, self._since(progress.advanced_at) + STALLED_AFTER_S))
+        return min(dues, default=None)
+
     def stalled_ranks(self, now: float) -> list[RankHealth]:
         """The ranks without progress for a while, culprit first."""
         return [p.rank for p in sorted(self._stalled(now), key=sort_key)]

@@ -24,18 +24,18 @@ from typing import Any
 
 from ftd import containment
 from ftd.status.event_kind import EventKind
+from ftd.status.rank_budget import (
+    RANK_EVENTS_BUDGET,
+    RANK_EVENTS_BURST,
+    RANK_EVENTS_PER_S,
+    RankBudget,
+)
 
 log = logging.getLogger("ftd.events")
 
 DEFAULT_CAPACITY = 10_000
 MAX_JOURNAL_BYTES = 64 * 1024 * 1024
 """events.jsonl's size before it is rotated to events.jsonl.1 (the one older file kept)."""
-RANK_EVENTS_BURST = 200
-RANK_EVENTS_PER_S = 20.0
-"""What a rank's messages may add to the log: RANK_EVENTS_BURST events at once, then this many
-a second (a token bucket per rank). A job's real rank events (a restore, a workload request,
-changed timeouts) come a few per attempt."""
-RANK_EVENTS_BUDGET = "events"
 
 
 @dataclass(frozen=True)
@@ -119,39 +119,6 @@ class Subscription:
     def close(self) -> None:
         self.end()
         self._log._unsubscribe(self)
-
-
-class RankBudget:
-    """A token bucket per rank: whether an event a rank's message causes may be recorded."""
-
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self._clock = clock
-        self._tokens: dict[int, tuple[float, float]] = {}
-        """rank -> (tokens left, when counted)."""
-        self.refused: collections.Counter[int] = collections.Counter()
-        self._refusing: set[int] = set()
-
-    def counts(self) -> dict[str, int]:
-        """The events refused, as a budget's refusals (`ipc.budget_refusals`)."""
-        refused = self.refused.total()
-        return {RANK_EVENTS_BUDGET: refused} if refused else {}
-
-    def take(self, rank: int) -> bool | None:
-        """True: record it; False: refuse it; None: refuse it, the first of an episode."""
-        now = self._clock()
-        tokens, then = self._tokens.get(rank, (float(RANK_EVENTS_BURST), now))
-        tokens = min(RANK_EVENTS_BURST, tokens + (now - then) * RANK_EVENTS_PER_S)
-        if tokens >= 1.0:
-            self._tokens[rank] = (tokens - 1.0, now)
-            if tokens >= RANK_EVENTS_BURST:  # refilled: a later flood is said again
-                self._refusing.discard(rank)
-            return True
-        self._tokens[rank] = (tokens, now)
-        self.refused[rank] += 1
-        if rank in self._refusing:
-            return False
-        self._refusing.add(rank)
-        return None
 
 
 class EventLog:

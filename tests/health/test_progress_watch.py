@@ -235,3 +235,22 @@ def test_a_section_without_a_timeout_leaves_the_rank_to_the_progress_deadline() 
     assert verdict is not None and verdict.culprit.rank is group[1]
     group[1].open_sections["checkpointing"] = now
     assert watch.check(now + 100 * FLOOR, section_timed) is None
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(1, 4), st.lists(st.floats(0.01, 3.0), min_size=1, max_size=20))
+def test_no_verdict_is_due_before_next_due(n: int, gaps: list[float]) -> None:
+    """The progress timer sleeps until next_due: no check before it may give a verdict."""
+    watch, group = ProgressWatch(FLOOR), ranks(n)
+    now = train(watch, group, 3, 0.1)
+    for i, gap in enumerate(gaps):  # rank 0 moves on now and then; the others stop
+        now += gap
+        watch.observe(group[0], 0, report(4 + i, 10 + 2 * i), now)
+        due = watch.next_due()
+        assert due is not None
+        for t in (now, (now + due) / 2, due - 1e-6):
+            if now <= t < due:
+                assert watch.check(t) is None, (t, due)
+    due = watch.next_due()
+    assert due is not None
+    assert watch.check(max(due, now) + FLOOR * PROGRESS_FACTOR * 10) is not None

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -45,34 +46,30 @@ async def test_the_next_attempt_waits_for_the_gpus_memory(
     assert "GPU memory released after" in run.stderr.text
 
 
-async def test_memory_still_held_at_the_bound_delays_the_restart_no_longer(tmp_path: Path) -> None:
+async def test_memory_still_held_at_the_bound_delays_the_restart_no_longer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     used = tmp_path / "used.json"
     used.write_text(json.dumps([8192]))
-    os.environ["FTD_TEST_FAKE_NVML"] = str(used)
-    import sys
-
-    sys.path.insert(0, str(FAKE_NVML))
-    try:
-        events = EventLog(None)
-        ft = FaultToleranceConfig(gpu_memory_reclaim_timeout=0.3, gpu_memory_poll_interval=0.05)
-        held = await GpuMemory(ft, events).reclaimed(asyncio.Event())
-        assert held is not None and not held.released and held.used_mb == {0: 8192.0}
-        assert 0.3 <= held.waited_s < 5
-        [event] = [e for e in events.since(0) if e.kind == "gpu_memory_reclaimed"]
-        assert event.data["held_mb"] == {"0": 8192}
-        stop = asyncio.Event()
-        stop.set()  # a signal ends the wait at once
-        ft = FaultToleranceConfig(gpu_memory_reclaim_timeout=60)
-        held = await asyncio.wait_for(GpuMemory(ft, EventLog(None)).reclaimed(stop), 5)
-        assert held is not None and not held.released
-    finally:
-        sys.path.remove(str(FAKE_NVML))
-        sys.modules.pop("pynvml", None)
-        del os.environ["FTD_TEST_FAKE_NVML"]
+    monkeypatch.setenv("FTD_TEST_FAKE_NVML", str(used))
+    monkeypatch.syspath_prepend(str(FAKE_NVML))
+    monkeypatch.delitem(sys.modules, "pynvml", raising=False)  # torch imported the real one
+    events = EventLog(None)
+    ft = FaultToleranceConfig(gpu_memory_reclaim_timeout=0.3, gpu_memory_poll_interval=0.05)
+    held = await GpuMemory(ft, events).reclaimed(asyncio.Event())
+    assert held is not None and not held.released and held.used_mb == {0: 8192.0}
+    assert 0.3 <= held.waited_s < 5
+    [event] = [e for e in events.since(0) if e.kind == "gpu_memory_reclaimed"]
+    assert event.data["held_mb"] == {"0": 8192}
+    stop = asyncio.Event()
+    stop.set()  # a signal ends the wait at once
+    ft = FaultToleranceConfig(gpu_memory_reclaim_timeout=60)
+    held = await asyncio.wait_for(GpuMemory(ft, EventLog(None)).reclaimed(stop), 5)
+    assert held is not None and not held.released
 
 
 def test_without_nvml_nothing_is_waited_for(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FTD_TEST_FAKE_NVML", "/nonexistent/used.json")
     monkeypatch.syspath_prepend(str(FAKE_NVML))
-    monkeypatch.delitem(__import__("sys").modules, "pynvml", raising=False)
+    monkeypatch.delitem(sys.modules, "pynvml", raising=False)
     assert load_nvml() is None  # a stand-in that cannot read its devices: no NVML
