@@ -250,3 +250,51 @@ async def test_the_daemon_still_ends_on_sigterm_after_the_doors_were_knocked(
     run.signal(signal.SIGTERM)
     assert await run.wait(timeout=60) == 128 + signal.SIGTERM
     no_traceback(run)
+
+
+async def test_what_another_user_places_on_dev_shm_is_left_alone_and_freezes_nothing(
+    serve: ServeFactory, tmp_path: Path
+) -> None:
+    """Entries `nobody` owns, named like a dead daemon's memory directory — a directory with a
+    FIFO in it, a FIFO, a link to one of this user's directories — are neither followed,
+    opened nor removed: the daemon starts, serves its ranks and ends as usual."""
+    import pwd
+
+    from ftd.checkpoint.memory_dir import PREFIX, pid_namespace
+
+    try:
+        nobody = pwd.getpwnam("nobody")
+    except KeyError:
+        pytest.skip("no user nobody here")
+    if os.geteuid() != 0 or not os.access(SHM, os.W_OK):
+        pytest.skip("needs root (to act as another user) and a writable /dev/shm")
+    base = f"{PREFIX}{pid_namespace()}-{dead_pid()}"
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "keep").write_text("kept")
+    planted = {
+        "dir": SHM / f"{base}-nobodydir",
+        "fifo": SHM / f"{base}-nobodyfifo",
+        "link": SHM / f"{base}-nobodylink",
+    }
+    try:
+        planted["dir"].mkdir(mode=0o700)
+        os.mkfifo(planted["dir"] / "rank0.0")
+        os.mkfifo(planted["fifo"])
+        planted["link"].symlink_to(mine)
+        for path in planted.values():
+            os.lchown(path, nobody.pw_uid, nobody.pw_gid)
+        run = await start(serve, tmp_path, "ckr-flood", n=1)
+        await door_result(run, tmp_path / "door")
+        assert await release(run, tmp_path / "door") == 0
+        no_traceback(run)
+        assert all(os.path.lexists(path) for path in planted.values()), planted
+        assert (mine / "keep").read_text() == "kept"
+    finally:
+        for path in planted.values():
+            if path.is_symlink() or path.is_fifo():
+                path.unlink()
+            elif path.is_dir():
+                for child in path.iterdir():
+                    child.unlink()
+                path.rmdir()
