@@ -45,7 +45,7 @@ TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 GPU := $(shell nvidia-smi -L 2>/dev/null | head -n 1)
 TORCH_INDEX ?= $(if $(GPU),,$(TORCH_CPU_INDEX))
 
-.PHONY: demo test lint typecheck unit fuzz-long clean
+.PHONY: demo test lint typecheck unit fuzz-long bench-check clean
 
 $(VENV_STAMP):
 	@test -n "$(PYTHON)" || { echo "no Python 3.11+ found: install one, or run make PYTHON=/path/to/python3.11"; exit 1; }
@@ -147,6 +147,14 @@ fuzz-long: $(STAMP)
 	FTD_FUZZ_SECONDS=$(FUZZ_SECONDS) FTD_FUZZ_EXAMPLES=1000 FTD_FUZZ_REPORT=$(FUZZ_REPORT) \
 		$(VENV)/bin/pytest -q -p no:cacheprovider -n 2 --timeout 0 -m fuzz
 	cat $(FUZZ_REPORT)
+
+# The performance budget against torchrun (bench/budget.py; bench/BENCHMARKS.md, "Performance
+# budget"): ~3 minutes of real runs, so never part of `make test`; it fails when a ratio is past
+# its budget. BENCH_ARGS=--quick for the short configuration (~1 minute).
+BENCH_JSON := runs/bench-check.json
+bench-check: $(STAMP)
+	mkdir -p runs
+	PYTHONPATH=.:client $(PY) bench/budget.py --json $(BENCH_JSON) $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache

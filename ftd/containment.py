@@ -11,7 +11,9 @@ traceback of its own.
 
 A test hook proves it: FTD_INTERNAL_FAULT=<component>[:N][,...] in the daemon's environment
 makes `call(component, ...)` (and each boundary's `inject`) raise InjectedFault in its first N
-runs (1 by default).
+runs (1 by default). FTD_INTERNAL_DELAY=<component>:<ms>[,...] makes each of them first block
+the daemon for that long: a slow part, which the performance budget must catch
+(tests/bench/test_budget.py).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import time
 import traceback
 from collections.abc import Callable
 from typing import ParamSpec, TypeVar
@@ -30,6 +33,7 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 FAULT_ENV = "FTD_INTERNAL_FAULT"
+DELAY_ENV = "FTD_INTERNAL_DELAY"
 COMPONENTS = frozenset(
     {
         "rank_messages", "monitor", "stragglers", "hangs", "learning", "summary",
@@ -58,6 +62,19 @@ def _injected() -> dict[str, int]:
 _faults = _injected()
 
 
+def _delays() -> dict[str, float]:
+    """Seconds by component, from DELAY_ENV (at most 99 999 ms each)."""
+    delays: dict[str, float] = {}
+    for item in os.environ.get(DELAY_ENV, "").split(",")[:32]:
+        name, _, ms = item.strip().partition(":")
+        if name in COMPONENTS and is_decimal(ms) and len(ms) < 6:
+            delays[name] = int(ms) / 1000
+    return delays
+
+
+_delays_s = _delays()
+
+
 def describe(component: str, error: BaseException) -> str:
     """The one sentence for logs, events and failure reasons."""
     return f"internal error in {component}: {type(error).__name__}: {str(error)[:300]}"
@@ -79,6 +96,8 @@ def record(component: str, error: BaseException) -> str:
 
 def inject(component: str) -> None:
     """The test hook's point in `component`."""
+    if component in _delays_s:
+        time.sleep(_delays_s[component])  # blocking on purpose: the daemon itself is slow
     left = _faults.get(component, 0)
     if left > 0:
         _faults[component] = left - 1
