@@ -167,12 +167,11 @@ class DaemonCollector(Collector):
         yield failures
         yield CounterMetricFamily("ftd_hangs", "Ranks found hung", value=self._tally.hangs)
         yield from self._tallied()
-        if status.last_failure is not None:
-            yield GaugeMetricFamily(
-                "ftd_last_failure_timestamp_seconds",
-                "When the last failure happened",
-                value=status.last_failure.timestamp,
-            )
+        yield GaugeMetricFamily(
+            "ftd_last_failure_timestamp_seconds",
+            "When the last failure happened (0 before any failure)",
+            value=status.last_failure.timestamp if status.last_failure is not None else 0.0,
+        )
         heartbeat = GaugeMetricFamily(
             "ftd_rank_last_heartbeat_timestamp_seconds",
             "When each local rank last sent a heartbeat",

@@ -60,17 +60,20 @@ def progress_families(snapshot: dict[str, Any], wall: float) -> Iterable[Metric]
         "Seconds the node's ranks spent making steps since the job began on this node",
         value=node["making_steps_s"],
     )
-    if node.get("time_lost_s") is not None:
-        yield GaugeMetricFamily(
-            "ftd_time_lost_seconds",
-            "Wall time since the job began on this node minus the time spent making steps",
-            value=node["time_lost_s"],
-        )
-        yield GaugeMetricFamily(
-            "ftd_job_start_timestamp_seconds",
-            "When the job began on this node (its first attempt's ranks started)",
-            value=node["since"],
-        )
+    # exported from the start, 0 until the first attempt's ranks start (docs/api.md), so a
+    # query or an alert on them never meets a series that does not exist yet
+    began = node.get("time_lost_s") is not None
+    yield GaugeMetricFamily(
+        "ftd_time_lost_seconds",
+        "Wall time since the job began on this node minus the time spent making steps "
+        "(0 before it began)",
+        value=node["time_lost_s"] if began else 0.0,
+    )
+    yield GaugeMetricFamily(
+        "ftd_job_start_timestamp_seconds",
+        "When the job began on this node (its first attempt's ranks started; 0 before)",
+        value=node["since"] if began else 0.0,
+    )
 
 
 def checkpoint_families(snapshot: dict[str, Any]) -> Iterable[Metric]:

@@ -12,6 +12,7 @@ events; a directory that holds none exits 2.
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import sys
 from collections.abc import Callable
@@ -54,10 +55,14 @@ def add_admin_commands(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     where.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for answers")
 
-    status = subparsers.add_parser("status", parents=[common], help="show nodes and ranks")
+    status = subparsers.add_parser(
+        "status", parents=[common], allow_abbrev=False, help="show nodes and ranks"
+    )
     status.add_argument("--json", action="store_true", help="the raw JSON of status and cluster")
 
-    restart = subparsers.add_parser("restart", parents=[common], help="force a restart")
+    restart = subparsers.add_parser(
+        "restart", parents=[common], allow_abbrev=False, help="force a restart"
+    )
     restart.add_argument("--reason", default="operator request (ftd restart)")
     restart.add_argument("--scope", choices=["cluster", "node"], default="cluster")
     restart.add_argument(
@@ -68,16 +73,21 @@ def add_admin_commands(subparsers: argparse._SubParsersAction[Any]) -> None:
         help="do not count it against --max-restarts",
     )
 
-    exclude = subparsers.add_parser("exclude", parents=[common], help="exclude a node")
+    exclude = subparsers.add_parser(
+        "exclude", parents=[common], allow_abbrev=False, help="exclude a node"
+    )
     exclude.add_argument("node", help="node id")
     exclude.add_argument("--reason", default="operator request (ftd exclude)")
 
-    readmit = subparsers.add_parser("readmit", parents=[common], help="re-admit a node")
+    readmit = subparsers.add_parser(
+        "readmit", parents=[common], allow_abbrev=False, help="re-admit a node"
+    )
     readmit.add_argument("node", help="node id")
 
     timeouts = subparsers.add_parser(
         "timeouts",
         parents=[common],
+        allow_abbrev=False,
         help="show or change the rank-health timeouts",
         description="`ftd timeouts` or `ftd timeouts get` shows them; "
         "`ftd timeouts set NAME=SECONDS ...` changes them live.",
@@ -86,7 +96,9 @@ def add_admin_commands(subparsers: argparse._SubParsersAction[Any]) -> None:
     timeouts.add_argument("changes", nargs="*", metavar="NAME=VALUE")
     timeouts.add_argument("--json", action="store_true")
 
-    events = subparsers.add_parser("events", parents=[common], help="show the event log")
+    events = subparsers.add_parser(
+        "events", parents=[common], allow_abbrev=False, help="show the event log"
+    )
     events.add_argument("--since", type=int, default=None, help="events after this id")
     events.add_argument("--follow", "-f", action="store_true", help="stream new events")
     events.add_argument("--json", action="store_true", help="one JSON object per line")
@@ -96,7 +108,11 @@ def add_admin_commands(subparsers: argparse._SubParsersAction[Any]) -> None:
 def admin_main(argv: list[str]) -> int:
     """`ftd <command> ...` for the commands here, with a parser that has only them (the
     serve parser pulls in pydantic)."""
-    parser = UsageParser(prog="ftd", description="ftd: operate a running job over its REST API")
+    parser = UsageParser(
+        prog="ftd",
+        description="ftd: operate a running job over its REST API",
+        allow_abbrev=False,
+    )
     subparsers = parser.add_subparsers(dest="command", required=True, parser_class=UsageParser)
     add_admin_commands(subparsers)
     args = parse_or_exit(parser, argv)
@@ -239,13 +255,32 @@ def _timeouts(client: AdminClient, args: argparse.Namespace) -> int:
     else:
         if not args.changes:
             raise _Usage("`timeouts set` needs at least one NAME=VALUE")
-        values = client.set_timeouts(**parse_changes(args.changes))
+        changes = parse_changes(args.changes)
+        try:
+            values = client.set_timeouts(**changes)
+        except AdminError as error:
+            raise AdminError(f"{error}{_closest_timeouts(changes, client)}") from None
     if args.json:
         print(json.dumps(values, indent=2))
     else:
         for name, value in values.items():
             print(f"{escape(str(name), 60)} = {timeout_text(value)}")
     return 0
+
+
+def _closest_timeouts(changes: dict[str, Any], client: AdminClient) -> str:
+    """After a refused change: ` (did you mean rank_heartbeat_timeout?)` for each name the
+    daemon does not know, from the names it does (as `timeouts get` shows them); ""."""
+    try:
+        known = [str(name) for name in client.timeouts()]
+    except AdminError:
+        return ""
+    hints = []
+    for name in changes:
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
+            hints.append(close[0] if close else f"one of {', '.join(known)}")
+    return f" (did you mean {', '.join(hints)}?)" if hints else ""
 
 
 def parse_changes(items: list[str]) -> dict[str, Any]:

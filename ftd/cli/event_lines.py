@@ -165,6 +165,8 @@ def describe_event(event: dict[str, Any], with_id: bool = True) -> str:
     failure = data.get("failure")
     if kind == "attempt_failed" and isinstance(failure, dict) and "reason" in failure:
         words += reason_with_stacks(failure["reason"])
+        if isinstance(failure.get("cause"), str) and failure["cause"]:
+            words.append(f"cause={escape(failure['cause'], 300)}")
     if kind == "rank_hung":
         words += reason_with_stacks(data.get("reason"), data.get("notes"))
     if kind == "timeouts_changed":

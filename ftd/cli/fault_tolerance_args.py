@@ -34,7 +34,19 @@ FT_HELP = {
     "gpu_memory_tolerance_mb": "a GPU holding at most this many MiB counts as released "
     "(default 512)",
     "gpu_memory_poll_interval": "seconds between looks at the GPUs' memory (default 2)",
+    "node_health_check": "a command run before every rendezvous: exit 0 is healthy, else the "
+    "node sits out (its last output line the reason) and looks again (default: none)",
+    "node_health_check_timeout": "seconds the health check may take (default 60)",
+    "node_health_check_interval": "seconds between an unhealthy node's looks (default 5)",
+    "node_health_check_failures": "looks in a row that find the node unhealthy before it "
+    "excludes itself, until `ftd readmit` (default 3; 0: never)",
+    "storage_healthcheck_path": "comma-separated paths that must be reachable directories "
+    "before every rendezvous (default: none)",
+    "link_state_path_template": "NIC port state files, {nic} for the device, e.g. "
+    "/sys/class/infiniband/{nic}/ports/1/state: a port that was ACTIVE must stay so",
 }
+FT_ALIASES = {"node_health_check": ("--node-health-check", "--node_health_check")}
+"""ftd's own names for an ft parameter, beside --ft-param-NAME and --ft-NAME."""
 FT_METAVAR = {
     "rank_section_timeouts": "NAME:S,...",
     "rank_termination_signal": "SIGNAL",
@@ -49,6 +61,10 @@ FT_METAVAR = {
     "gpu_memory_reclaim_timeout": "SECONDS",
     "gpu_memory_tolerance_mb": "MIB",
     "gpu_memory_poll_interval": "SECONDS",
+    "node_health_check": "CMD",
+    "node_health_check_failures": "N",
+    "storage_healthcheck_path": "PATHS",
+    "link_state_path_template": "TEMPLATE",
 }
 
 
@@ -98,6 +114,7 @@ def add_fault_tolerance(serve: argparse.ArgumentParser) -> None:
     for name in sorted(KNOWN_PARAMETERS - set(DELEGATED_PARAMETERS)):
         kebab = name.replace("_", "-")
         spellings = {f"--ft-param-{name}", f"--ft-param-{kebab}", f"--ft-{kebab}", f"--ft-{name}"}
+        spellings |= set(FT_ALIASES.get(name, ()))
         add(
             f"--ft-param-{name}",
             *sorted(spellings - {f"--ft-param-{name}"}),

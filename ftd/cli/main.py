@@ -34,11 +34,17 @@ def _add_serve(subparsers: argparse._SubParsersAction[UsageParser]) -> None:
 
 
 def build_parser() -> UsageParser:
-    parser = UsageParser(prog="ftd", description="ftd: fault-tolerance supervisor for PyTorch jobs")
+    parser = UsageParser(
+        prog="ftd",
+        description="ftd: fault-tolerance supervisor for PyTorch jobs",
+        allow_abbrev=False,
+    )
     subparsers = parser.add_subparsers(dest="command", required=True, parser_class=UsageParser)
     _add_serve(subparsers)
     store = subparsers.add_parser(
-        "store", help="host the rendezvous store (c10d TCPStore) alone, for daemons to share"
+        "store",
+        allow_abbrev=False,
+        help="host the rendezvous store (c10d TCPStore) alone, for daemons to share",
     )
     store.add_argument("--host", default="0.0.0.0", help="address to listen on")
     store.add_argument("--port", type=int, default=29400, help="port to listen on")
@@ -75,7 +81,12 @@ def _run_serve(served: ServeArgs) -> int:
             print(format_config(config, args, detected, sources, notes))
             return 0
     except UsageError as error:
-        print(f"ftd serve: error: {error}", file=sys.stderr)
+        from ftd.cli.field_flags import in_flags
+        from ftd.cli.serve_args import build_serve_parser
+
+        print(
+            f"ftd serve: error: {in_flags(str(error), build_serve_parser(), args)}", file=sys.stderr
+        )
         return EXIT_USAGE
     _configure_logging(args.log_level)
     from ftd.cli.serve_notes import log_start_notes

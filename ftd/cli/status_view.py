@@ -11,6 +11,8 @@ from typing import Any
 from ftd.cli.event_lines import MAX_VALUE_CHARS, timeout_text, wall_time
 from ftd.text import NO_VALUE, duration, escape
 
+MAX_CAUSE_CHARS = 2000
+
 TERMINAL_STATES = ("succeeded", "failed", "stopped")
 
 
@@ -166,6 +168,8 @@ def format_status(
         lines.append(ending_text(ending))
     if countdown := backoff_text(status):
         lines.append(countdown)
+    if unhealthy := status.get("unhealthy"):
+        lines.append(f"unhealthy, sitting out of the rendezvous: {escape(str(unhealthy), 400)}")
     failure = status.get("last_failure")
     if isinstance(failure, dict):
         counted = "" if failure.get("counted", True) else ", not counted"
@@ -173,6 +177,7 @@ def format_status(
             f"last failure: {escape(str(failure.get('reason')), 400)} "
             f"({value(failure.get('kind'))}{counted})"
         )
+        lines += cause_lines(failure.get("cause"))
     timeouts = status.get("timeouts")
     if isinstance(timeouts, dict) and timeouts:
         lines.append(
@@ -188,6 +193,15 @@ def format_status(
     lines += table(RANK_HEADER, rows) if rows else ["(no ranks)"]
     lines += cluster_lines(status, cluster)
     return "\n".join(lines)
+
+
+def cause_lines(cause: object) -> list[str]:
+    """`cause: FileNotFoundError: ...`: what the job said of its failure (several lines of a
+    rank's stderr indented under it); none without one."""
+    if not isinstance(cause, str) or not cause.strip():
+        return []
+    first, *rest = escape(cause.strip(), MAX_CAUSE_CHARS, lines=True).splitlines() or [""]
+    return [f"cause: {first}", *(f"  {line}" for line in rest)]
 
 
 def checkpoint_text(status: dict[str, Any]) -> str:

@@ -58,6 +58,7 @@ def add_top_command(subparsers: argparse._SubParsersAction[Any], common: Any) ->
     top = subparsers.add_parser(
         "top",
         parents=[common],
+        allow_abbrev=False,
         help="watch the job: nodes, ranks, recoveries, events (q quits)",
         description="The job at a glance, refreshed in place; one plain snapshot when the "
         "output is not a terminal (or with --once).",

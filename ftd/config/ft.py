@@ -89,6 +89,15 @@ class FaultToleranceConfig(RankTimeouts):
     gpu_memory_tolerance_mb: float = Field(512.0, ge=0, le=2**30, allow_inf_nan=False)
     gpu_memory_poll_interval: float = Field(2.0, gt=0, le=60, allow_inf_nan=False)
     no_restart_exit_code: int = Field(93, ge=1, le=255)
+    node_health_check: str | None = Field(None, min_length=1, max_length=4096)
+    """A command run before every rendezvous (--node-health-check): exit 0 is healthy."""
+    node_health_check_timeout: float = Field(60.0, gt=0, le=3600, allow_inf_nan=False)
+    node_health_check_interval: float = Field(5.0, gt=0, le=3600, allow_inf_nan=False)
+    """Seconds between an unhealthy node's looks (supervision/node_health.py)."""
+    node_health_check_failures: int = Field(3, ge=0, le=1_000_000)
+    """Looks in a row that find the node unhealthy before it excludes itself (0: never)."""
+    storage_healthcheck_path: str | None = Field(None, max_length=65536)
+    link_state_path_template: str | None = Field(None, max_length=4096)
     """Every node's exit code when restarting cannot help (no progress)."""
 
     @field_validator("simulated_fault")
@@ -117,15 +126,12 @@ class FaultToleranceConfig(RankTimeouts):
 # its own restart protocol): accepted so existing configs work, and ignored with a log line.
 IGNORED_PARAMETERS = frozenset(
     {
-        "node_health_check_interval",
         "restart_check_interval",
         "enable_nic_monitor",
         "enable_nic_healthcheck",
         "enable_dist_storage_healthcheck",
-        "storage_healthcheck_path",
         "pci_topo_file",
         "link_down_path_template",
-        "link_state_path_template",
         "skip_section_response",
         "segment",
         "numa_bind_strict",

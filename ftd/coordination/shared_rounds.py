@@ -3,11 +3,14 @@ record of a round that could not form, the refusal of an excluded node, a node t
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from ftd.config.serve import ServeConfig
-from ftd.coordination.base import CoordinationError
-from ftd.coordination.records import RoundRecord
+from ftd.coordination.base import CoordinationError, new_request
+from ftd.coordination.records import RequestRecord, RoundRecord
+
+log = logging.getLogger("ftd.rendezvous")
 
 
 def key(number: int, name: str) -> str:
@@ -54,3 +57,20 @@ class Late:
 
     number: int
     record: RoundRecord
+
+
+def late_request(late: Late, node_id: str, nnodes_max: int) -> RequestRecord | None:
+    """What a node that found round `late.number` closed asks of it (both backends): a restart
+    when the round counts this node among its members (its daemon started again under the same
+    id: the ranks it ran there are gone, and its keepalive, beating again, hides that from the
+    others), a scale-up where the round has room, else nothing: it waits for the round's end
+    as a standby, and joins the next."""
+    members = [m.node_id for m in late.record.members]
+    if node_id in members:
+        reason = f"node {node_id} came back: its ranks of round {late.number} are gone"
+        return new_request("restart", reason, node_id)
+    if len(members) < nnodes_max:
+        reason = f"node {node_id} joined: scaling up from {len(members)} nodes"
+        return new_request("restart", reason, node_id)
+    log.info("round %d is full (%d nodes): waiting for its end", late.number, len(members))
+    return None

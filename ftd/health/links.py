@@ -105,9 +105,11 @@ class Deadline:
             "section": f"stayed in section {self.section!r} past its timeout",
             "out_of_section": "stayed out of any section past rank_out_of_section_timeout",
         }[self.kind]
+        # a timer may fire a hair before its deadline: that is no negative lateness
+        overdue_ms = max(0.0, 1000 * (now - self.at))
         return (
             f"rank {rank.global_rank} (local {rank.local_rank}, pid {rank.pid}) hung: {what} "
-            f"({self.timeout:g}s; overdue by {1000 * (now - self.at):.1f} ms)"
+            f"({self.timeout:g}s; overdue by {overdue_ms:.1f} ms)"
         )
 
 

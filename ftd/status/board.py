@@ -71,8 +71,12 @@ class StatusBoard:
         self.summary_parts: list[Callable[[], dict[str, Any]]] = []
         """More of the published summary (the stragglers' forward times, ...)."""
 
-    def set_state(self, state: DaemonState, reason: str = "") -> None:
+    def set_state(self, state: DaemonState, reason: str = "", cause: str | None = None) -> None:
+        """`cause`: the last failure's cause read again as the job ends, once every line the
+        ranks wrote is in their files (ftd.supervision.summary.final_cause)."""
         status = self.status
+        if cause is not None and status.last_failure is not None:
+            status.last_failure.cause = cause
         if state is not status.state:
             log.info("state %s -> %s%s", status.state, state, f": {reason}" if reason else "")
             self.events.emit(
@@ -99,12 +103,22 @@ class StatusBoard:
     def attempt_starting(self, number: int, ranks: list[RankStatus]) -> None:
         self.status.attempt, self.status.ranks = number, ranks
 
-    def attempt_failed(self, failure: Failure) -> None:
+    def attempt_failed(self, failure: Failure, cause: str | None = None) -> None:
+        """`cause`: what the job said of the failure (its exception, its last stderr lines),
+        kept with it wherever it is shown: status.json, the API, the events, the summary."""
+        if cause is not None:
+            failure.cause = cause
         self.status.last_failure = failure
 
     def recovered(self, stages: dict[str, Any]) -> None:
         """The last restart's stages, once its ranks resumed."""
         self.status.last_recovery = stages
+
+    def health_checked(self, unhealthy: str | None) -> None:
+        """The node's health check before the rendezvous: why it sits out, or None."""
+        if unhealthy != self.status.unhealthy:
+            self.status.unhealthy = unhealthy
+            self.write()
 
     def backing_off(self, delay_s: float, fast_failures: int = 0) -> None:
         """The wait before the next attempt (0: none), after `fast_failures` in a row."""

@@ -63,6 +63,9 @@ class EventKind(enum.StrEnum):
     NODE_LOST = "node_lost"
     NODE_EXCLUDED = "node_excluded"
     NODE_READMITTED = "node_readmitted"
+    NODE_UNHEALTHY = "node_unhealthy"
+    """A health check before the rendezvous failed: the node sits out (node_health.py)."""
+    NODE_HEALTHY = "node_healthy"
     # the coordination backend (etcd)
     COORDINATION_UNAVAILABLE = "coordination_unavailable"
     """No etcd member answered in time (quorum lost?): the running attempt goes on, a new

@@ -107,6 +107,11 @@ class Failure:
     origin: float | None = None
     """When the fault began as far as the daemon can tell, if before `timestamp` (a hung
     rank's last sign of life)."""
+    cause: str | None = None
+    """What the job said of it: the exception its error file names (`FileNotFoundError:
+    ...`), else the last lines of its captured stderr, else that it died before writing an
+    error file; escaped and bounded (ftd.supervision.summary.failure_cause). Set by the
+    board."""
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -120,6 +125,7 @@ class Failure:
             "timestamp": self.timestamp,
             "counted": self.counted,
             "origin": self.origin,
+            "cause": self.cause,
         }
 
 
@@ -142,6 +148,8 @@ class NodeStatus:
     """When that wait ends (time.time()); None when there is none."""
     fast_failures: int = 0
     """Attempts in a row that failed fast (the back-off's count)."""
+    unhealthy: str | None = None
+    """Why the node sits out of the rendezvous (its health check failed); None when healthy."""
 
     def to_dict(
         self,
@@ -174,5 +182,6 @@ class NodeStatus:
                 else round(max(0.0, self.backoff_until - time.time()), 3)
             ),
             "fast_failures": self.fast_failures,
+            "unhealthy": self.unhealthy,
             "progress": progress,
         }

@@ -10,12 +10,13 @@ import os
 import signal
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 
+from ftd import containment
 from ftd.ranks.error_file import RankError, Unreadable, read_error_file, read_tail
-from ftd.status.model import Failure, RankStatus
+from ftd.status.model import Failure, NodeStatus, RankStatus
 from ftd.supervision.policy import CANNOT_HELP, NO_RESTARTS_LEFT, NOT_RESTARTED
 from ftd.text import escape
 
@@ -24,6 +25,11 @@ log = logging.getLogger("ftd.summary")
 NO_TRACEBACK = "To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html"
 NOT_AVAILABLE = "<N/A>"
 MAX_WIDTH = 60
+NO_ERROR_FILE = "exited before writing an error file: see the output above"
+"""The cause of a rank that died before torch's error file existed (an interpreter that could
+not find its module) when its stderr went to the terminal of `ftd serve`, not to a file."""
+CAUSE_LINES = 8
+MAX_CAUSE_CHARS = 2000
 
 
 @dataclass(frozen=True)
@@ -81,6 +87,46 @@ def rank_failure(
     )
 
 
+def failure_cause(failure: Failure) -> str | None:
+    """What the job said of a rank's failure, escaped and bounded: the exception its error
+    file names, else the last lines of its stderr (captured with -r/-t), else that it exited
+    before writing an error file (its stderr went to the terminal above). None for a failure
+    that is no rank's exit (a hang, a request: the reason says it) or a rank killed by a
+    signal that left nothing."""
+    try:
+        return _cause(failure)
+    except Exception as error:  # a bug of ours: supervision goes on without the cause
+        containment.record("summary", error)
+        return None
+
+
+def _cause(failure: Failure) -> str | None:
+    if failure.kind not in ("exit", "signal") or not failure.error_file:
+        return None
+    decoded = read_error_file(failure.error_file)
+    if isinstance(decoded, RankError) and decoded.message:
+        return escape(decoded.message, MAX_CAUSE_CHARS, lines=True)
+    captured = Path(failure.error_file).with_name("stderr.log")
+    tail = stderr_tail(captured, CAUSE_LINES)
+    if tail.strip():
+        return escape(tail.strip(), MAX_CAUSE_CHARS, lines=True)
+    if isinstance(decoded, Unreadable):
+        return escape(f"error file unreadable: {decoded.reason}", MAX_CAUSE_CHARS)
+    if failure.kind != "exit":
+        return None
+    if captured.exists():  # its last lines may still be on their way from the pipe
+        return escape(f"exited before writing an error file: see {captured}", MAX_CAUSE_CHARS)
+    return NO_ERROR_FILE
+
+
+def final_cause(status: NodeStatus) -> str | None:
+    """The last failure's cause read as the job ends: the attempt is over and its ranks'
+    output all written (at the failure itself, the last stderr lines may still have been in
+    the pipe)."""
+    failure = status.last_failure
+    return None if failure is None else failure_cause(failure) or failure.cause
+
+
 def _written_at(error_file: str, recorded: int | None) -> float | None:
     """When the error file was written: its modification time where that falls in the
     second torch recorded in it (torch keeps whole seconds, cut down: shown as they are, a
@@ -131,6 +177,9 @@ def failure_summary(
             root.error_file or "",
             root.timestamp or None,
         )
+        if first.traceback == NO_TRACEBACK:  # no error file: what the rank said instead
+            cause = failure_cause(root) or root.cause  # read now: the output is all written
+            first = replace(first, traceback=cause) if cause else first
         failures[root.global_rank] = first
         root_unreadable = first.traceback.startswith("error file unreadable")
     for status in others:
@@ -155,7 +204,7 @@ def failure_summary(
     message = format_failures(name, failures, root_rank)
     if root.kind not in ("exit", "signal"):
         message += f"\nreason: {root.reason}"
-    if root.error_file and (root_unreadable or not Path(root.error_file).exists()):
+    if root.error_file and root_unreadable:
         tail = stderr_tail(Path(root.error_file).with_name("stderr.log"))
         if tail:
             message += f"\nthe last lines of rank {root.global_rank}'s stderr:\n{tail}"

@@ -27,10 +27,11 @@ from ftd.status.event_kind import EventKind
 from ftd.status.model import DaemonState, Failure
 from ftd.supervision.attempt import Attempt, AttemptTools, Running
 from ftd.supervision.no_progress import ProgressGuard
+from ftd.supervision.node_health import NodeHealth
 from ftd.supervision.node_loss import ask_after_node_lost
 from ftd.supervision.policy import Action, after_attempt, asks_the_healthy_first
 from ftd.supervision.restarts import CrashLoop, RecoveryTimeline
-from ftd.supervision.summary import ending_headline
+from ftd.supervision.summary import ending_headline, failure_cause, final_cause
 from ftd.tasks import Background, first_of, within
 
 log = logging.getLogger("ftd.daemon")
@@ -64,6 +65,7 @@ class Supervisor:
         self.crash_loop = CrashLoop(tools, board, stop)
         self.no_progress = ProgressGuard(self.config.ft, tools.events)
         self.gpu_memory = GpuMemory(self.config.ft, tools.events)
+        self.node_health = NodeHealth(self.config, tools.events, board, self.coordinator)
         """Attempts in a row that did not move the job's checkpoint iteration."""
 
     @property
@@ -110,7 +112,7 @@ class Supervisor:
             if request.action == "succeed":
                 self.board.set_state(DaemonState.SUCCEEDED, request.reason)
                 return 0
-            self.board.set_state(DaemonState.FAILED, request.reason)
+            self.board.set_state(DaemonState.FAILED, request.reason, final_cause(self.status))
             failure = self.status.last_failure
             if failure is not None:
                 summary = failure.reason  # if the summary fails, the reason alone
@@ -155,6 +157,8 @@ class Supervisor:
     async def _join(self) -> Round | None:
         """Join the next round with this node's workers' store ready; None when stopped."""
         config = self.config
+        if not await self.node_health.until_healthy(self.stop):
+            return None
         if config.master_port:
             port = config.master_port  # a fixed port is bound by node rank 0 once it is known
         else:
@@ -191,13 +195,8 @@ class Supervisor:
             group_rank=rnd.group_rank,
         )
         if self.config.multi_node:
-            log.info(
-                "round %d: node rank %d of %d (%s)",
-                rnd.number,
-                rnd.group_rank,
-                len(rnd.members),
-                ", ".join(rnd.node_ids),
-            )
+            ids, size = ", ".join(rnd.node_ids), len(rnd.members)
+            log.info("round %d: node rank %d of %d (%s)", rnd.number, rnd.group_rank, size, ids)
         self.recovery.round_closed()
         return rnd
 
@@ -259,7 +258,7 @@ class Supervisor:
                     "round %d: every local rank exited 0; waiting for the other nodes", rnd.number
                 )
             return await self._await_end(ended)
-        self.board.attempt_failed(outcome)
+        self.board.attempt_failed(outcome, failure_cause(outcome))
         self.crash_loop.crashed = outcome.kind in ("exit", "signal", "hang", "fatal", "internal")
         self.tools.events.emit(
             EventKind.ATTEMPT_FAILED, attempt=rnd.number, failure=outcome.to_dict()
@@ -326,7 +325,7 @@ class Supervisor:
         """The attempt failed outside its ranks (they could not start; a part of the daemon
         failed): the policy decides as after any failure."""
         reason = failure.reason
-        self.board.attempt_failed(failure)
+        self.board.attempt_failed(failure, failure_cause(failure))
         self.crash_loop.crashed = True
         self.tools.events.emit(
             EventKind.ATTEMPT_FAILED, attempt=rnd.number, failure=failure.to_dict()

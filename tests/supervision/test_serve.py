@@ -241,9 +241,9 @@ async def test_worker_env_matches_torchrun(serve: ServeFactory, tmp_path: Path) 
         (["--bogus-flag", "x.py"], "unrecognized arguments: --bogus-flag"),
         (["missing_script.py"], "entrypoint: training script 'missing_script.py' does not exist"),
         (["--no-python", "no-such-binary-xyz"], "not an executable file or on PATH"),
-        (["--nproc-per-node", "0", str(WORKER)], "nproc_per_node: Input should be greater"),
+        (["--nproc-per-node", "0", str(WORKER)], "--nproc-per-node: Input should be greater"),
         (["--nnodes", "3:2", str(WORKER)], "nnodes: MIN 3 is above MAX 2"),
-        (["--log-dir", "/proc/ftd-logs", str(WORKER)], "log_dir: '/proc' is not writable"),
+        (["--log-dir", "/proc/ftd-logs", str(WORKER)], "--log-dir: '/proc' is not writable"),
         (["--redirects", "9", str(WORKER)], "redirects: expected 0-3"),
     ],
 )

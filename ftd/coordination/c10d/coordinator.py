@@ -34,7 +34,6 @@ from ftd.coordination.base import (
     NodeLost,
     Round,
     cluster_answer,
-    new_request,
 )
 from ftd.coordination.c10d.connections import StoreConnections
 from ftd.coordination.c10d.liveness import Keepalive
@@ -50,7 +49,7 @@ from ftd.coordination.records import (
     RequestRecord,
     RoundRecord,
 )
-from ftd.coordination.shared_rounds import Late, excluded_error, key
+from ftd.coordination.shared_rounds import Late, excluded_error, key, late_request
 from ftd.tasks import within
 from ftd.tcpstore.server import TcpStoreServer
 
@@ -301,17 +300,13 @@ class StoreCoordinator:
                     await task
 
     async def _as_late(self, late: Late) -> None:
-        """Round `late.number` runs without us: ask to scale up if there is room, then await
-        its end."""
-        size = len(late.record.members)
-        if size < self.config.nnodes_max:
-            reason = f"node {self.node_id} joined: scaling up from {size} nodes"
-            request = new_request("restart", reason, self.node_id)
+        """Round `late.number` runs without us: ask what a late node asks (late_request), then
+        await its end."""
+        request = late_request(late, self.node_id, self.config.nnodes_max)
+        if request is not None:
             await self._connections.call(
                 lambda s: s.decide(key(late.number, "request"), request, RequestRecord)
             )
-        else:
-            log.info("round %d is full (%d nodes): waiting for its end", late.number, size)
         await self._connections.wait_decided(
             self._rounds.await_request, self._rounds.request_now, late.number, "its request"
         )

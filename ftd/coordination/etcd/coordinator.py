@@ -38,7 +38,7 @@ from ftd.coordination.records import (
     RequestRecord,
     RoundRecord,
 )
-from ftd.coordination.shared_rounds import Late, excluded_error, key
+from ftd.coordination.shared_rounds import Late, excluded_error, key, late_request
 from ftd.tasks import Background, within
 from ftd.tcpstore.server import TcpStoreServer
 
@@ -236,20 +236,16 @@ class EtcdCoordinator:
                     await task
 
     async def _as_late(self, late: Late, deadline: float) -> None:
-        """Round `late.number` runs without us: ask to scale up if there is room, then await
-        its end."""
-        size = len(late.record.members)
+        """Round `late.number` runs without us: ask what a late node asks (late_request), then
+        await its end."""
         request_key = key(late.number, "request")
-        if size < self.config.nnodes_max:
-            reason = f"node {self.node_id} joined: scaling up from {size} nodes"
-            request = new_request("restart", reason, self.node_id)
+        request = late_request(late, self.node_id, self.config.nnodes_max)
+        if request is not None:
             await self._kv.call(
-                f"ask round {late.number} to scale up",
+                f"ask round {late.number} to restart",
                 lambda: self._kv.decide(request_key, request, RequestRecord),
                 deadline,
             )
-        else:
-            log.info("round %d is full (%d nodes): waiting for its end", late.number, size)
         await self._kv.await_decided(request_key, RequestRecord)
 
     # -- the round's end ---------------------------------------------------------------------

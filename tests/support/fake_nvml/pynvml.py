@@ -9,9 +9,10 @@ import os
 from types import SimpleNamespace
 
 
-def _used() -> list[float]:
+def _used() -> list[float | None]:
+    """MiB in use by GPU; null for a GPU that is lost (NVML raises for it)."""
     with open(os.environ["FTD_TEST_FAKE_NVML"]) as file:
-        return [float(mb) for mb in json.load(file)]
+        return [None if mb is None else float(mb) for mb in json.load(file)]
 
 
 def nvmlInit() -> None:
@@ -27,4 +28,7 @@ def nvmlDeviceGetHandleByIndex(index: int) -> int:
 
 
 def nvmlDeviceGetMemoryInfo(handle: int) -> SimpleNamespace:
-    return SimpleNamespace(used=int(_used()[handle] * 1024 * 1024), total=80 * 1024**3)
+    used = _used()[handle]
+    if used is None:
+        raise RuntimeError("NVML_ERROR_GPU_IS_LOST")
+    return SimpleNamespace(used=int(used * 1024 * 1024), total=80 * 1024**3)

@@ -71,7 +71,11 @@ function becameFinal(event) {
   const s = finalStatus(event);
   const failure = s.last_failure;
   const change = lastEvent("state_changed", (e) => (e.data || {}).state === s.state);
-  const cause = (TERMINAL.includes(s.state) && s.state !== "succeeded" && failure && failure.reason) ||
+  const failed = TERMINAL.includes(s.state) && s.state !== "succeeded" && failure && failure.reason;
+  // The failure's root cause as the job said it (its exception, its last stderr line), not
+  // only the exit code: the final picture must name what went wrong.
+  const said = failed ? lastLine(failure.cause || failure.exception) : "";
+  const cause = (failed && (said ? `${failure.reason}: ${said}` : failure.reason)) ||
     (change && change.data.reason) || "";
   state.final = { status: s, time: event.time, cause };
   showBanner("");
@@ -241,23 +245,40 @@ function tickBackoff() {
   }
 }
 
-// The last failure: its reason, the exception the rank's error file names, and its stacks and
-// stderr one click away (read through the API, shown as text).
+function lastLine(text) {
+  const lines = String(text || "").split("\n").map((line) => line.trim()).filter(Boolean);
+  return lines.length ? lines[lines.length - 1] : "";
+}
+
+// The stacks/stderr box shows what was read for the failure shown: a newer failure clears it.
+function clearCause() {
+  causeShown = null;
+  $("cause-text").hidden = true;
+  $("cause-text").textContent = "";
+  $("cause-token").hidden = true;
+}
+
+// The last failure: its reason, its cause as the job said it (the exception the rank's error
+// file names, else its last stderr lines), and its stacks and stderr one click away (read
+// through the API, shown as text).
 function renderFailure(s) {
   const box = $("failure");
   const failure = s.last_failure;
   box.hidden = !failure;
   if (!failure) return;
-  const key = `${failure.timestamp}|${failure.reason}`;
+  const said = failure.cause || failure.exception;
+  const key = `${failure.timestamp}|${failure.reason}|${said || ""}`;
   if (box.dataset.key === key) return;
+  const newFailure = !(box.dataset.key || "").startsWith(`${failure.timestamp}|${failure.reason}|`);
   box.dataset.key = key;
+  if (newFailure) clearCause();
   // The attempt that failed, read at the click: the events may come after the status.
   const attemptOf = () => {
     const failed = lastEvent("attempt_failed", (e) => ((e.data || {}).failure || {}).timestamp === failure.timestamp);
     return failed ? failed.data.attempt : s.attempt;
   };
   const parts = [el("b", null, "last failure "), el("span", "reason", failure.reason)];
-  if (failure.exception) parts.push(el("div", "exception", failure.exception));
+  if (said) parts.push(el("div", "exception", said));
   const rank = failure.global_rank;
   if (Number.isInteger(rank)) {
     const links = el("div", "links");
@@ -267,7 +288,7 @@ function renderFailure(s) {
       const sep = path.includes("?") ? "" : "?";
       button.addEventListener("click", () => {
         const attempt = attemptOf();
-        showCause(`/v1/ranks/${rank}/${path}${sep}attempt=${attempt}`, `rank ${rank} ${what} (attempt ${attempt})`);
+        showCause(`/v1/ranks/${rank}/${path}${sep}attempt=${attempt}`, `rank ${rank} ${what} (attempt ${attempt})`, button);
       });
       links.appendChild(button);
     }
@@ -281,8 +302,8 @@ function renderFailure(s) {
 // the header's form does, and reads again with it.
 let causeShown = null;
 
-async function showCause(path, title) {
-  causeShown = { path, title };
+async function showCause(path, title, button) {
+  causeShown = { path, title, button };
   const pre = $("cause-text");
   $("cause-token").hidden = true;
   pre.hidden = false;
@@ -301,6 +322,16 @@ async function showCause(path, title) {
       $("cause-token-input").focus();
       return;
     }
+    if (error instanceof Problem && error.status === 404 && path.includes("/stderr")) {
+      // No file: `ftd serve` ran without -r/-t, so the rank wrote to its terminal.
+      const where = "not captured (ftd serve without -r/-t): it is on the terminal of ftd serve";
+      pre.textContent = `${title}: ${where}`;
+      if (button) {
+        button.textContent = `${title.split(" (")[0]}: on the terminal of ftd serve`;
+        button.disabled = true;
+      }
+      return;
+    }
     pre.textContent = `${title}: ${error instanceof Problem ? error.message : explain(error)}`;
   }
 }
@@ -312,7 +343,7 @@ function wireCauseToken() {
     $("cause-token-input").value = "";
     if (!value || !causeShown) return;
     setToken(value);
-    showCause(causeShown.path, causeShown.title);
+    showCause(causeShown.path, causeShown.title, causeShown.button);
   });
 }
 

@@ -1,0 +1,55 @@
+"""Hot spares (issue 40 item 2): a node that joins a round already full waits for its end as a
+standby; when an active node is lost, the next round forms with the survivors and the standby,
+which takes the lost node's place: the world size stays and the survivors keep their node
+ranks. Both backends."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from tests.conftest import Backend, ServeFactory, events_in
+from tests.support.cluster import Cluster, run_dir
+
+pytestmark = pytest.mark.timeout(120)
+
+
+async def test_a_standby_takes_the_place_of_a_lost_node(
+    serve: ServeFactory, backend: Backend
+) -> None:
+    cluster = Cluster(serve, "2", "--max-restarts", "3", backend=backend)
+    hang_first = ("--hang-attempts", "1")  # the first round runs until a node is lost
+    a = await cluster.first("a", *hang_first)
+    b = await cluster.node("b", *hang_first)
+    await b.stdout.expect(r"ready a0 r1", timeout=60)
+    spare = await cluster.node("c", *hang_first)
+    await spare.stderr.expect(r"round 0 is full \(2 nodes\): waiting for its end", timeout=60)
+    b.signal(signal.SIGKILL)
+    assert await a.wait(timeout=90) == 0, a.stderr.text[-3000:]
+    assert await spare.wait(timeout=30) == 0, spare.stderr.text[-3000:]
+    rounds = [e["data"]["members"] for e in events_in(run_dir(a, "a"), "round_closed")]
+    assert rounds[0] == ["a", "b"] and rounds[-1] == ["a", "c"], rounds
+    assert "ready a1 r0" in a.stdout.text and "ready a1 r1" in spare.stdout.text
+
+
+async def test_a_node_that_comes_back_under_its_id_restarts_the_round(
+    serve: ServeFactory, backend: Backend
+) -> None:
+    """b's daemon is SIGKILLed and started again at once under the same id (as a scheduler
+    restarts a node): its keepalive beats again, so no one would declare it lost, while the
+    ranks it ran are gone; it asks its old round to restart, and the job goes on with it."""
+    cluster = Cluster(serve, "2", "--max-restarts", "3", backend=backend)
+    hang_first = ("--hang-attempts", "1")
+    a = await cluster.first("a", *hang_first)
+    b = await cluster.node("b", *hang_first)
+    await b.stdout.expect(r"ready a0 r1", timeout=60)
+    b.signal(signal.SIGKILL)
+    await b.wait()
+    again = await cluster.node("b", *hang_first)
+    assert await a.wait(timeout=90) == 0, a.stderr.text[-3000:]
+    assert await again.wait(timeout=30) == 0, again.stderr.text[-3000:]
+    [request] = events_in(run_dir(a, "a"), "cluster_request")
+    reason = str(request["data"]["reason"])
+    assert "node b came back: its ranks of round 0 are gone" in reason or "node b lost" in reason
+    assert "ready a1 r1" in again.stdout.text
