@@ -10,11 +10,12 @@ import json
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.conftest import BIN, Serve, ServeFactory
-from tests.support.cluster import Cluster, api
+from tests.support.cluster import JOB_SECRET, Attacker, Cluster, api
 
 pytestmark = pytest.mark.timeout(180)
 RANKS = 10
@@ -47,15 +48,7 @@ async def test_a_replacement_node_of_ten_ranks_gets_every_replica(
     await a.stderr.expect(nodes.backend.in_rendezvous)
     b = await node("b")
     await until_files([out / f"saved-{rank}" for rank in range(2 * RANKS)])
-    # b's snapshots are on a once a acknowledged them (b's status says so).
-    deadline = time.monotonic() + 60
-    while True:
-        _, status = await api(b, "b", "GET", "/v1/status")
-        replica = (status.get("checkpoint") or {}).get("replica") or {}  # type: ignore[union-attr]
-        if replica.get("replicated_step") == 1:
-            break
-        assert time.monotonic() < deadline, status.get("checkpoint")
-        await asyncio.sleep(0.1)
+    await replicated(b, "b", 1)  # b's snapshots are on a: a acknowledged them
     b.signal(signal.SIGKILL)
     await b.wait()
     again = await node("c")  # a new node in b's place: it holds nothing of b's ranks
@@ -67,3 +60,56 @@ async def test_a_replacement_node_of_ten_ranks_gets_every_replica(
     }
     lost = {rank: reply for rank, reply in restored.items() if reply.get("steps") != [1]}
     assert not lost, lost
+
+
+async def replicated(run: Serve, node: str, step: int, timeout: float = 60.0) -> dict[str, Any]:
+    """The node's `checkpoint.replica` once its successor acknowledged `step`."""
+    await run.stderr.expect(r"API listening on", timeout=timeout)
+    deadline = time.monotonic() + timeout
+    while True:
+        _, status = await api(run, node, "GET", "/v1/status")
+        checkpoint: dict[str, Any] = status.get("checkpoint") or {}  # type: ignore[assignment]
+        replica: dict[str, Any] = checkpoint.get("replica") or {}
+        if replica.get("replicated_step") == step:
+            return replica
+        assert time.monotonic() < deadline, checkpoint
+        await asyncio.sleep(0.1)
+
+
+async def test_a_malformed_summary_in_the_store_stops_no_push(
+    serve: ServeFactory, tmp_path: Path
+) -> None:
+    """Issue 39 row 14 on live daemons: a summary of node a's, signed with the job's key (a
+    daemon of the job with a bug, or the key's holder) but naming a replica server that is no
+    address, is refused by b (counted) and b's pushes go on: its next snapshot reaches a.
+    Before, the ValueError ended b's push loop for good."""
+    from ftd.coordination.records import NodeSummary, RecordCodec
+
+    nodes = Cluster(serve, "2", "--checkpoint-memory", "128M", "--preload", "none")
+    out = tmp_path / "out"
+    out.mkdir()
+
+    async def node(name: str) -> Serve:
+        return await nodes.serve(
+            "--node-id", name, *nodes.flags, script=BIN / "replica_restore_rank.py",
+            script_args=(str(out),), run_id=nodes.job, env=nodes.env,
+        )  # fmt: skip
+
+    a = await node("a")
+    await a.stderr.expect(nodes.backend.in_rendezvous)
+    b = await node("b")
+    await replicated(b, "b", 1)
+    codec = RecordCodec(nodes.job, JOB_SECRET.encode())
+    forged = NodeSummary(
+        node_id="a", state="running", attempt=0, restart_count=0, group_rank=0,
+        nproc_per_node=1, time=time.time() + 1, replica_addr="127.0.0.1:notaport",
+    )  # fmt: skip
+    Attacker(nodes.endpoint, nodes.job).set("status/a", codec.encode("status/a", forged))
+    # Read (and refused) by the nodes' next looks at the summaries: a says so.
+    await a.stderr.expect(r"refused node a's summary \(bad_address\)", timeout=30)
+    (out / "save-2").touch()
+    await replicated(b, "b", 2)
+    for run in (a, b):
+        run.signal(signal.SIGTERM)
+        await run.wait()
+    assert "Traceback" not in a.stderr.text + b.stderr.text
