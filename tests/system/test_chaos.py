@@ -561,7 +561,7 @@ async def test_r08_a_stranger_holding_4094_connections_takes_no_rank_slot(
 
 @pytest.mark.parametrize(
     ("start", "source"),
-    [(("-r", "3"), "error.json"), (("--start-method", "spawn", "-t", "3"), "rank 0's stderr:")],
+    [(("-r", "3"), "error.json"), (("--start-method", "spawn", "-t", "3"), "error_file: <N/A>")],
     ids=["zygote", "spawn"],
 )
 async def test_r09_a_crash_loop_backs_off_and_the_summary_names_the_import_error(
@@ -569,8 +569,8 @@ async def test_r09_a_crash_loop_backs_off_and_the_summary_names_the_import_error
 ) -> None:
     """A script that fails at import, every attempt: the restarts wait longer and longer
     (restart_backoff events, status backoff_s), and the failure summary shows the
-    ModuleNotFoundError (the zygote's rank writes it to the error file; a spawned rank's
-    stderr tail shows it)."""
+    ModuleNotFoundError (the zygote's rank writes it to the error file; a spawned rank writes
+    none, and the cause shown is its stderr's last lines)."""
     script = tmp_path / "broken_train.py"
     script.write_text("import ftd_chaos_no_such_module  # noqa\n")
     run = await serve(
