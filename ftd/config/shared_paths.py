@@ -17,23 +17,25 @@ import stat
 from pathlib import Path
 
 DIR_MODE = 0o700
+GIVE_YOUR_OWN = "give a directory of your own"
 
 
 class PathRefused(Exception):
     """A directory the job must not use; the message says why and what to do."""
 
 
-def prepare_private_dir(path: Path, what: str) -> None:
+def prepare_private_dir(path: Path, what: str, remedy: str = GIVE_YOUR_OWN) -> None:
     """Create `path` (and its missing parents, 0700) or check the existing one; PathRefused
-    naming `what` (e.g. "--checkpoint-persist directory") and the reason otherwise. Nothing is
-    created below a directory another user could tamper with, nor inside a refused one."""
+    naming `what` (e.g. "--checkpoint-persist directory"), the reason and `remedy` otherwise.
+    Nothing is created below a directory another user could tamper with, nor inside a refused
+    one."""
     missing: list[Path] = []
     probe = path
     while not os.path.lexists(probe) and probe != probe.parent:
         missing.append(probe)
         probe = probe.parent
     if missing:
-        check_ancestors(missing[-1], what, path)
+        check_ancestors(missing[-1], what, path, remedy)
     for made in reversed(missing):
         try:
             os.mkdir(made, DIR_MODE)
@@ -41,11 +43,11 @@ def prepare_private_dir(path: Path, what: str) -> None:
             pass
         except OSError as error:
             raise PathRefused(f"{what} {path}: cannot create {made}: {error.strerror}") from None
-    check_private_dir(path, what)
-    check_ancestors(path, what)
+    check_private_dir(path, what, remedy)
+    check_ancestors(path, what, remedy=remedy)
 
 
-def check_private_dir(path: Path, what: str) -> None:
+def check_private_dir(path: Path, what: str, remedy: str = GIVE_YOUR_OWN) -> None:
     """`path` itself, not followed if a link: a directory of this user's that only it writes."""
     try:
         info = os.lstat(path)
@@ -58,19 +60,20 @@ def check_private_dir(path: Path, what: str) -> None:
     if info.st_uid != os.geteuid():
         raise PathRefused(
             f"{what} {path} belongs to uid {info.st_uid}, not to this user ({os.geteuid()}): "
-            "its owner could read what is written there and plant what is read back; give a "
-            "directory of your own"
+            f"its owner could read what is written there and plant what is read back; {remedy}"
         )
     if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         raise PathRefused(
             f"{what} {path} is writable by others (mode {stat.S_IMODE(info.st_mode):o}): "
-            f"`chmod go-w {path}` or give another directory"
+            f"`chmod go-w {path}`, or {remedy}"
         )
     if not os.access(path, os.W_OK | os.X_OK):
         raise PathRefused(f"{what} {path} is not writable")
 
 
-def check_ancestors(path: Path, what: str, named: Path | None = None) -> None:
+def check_ancestors(
+    path: Path, what: str, named: Path | None = None, remedy: str = GIVE_YOUR_OWN
+) -> None:
     """Whoever may rename entries of a directory above `path` could swap it for one of theirs:
     each must belong to this user or root and be writable by others only if sticky. (`named`:
     the directory to name, when `path` is the first of its missing parents.)"""
@@ -85,7 +88,7 @@ def check_ancestors(path: Path, what: str, named: Path | None = None) -> None:
             raise PathRefused(
                 f"{parent} (above the {what} {named or path}) belongs to uid {info.st_uid} "
                 f"with mode {stat.S_IMODE(info.st_mode):o}: another user could replace the "
-                "directory; give one under directories only you (or root) can change"
+                f"directory; {remedy} (under directories only you, or root, can change)"
             )
         if info.st_uid == 0:
             return  # root's, and not shared: nothing above it is anyone else's either
