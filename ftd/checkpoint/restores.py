@@ -42,6 +42,8 @@ class RestoreAccount:
         """When the ranks' last restore (of a step) began."""
         self.caught_up_at: float | None = None
         self.caught_up = asyncio.Event()
+        self.stepped_at: float | None = None
+        """When (time.monotonic) a rank last said it did a step: a snapshot or a `cks`."""
         """Set once the job is back at the step it had reached before its last restore."""
 
     def counts(self) -> bool:
@@ -79,6 +81,7 @@ class RestoreAccount:
         previous = self.latest.get(rank)
         if previous is None or step <= previous + MAX_STEP_JUMP:
             self.latest[rank] = step
+        self.stepped_at = time.monotonic()
         self._restoring = False
         if self._redo_until is not None and step >= self._redo_until:
             self._redo_until = None

@@ -124,7 +124,12 @@ class CrashLoop:
         ranks made optimizer steps is no crash loop however short it was: waiting would only
         add to the time a failure costs (it made progress, and the next attempt resumes it)."""
         config = self._tools.config
-        progressed = self._tools.health.progress.node.attempt_made_steps
+        health = self._tools.health
+        holder = health.checkpoints
+        started = time.monotonic() - ran_s
+        saved = holder is not None and (holder.restores.stepped_at or float("-inf")) >= started
+        progressed = health.progress.node.attempt_made_steps or saved  # the sampler's report
+        # may not have come before a rank that stepped for a moment died (SIGKILL: no last one)
         if ran_s >= config.restart_backoff_reset_s or not self.crashed or progressed:
             self.fast_failures = 0
             self._board.backing_off(0.0)

@@ -42,14 +42,20 @@ import nvidia_resiliency_ext  # noqa: E402
 import nvidia_resiliency_ext.fault_tolerance as fault_tolerance  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+
+def say(line: str) -> None:
+    """One line in one write: the ranks share the daemon's stdout (a print is two writes, and
+    two ranks' lines interleaved mid-line)."""
+    os.write(1, (line + "\n").encode())
+
+
 client = fault_tolerance.RankMonitorClient()
 client.init_workload_monitoring()
-print(
+say(
     f"rank {rank} attempt {attempt} release {nvidia_resiliency_ext.__version__} "
     f"from {fault_tolerance.__file__} "
     f"skip_section_response={getattr(client.cfg, 'skip_section_response', None)} "
-    f"install_exception_hook={getattr(client.cfg, 'install_exception_hook', None)}",
-    flush=True,
+    f"install_exception_hook={getattr(client.cfg, 'install_exception_hook', None)}"
 )
 if attempt == 0:
     time.sleep(args.slow_start)
@@ -58,19 +64,19 @@ for iteration in range(args.iterations):
     client.send_heartbeat()
     client.start_section("step")
     if attempt == 0 and rank == args.hang_rank and iteration == args.hang_at:
-        print(f"rank {rank} hanging in step {iteration}", flush=True)
+        say(f"rank {rank} hanging in step {iteration}")
         time.sleep(3600)
     if iteration == 1:
         time.sleep(args.slow_step)  # a slow warm-up step
     client.end_section("step")
     client.start_section("unconfigured")
     client.end_section("unconfigured")
-print(f"rank {rank} attempt {attempt} iterations done", flush=True)
+say(f"rank {rank} attempt {attempt} iterations done")
 
 client.start_section("finish")
 dist.init_process_group("gloo")
 client.calculate_and_set_section_timeouts(selected_sections=["step"], calc_out_of_section=False)
-print(f"rank {rank} learned {client.section_timeouts}", flush=True)
+say(f"rank {rank} learned {client.section_timeouts}")
 Request, Action = fault_tolerance.WorkloadControlRequest, fault_tolerance.WorkloadAction
 client.send_workload_control_request(Request(Action.Continue, "still fine"))
 if rank == 0 and attempt == args.last_attempt:
@@ -80,4 +86,4 @@ client.end_section("finish")
 client.end_all_sections()
 client.shutdown_workload_monitoring()
 dist.destroy_process_group()
-print(f"rank {rank} attempt {attempt} done", flush=True)
+say(f"rank {rank} attempt {attempt} done")

@@ -357,7 +357,8 @@ def test_abort_destroys_groups_and_writes_flight_recorder_traces(
     assert not dist.is_initialized()
     trace = path / "rank_0_iteration_3.pkl"
     data = pickle.loads(trace.read_bytes())
-    assert [entry["profiling_name"] for entry in data["entries"]][:1] == ["gloo:all_reduce"]
+    # The recorder is the process's: a group an earlier test of this worker made may be in it.
+    assert "gloo:all_reduce" in [entry["profiling_name"] for entry in data["entries"]]
 
 
 @pytest.mark.timeout(60)
