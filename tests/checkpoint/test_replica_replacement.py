@@ -29,6 +29,22 @@ async def until_files(paths: list[Path], timeout: float = 90.0) -> None:
         await asyncio.sleep(0.05)
 
 
+async def node(nodes: Cluster, name: str, out: Path) -> Serve:
+    """A node of the job whose ranks are tests/bin/replica_restore_rank.py, writing to `out`."""
+    return await nodes.serve(
+        "--node-id", name, *nodes.flags, script=BIN / "replica_restore_rank.py",
+        script_args=(str(out),), run_id=nodes.job, env=nodes.env,
+    )  # fmt: skip
+
+
+async def two_nodes(nodes: Cluster, out: Path) -> tuple[Serve, Serve]:
+    """Nodes a (node rank 0, the store's host) and b."""
+    out.mkdir()
+    a = await node(nodes, "a", out)
+    await a.stderr.expect(nodes.backend.in_rendezvous)
+    return a, await node(nodes, "b", out)
+
+
 async def test_a_replacement_node_of_ten_ranks_gets_every_replica(
     serve: ServeFactory, tmp_path: Path
 ) -> None:
@@ -37,22 +53,12 @@ async def test_a_replacement_node_of_ten_ranks_gets_every_replica(
         "--preload", "none", "--max-restarts", "2",
     )  # fmt: skip
     out = tmp_path / "out"
-    out.mkdir()
-
-    async def node(name: str) -> Serve:
-        return await nodes.serve(
-            "--node-id", name, *nodes.flags, script=BIN / "replica_restore_rank.py",
-            script_args=(str(out),), run_id=nodes.job, env=nodes.env,
-        )  # fmt: skip
-
-    a = await node("a")
-    await a.stderr.expect(nodes.backend.in_rendezvous)
-    b = await node("b")
+    a, b = await two_nodes(nodes, out)
     await until_files([out / f"saved-{rank}" for rank in range(2 * RANKS)])
     await replicated(b, "b", 1)  # b's snapshots are on a: a acknowledged them
     b.signal(signal.SIGKILL)
     await b.wait()
-    again = await node("c")  # a new node in b's place: it holds nothing of b's ranks
+    again = await node(nodes, "c", out)  # a new node in b's place: it holds nothing of b's
     assert await a.wait(timeout=120) == 0, a.stderr.text[-3000:]
     assert await again.wait(timeout=60) == 0, again.stderr.text[-3000:]
     restored = {
@@ -63,7 +69,7 @@ async def test_a_replacement_node_of_ten_ranks_gets_every_replica(
     assert not lost, lost
 
 
-async def replicated(run: Serve, node: str, step: int, timeout: float = 60.0) -> dict[str, Any]:
+async def replicated(run: Serve, node: str, step: int, timeout: float = 120.0) -> dict[str, Any]:
     """The node's `checkpoint.replica` once its successor acknowledged `step`."""
     await run.stderr.expect(r"API listening on", timeout=timeout)
     deadline = time.monotonic() + timeout
@@ -88,17 +94,7 @@ async def test_a_malformed_summary_in_the_store_stops_no_push(
 
     nodes = Cluster(serve, "2", "--checkpoint-memory", "128M", "--preload", "none")
     out = tmp_path / "out"
-    out.mkdir()
-
-    async def node(name: str) -> Serve:
-        return await nodes.serve(
-            "--node-id", name, *nodes.flags, script=BIN / "replica_restore_rank.py",
-            script_args=(str(out),), run_id=nodes.job, env=nodes.env,
-        )  # fmt: skip
-
-    a = await node("a")
-    await a.stderr.expect(nodes.backend.in_rendezvous)
-    b = await node("b")
+    a, b = await two_nodes(nodes, out)
     await replicated(b, "b", 1)
     codec = RecordCodec(nodes.job, JOB_SECRET.encode())
     forged = NodeSummary(
