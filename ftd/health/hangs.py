@@ -133,6 +133,7 @@ class HangHandler:
             timestamp=time.time(),
             origin=origin,
         )
+        section = max(rank.open_sections, key=rank.open_sections.__getitem__, default=None)
         # The victims' stacks are written beside the culprit's, and never delay its kill.
         victims = asyncio.ensure_future(self._explain_each(group, others))
         notes: list[str] = []
@@ -150,7 +151,7 @@ class HangHandler:
             victims.cancel()
             if not killed:
                 self._signal_culprit(group, rank)
-            self._record(group, rank, others, reason, notes, origin)
+            self._record(group, rank, others, reason, notes, origin, section)
 
     async def explain_ranks(self, local_ranks: list[int]) -> list[str]:
         """Write these local ranks' stacks (in-process mode: the stragglers that make the
@@ -226,10 +227,11 @@ class HangHandler:
         reason: str,
         notes: list[str],
         origin: float | None,
+        section: str | None,
     ) -> None:
         """The verdict said (a `rank_hung` event) and the attempt failed with it, once the
-        culprit was signalled and the victims' stacks were written."""
-        section = max(rank.open_sections, key=rank.open_sections.__getitem__, default=None)
+        culprit was signalled and the victims' stacks were written; `section`: the one it was
+        in at the verdict (its connection, closed by the kill, no longer says)."""
         signal_name = self.termination_signal
         try:
             event = self.events.emit(
