@@ -76,6 +76,7 @@ def main() -> None:
             dist.barrier()
     print(f"rank {rank}: finished {args.steps} steps", flush=True)
     monitor.shutdown_workload_monitoring()
+    del model, optimizer  # before their group: docs/troubleshooting.md
     dist.destroy_process_group()
 
 

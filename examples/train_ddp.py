@@ -108,6 +108,9 @@ def main() -> None:
             ft.end_section("checkpointing")
     if rank == 0:
         print(f"[attempt {attempt}] finished {args.steps} steps, final loss {loss.item():.4f}")
+    # DDP before its group: with torch 2.13 a DDP that outlives the group can hang the exit
+    # (docs/troubleshooting.md).
+    del model, optimizer
     dist.destroy_process_group()
     ft.close()
 

@@ -85,6 +85,9 @@ def main() -> None:
     if rank == 0:
         print(f"[attempt {attempt}] finished, steps in section: {hooks.steps_in_section}")
     training.shutdown()
+    # DDP before its group: with torch 2.13 a DDP that outlives the group can hang the exit
+    # (docs/troubleshooting.md).
+    del model, optimizer
     dist.destroy_process_group()
 
 

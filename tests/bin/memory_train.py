@@ -92,6 +92,7 @@ def main() -> None:
         checkpoint.save(state, step)
     checkpoint.wait()
     torch.save(state, args.out / f"final-{rank}.pt")
+    del ddp  # before its group: docs/troubleshooting.md
     dist.destroy_process_group()
 
 

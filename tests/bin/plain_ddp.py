@@ -152,6 +152,7 @@ def main() -> None:
                     evaluate(args.eval_seconds)
                 saved = True
     print(f"rank {rank}: finished {step} steps", flush=True)
+    del model, optimizer  # before their group: docs/troubleshooting.md
     dist.destroy_process_group()
 
 
