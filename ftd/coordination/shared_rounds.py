@@ -1,9 +1,12 @@
 """What both rendezvous backends (c10d/, etcd/) say the same way about rounds: their keys, the
-record of a round that could not form, the refusal of an excluded node, a node that came late."""
+record of a round that could not form, the refusal of an excluded node, a node that came late,
+the last call for a round's returning members."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 
 from ftd.config.serve import ServeConfig
@@ -74,3 +77,66 @@ def late_request(late: Late, node_id: str, nnodes_max: int) -> RequestRecord | N
         return new_request("restart", reason, node_id)
     log.info("round %d is full (%d nodes): waiting for its end", late.number, len(members))
     return None
+
+
+def restarts_kept(number: int, carried: int, known: int) -> int:
+    """The restarts used as round `number` carries them, never fewer than seen before."""
+    if carried < known:
+        log.warning(
+            "round %d carries %d restarts used, fewer than the %d seen before "
+            "(forged or lost records): keeping %d",
+            number,
+            carried,
+            known,
+            known,
+        )
+    return max(known, carried)
+
+
+def job_over(request: RequestRecord) -> CoordinationError | None:
+    """A round's end that ends the job for every node, a standby's too (both backends)."""
+    if request.action == "restart":
+        return None
+    return CoordinationError(f"the job is over: {request.reason}", request.action)
+
+
+LAST_CALL_POLL_S = 0.1
+
+
+def returning_members(
+    previous: RoundRecord | None,
+    joined: Collection[str],
+    excluded: Collection[str],
+    unhealthy: Collection[str],
+) -> list[str]:
+    """The members of the round before that the next round still waits for: not joined yet,
+    not excluded, not marked unhealthy in it (a lost node is, once its loss ended the round; a
+    node sitting out unhealthy marks itself). A round that has MAX joiners gives them a last
+    call before it closes without them, so a standby that joined first does not take the place
+    of an active node coming back from a restart."""
+    if previous is None or previous.aborted:
+        return []
+    gone = {*joined, *excluded, *unhealthy}
+    return [m.node_id for m in previous.members if m.node_id not in gone]
+
+
+async def last_call(
+    number: int, window_s: float, awaited: Callable[[], Awaitable[list[str]]]
+) -> None:
+    """Round `number` has MAX joiners: wait up to `window_s` until `awaited()` (the returning
+    members not joined yet) is empty. Polled: a round closes a few times per job, and a read
+    is a fraction of a millisecond."""
+    loop = asyncio.get_running_loop()
+    until = loop.time() + window_s
+    said = False
+    while (missing := await awaited()) and loop.time() < until:
+        if not said:
+            log.info(
+                "round %d is full; waiting up to %gs for %s of the round before "
+                "(a standby takes the place of a node that does not come back)",
+                number,
+                window_s,
+                ", ".join(missing),
+            )
+            said = True
+        await asyncio.sleep(min(LAST_CALL_POLL_S, max(0.0, until - loop.time())))

@@ -25,3 +25,8 @@ async def ask_after_node_lost(
         log.warning("%s", decision.reason)
         return
     await coordinator.request(rnd, new_request("restart", reason, config.node_id))
+    if not counts_healthy_nodes(config.restart_policy):
+        # Marked once the round's end is decided (never before: a mark lets the others'
+        # success end it): the next round gives a lost node no last call, a standby takes
+        # its place at once.
+        await coordinator.unhealthy(rnd, node_id)

@@ -6,13 +6,35 @@ ranks. Both backends."""
 from __future__ import annotations
 
 import signal
+from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from ftd.coordination.records import Member, RoundRecord
+from ftd.coordination.shared_rounds import returning_members
 from tests.conftest import Backend, ServeFactory, events_in
 from tests.support.cluster import Cluster, run_dir
 
 pytestmark = pytest.mark.timeout(120)
+
+nodes = st.sampled_from("abcdefgh")
+
+
+@given(st.lists(nodes, unique=True, max_size=6), *(st.sets(nodes) for _ in range(3)))
+def test_a_round_waits_only_for_members_of_the_round_before_that_may_come_back(
+    previous: list[str], joined: set[str], excluded: set[str], unhealthy: set[str]
+) -> None:
+    members = tuple(
+        Member(node_id=n, addr="127.0.0.1", nproc=1, store_port=1 + i)
+        for i, n in enumerate(previous)
+    )
+    record = RoundRecord(number=3, members=members, restarts=0)
+    awaited = returning_members(record, joined, excluded, unhealthy)
+    assert awaited == [n for n in previous if n not in joined | excluded | unhealthy]
+    aborted = record.model_copy(update={"members": (), "aborted": "too few"})
+    assert returning_members(aborted, (), (), ()) == returning_members(None, (), (), ()) == []
 
 
 async def test_a_standby_takes_the_place_of_a_lost_node(
@@ -53,3 +75,31 @@ async def test_a_node_that_comes_back_under_its_id_restarts_the_round(
     reason = str(request["data"]["reason"])
     assert "node b came back: its ranks of round 0 are gone" in reason or "node b lost" in reason
     assert "ready a1 r1" in again.stdout.text
+
+
+async def test_an_active_node_that_restarts_keeps_its_place_over_a_standby(
+    serve: ServeFactory, backend: Backend, tmp_path: Path
+) -> None:
+    """b's rank fails: every node of round 0 rejoins, and so does the standby, often first.
+    The round that has its MAX joiners gives b, alive and of the round before, a last call:
+    round 1 is a and b again (its ranks, and their snapshots, stay where they were), and c
+    waits on as a standby until the job ends."""
+    out, until = tmp_path / "out", tmp_path / "until"
+    cluster = Cluster(serve, "2", "--max-restarts", "3", backend=backend, last_call=30)
+    args = ("--out", str(out), "--until", str(until), "--fail-mode", "exit:3")
+    a = await cluster.first("a", *args)
+    b = await cluster.node("b", *args)
+    await b.stdout.expect(r"step a0 r1", timeout=60)
+    spare = await cluster.node("c", *args)
+    await spare.stderr.expect(r"round 0 is full \(2 nodes\): waiting for its end", timeout=60)
+    (out / "fail_a0_r1").touch()
+    await b.stdout.expect(r"step a1 r1", timeout=60)
+    rounds = [e["data"]["members"] for e in events_in(run_dir(a, "a"), "round_closed")]
+    assert rounds == [["a", "b"], ["a", "b"]], rounds
+    await spare.stderr.expect(r"round 1 is full \(2 nodes\): waiting for its end", timeout=60)
+    until.touch()
+    assert await a.wait(timeout=60) == 0, a.stderr.text[-3000:]
+    assert await b.wait(timeout=60) == 0, b.stderr.text[-3000:]
+    code = await spare.wait(timeout=60)
+    assert "ready a0" not in spare.stdout.text, spare.stdout.text[-2000:]
+    assert code == 0, spare.stderr.text[-3000:]

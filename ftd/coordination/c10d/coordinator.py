@@ -49,7 +49,15 @@ from ftd.coordination.records import (
     RequestRecord,
     RoundRecord,
 )
-from ftd.coordination.shared_rounds import Late, excluded_error, key, late_request
+from ftd.coordination.shared_rounds import (
+    Late,
+    excluded_error,
+    job_over,
+    key,
+    last_call,
+    late_request,
+    restarts_kept,
+)
 from ftd.tasks import within
 from ftd.tcpstore.server import TcpStoreServer
 
@@ -233,16 +241,8 @@ class StoreCoordinator:
                 # (seen on a busy machine: two jobs of one node each).
                 await self._as_late(Late(number, record))
                 continue
-            if record.restarts < self._rounds.known_restarts:
-                log.warning(
-                    "round %d carries %d restarts used, fewer than the %d seen before "
-                    "(forged or lost records): keeping %d",
-                    number,
-                    record.restarts,
-                    self._rounds.known_restarts,
-                    self._rounds.known_restarts,
-                )
-            self._rounds.known_restarts = max(self._rounds.known_restarts, record.restarts)
+            known = self._rounds.known_restarts
+            self._rounds.known_restarts = restarts_kept(number, record.restarts, known)
             self._rounds.round_hint = number + 1
             rnd = Round(
                 number,
@@ -257,8 +257,9 @@ class StoreCoordinator:
             return rnd
 
     async def _await_close(self, number: int, joiner: int, deadline: float) -> RoundRecord:
-        """Wait for round `number` to close; close it when it is this node's turn: at once as
-        the MAX-th joiner, after the last call once MIN joined, at the join deadline."""
+        """Wait for round `number` to close; close it when it is this node's turn: as the
+        MAX-th joiner once the round before's members came back (or their last call ended),
+        after the last call once MIN joined, at the join deadline."""
         cfg = self.config
         closed: asyncio.Future[RoundRecord] = asyncio.ensure_future(
             self._connections.wait_decided(
@@ -266,9 +267,13 @@ class StoreCoordinator:
             )
         )
 
+        async def returning() -> list[str]:
+            return await self._connections.call(self._rounds.returning, number)
+
         async def close_when_due() -> None:
             loop = asyncio.get_running_loop()
             if joiner >= cfg.nnodes_max:
+                await last_call(number, cfg.rdzv_last_call_timeout_s, returning)
                 await self._connections.call(self._rounds.close, number, False)
             elif joiner >= cfg.nnodes_min:
                 await asyncio.sleep(cfg.rdzv_last_call_timeout_s)
@@ -307,9 +312,11 @@ class StoreCoordinator:
             await self._connections.call(
                 lambda s: s.decide(key(late.number, "request"), request, RequestRecord)
             )
-        await self._connections.wait_decided(
+        ended = await self._connections.wait_decided(
             self._rounds.await_request, self._rounds.request_now, late.number, "its request"
         )
+        if (over := job_over(ended)) is not None:
+            raise over
 
     # -- the round's end ---------------------------------------------------------------------
 

@@ -23,7 +23,13 @@ from ftd.coordination.records import (
     RequestRecord,
     RoundRecord,
 )
-from ftd.coordination.shared_rounds import Late, aborted_round, excluded_error, key
+from ftd.coordination.shared_rounds import (
+    Late,
+    aborted_round,
+    excluded_error,
+    key,
+    returning_members,
+)
 from ftd.text import is_decimal
 
 log = logging.getLogger("ftd.rendezvous")
@@ -193,6 +199,18 @@ class StoreRounds:
         """Blocking: the nodes with a valid join record in round `number` so far."""
         return sorted({m.node_id for m in self.join_records(s, number)[1].values()})
 
+    def returning(self, s: RecordStore, number: int) -> list[str]:
+        """Blocking: the members of round `number - 1` that round `number` still gives a last
+        call (shared_rounds.returning_members)."""
+        if number == 0:
+            return []
+        previous = s.decided(key(number - 1, "closed"), RoundRecord, MAX_ROUND_RECORD_BYTES)
+        if previous is None:
+            return []
+        unhealthy = self.marks(s, number - 1, [m.node_id for m in previous.members], "unhealthy")
+        joined = self.joined_ids(s, number)
+        return returning_members(previous, joined, self.read_excluded(s), unhealthy)
+
     def restarts_before(self, s: RecordStore, number: int, previous: RoundRecord | None) -> int:
         """The restarts used before round `number`, from the previous round's records."""
         if number == 0:
@@ -214,8 +232,8 @@ class StoreRounds:
             s.wait(keys, JOIN_RECORD_GRACE_S)
         return len(s.read_many(keys, MarkRecord))
 
-    def marks(self, s: RecordStore, rnd: Round, kind: str) -> set[str]:
-        keys = {key(rnd.number, f"{kind}/{m.node_id}"): m.node_id for m in rnd.members}
+    def marks(self, s: RecordStore, number: int, members: list[str], kind: str) -> set[str]:
+        keys = {key(number, f"{kind}/{node}"): node for node in members}
         found = s.read_many(list(keys), MarkRecord)
         return {keys[k] for k, mark in found.items() if mark.node_id == keys[k]}
 
@@ -223,7 +241,9 @@ class StoreRounds:
         """This node's ranks exited 0; the last node to say so (or to be unhealthy) ends the
         round as succeeded."""
         s.put(key(rnd.number, f"succeeded/{self.node_id}"), MarkRecord(node_id=self.node_id))
-        done = self.marks(s, rnd, "succeeded") | self.marks(s, rnd, "unhealthy")
+        done = self.marks(s, rnd.number, rnd.node_ids, "succeeded") | self.marks(
+            s, rnd.number, rnd.node_ids, "unhealthy"
+        )
         if done >= set(rnd.node_ids):
             request = new_request("succeed", "every node's ranks exited 0", self.node_id)
             s.decide(key(rnd.number, "request"), request, RequestRecord)
@@ -231,7 +251,7 @@ class StoreRounds:
     def mark_unhealthy(self, s: RecordStore, rnd: Round, node_id: str) -> int:
         """`node_id` is unhealthy; how many members are not."""
         s.put(key(rnd.number, f"unhealthy/{node_id}"), MarkRecord(node_id=node_id))
-        return len(rnd.members) - len(self.marks(s, rnd, "unhealthy"))
+        return len(rnd.members) - len(self.marks(s, rnd.number, rnd.node_ids, "unhealthy"))
 
     def cluster_view(
         self, s: RecordStore, rnd: Round | None

@@ -38,7 +38,15 @@ from ftd.coordination.records import (
     RequestRecord,
     RoundRecord,
 )
-from ftd.coordination.shared_rounds import Late, excluded_error, key, late_request
+from ftd.coordination.shared_rounds import (
+    Late,
+    excluded_error,
+    job_over,
+    key,
+    last_call,
+    late_request,
+    restarts_kept,
+)
 from ftd.tasks import Background, within
 from ftd.tcpstore.server import TcpStoreServer
 
@@ -169,16 +177,7 @@ class EtcdCoordinator:
             if me.node_id not in ids:  # its join key came too late, or went with its lease
                 await self._as_late(Late(number, record), deadline)  # as c10d's join: a scale-up
                 continue
-            if record.restarts < rounds.known_restarts:
-                log.warning(
-                    "round %d carries %d restarts used, fewer than the %d seen before "
-                    "(forged or lost records): keeping %d",
-                    number,
-                    record.restarts,
-                    rounds.known_restarts,
-                    rounds.known_restarts,
-                )
-            rounds.known_restarts = max(rounds.known_restarts, record.restarts)
+            rounds.known_restarts = restarts_kept(number, record.restarts, rounds.known_restarts)
             rnd = Round(
                 number,
                 record.members,
@@ -193,8 +192,9 @@ class EtcdCoordinator:
     async def _await_close(
         self, number: int, joiner: int, deadline: float
     ) -> tuple[RoundRecord, int]:
-        """Wait for round `number` to close; close it when it is this node's turn: at once as
-        the MAX-th joiner, after the last call once MIN joined, at the join deadline."""
+        """Wait for round `number` to close; close it when it is this node's turn: as the
+        MAX-th joiner once the round before's members came back (or their last call ended),
+        after the last call once MIN joined, at the join deadline."""
         cfg = self.config
         closed = self._spawn(
             self._kv.await_decided(key(number, "closed"), RoundRecord, MAX_ROUND_RECORD_BYTES),
@@ -206,9 +206,14 @@ class EtcdCoordinator:
                 f"close round {number}", lambda: self._rounds.close(number, abort), deadline
             )
 
+        async def returning() -> list[str]:
+            what = f"read round {number - 1}'s members"
+            return await self._kv.call(what, lambda: self._rounds.returning(number), deadline)
+
         async def close_when_due() -> None:
             loop = asyncio.get_running_loop()
             if joiner >= cfg.nnodes_max:
+                await last_call(number, cfg.rdzv_last_call_timeout_s, returning)
                 await close(False)
             elif joiner >= cfg.nnodes_min:
                 await asyncio.sleep(cfg.rdzv_last_call_timeout_s)
@@ -246,7 +251,9 @@ class EtcdCoordinator:
                 lambda: self._kv.decide(request_key, request, RequestRecord),
                 deadline,
             )
-        await self._kv.await_decided(request_key, RequestRecord)
+        ended, _ = await self._kv.await_decided(request_key, RequestRecord)
+        if (over := job_over(ended)) is not None:
+            raise over
 
     # -- the round's end ---------------------------------------------------------------------
 

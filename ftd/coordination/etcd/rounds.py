@@ -44,7 +44,13 @@ from ftd.coordination.records import (
     RoundNumber,
     RoundRecord,
 )
-from ftd.coordination.shared_rounds import Late, aborted_round, excluded_error, key
+from ftd.coordination.shared_rounds import (
+    Late,
+    aborted_round,
+    excluded_error,
+    key,
+    returning_members,
+)
 
 log = logging.getLogger("ftd.rendezvous")
 
@@ -178,6 +184,33 @@ class EtcdRounds:
         return sorted(
             {m.node_id for k, m in valid.items() if k == key(number, f"join/{m.node_id}")}
         )
+
+    async def returning(self, number: int) -> list[str]:
+        """The members of round `number - 1` that round `number` still gives a last call
+        (shared_rounds.returning_members)."""
+        if number == 0:
+            return []
+        previous = number - 1
+        _, (joins, excluded, closed, unhealthy) = await self.kv.reads(
+            Get(key(number, "join/"), prefix=True),
+            Get("excluded"),
+            Get(key(previous, "closed")),
+            Get(key(previous, "unhealthy/"), prefix=True),
+        )
+        record, _ = self.kv.first(closed, RoundRecord, MAX_ROUND_RECORD_BYTES)
+        if record is None:
+            return []
+        joined = {
+            m.node_id
+            for k, m in self.kv.valid(joins, Member).items()
+            if k == key(number, f"join/{m.node_id}")
+        }
+        marked = {
+            m.node_id
+            for k, m in self.kv.valid(unhealthy, MarkRecord).items()
+            if k == key(previous, f"unhealthy/{m.node_id}")
+        }
+        return returning_members(record, joined, self.excluded_of(excluded), marked)
 
     # -- closing -----------------------------------------------------------------------------
 
