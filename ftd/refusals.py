@@ -1,9 +1,10 @@
 """Every refusal of outside input lands in one metric, `ftd_input_refused_total{source,cause}`.
 
 Each decoder of outside input (the rank socket, NVRx's sockets, a rank's error file, the state
-file, rendezvous and in-process records, etcd's answers) keeps its refusals in a `Refusals`
-counter of its source; whatever increments it also counts in the metric, so no decoder can
-refuse without the operator seeing it. Causes are ftd's own short words, never the input's.
+file, rendezvous and in-process records, etcd's answers, nvhcd's answers) keeps its refusals
+in a `Refusals` counter of its source; whatever increments it also counts in the metric, so no
+decoder can refuse without the operator seeing it. Causes are ftd's own short words, never the
+input's.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ SOURCES: Final = (
     "etcd",
     "tcp_store",
     "replica",
+    "nvhcd",
 )
 MAX_CAUSE_LENGTH: Final = 48
 

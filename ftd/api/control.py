@@ -122,7 +122,7 @@ class NodeControl:
             return self._coordinator.cluster()
         summary = self._summary()
         return {
-            "nodes": [summary],
+            "nodes": [{**summary, "role": "active"}],
             "round": {"round": self.status.attempt, "members": [self.config.node_id]},
             "excluded": [],
             "stragglers": [

@@ -136,6 +136,11 @@ class DaemonCollector(Collector):
             "ftd_attempt", "The current attempt (0 first)", value=status.attempt
         )
         yield GaugeMetricFamily("ftd_round", "The current rendezvous round", value=status.attempt)
+        yield GaugeMetricFamily(
+            "ftd_node_standby",
+            "1 while this node waits as a standby (a hot spare) for a full round's end, else 0",
+            value=1 if status.standby is not None else 0,
+        )
         restarts = CounterMetricFamily(
             "ftd_restarts", "Restarts of this node's workers", labels=["counted"]
         )

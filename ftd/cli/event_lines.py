@@ -33,6 +33,8 @@ KEY_FIELDS: dict[str, tuple[str, ...]] = {
     "node_excluded": ("node_id", "by", "reason"),
     "node_readmitted": ("node_id", "by"),
     "node_lost": ("node_id", "reason"),
+    "standby": ("round", "members"),
+    "standby_ended": ("round", "reason", "waited_s"),
     "fault_armed": ("kind", "global_rank", "delay_s"),
     "fault_requested": ("kind", "global_rank", "delay_s", "by"),
     "fault_injected": ("kind", "global_rank"),

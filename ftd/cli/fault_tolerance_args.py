@@ -44,6 +44,9 @@ FT_HELP = {
     "before every rendezvous (default: none)",
     "link_state_path_template": "NIC port state files, {nic} for the device, e.g. "
     "/sys/class/infiniband/{nic}/ports/1/state: a port that was ACTIVE must stay so",
+    "node_health_check_endpoint": "the unix socket of NVIDIA's node health check service "
+    "(nvhcd; /path or unix:///path), asked before every rendezvous: fail_count 0 is healthy; "
+    "a socket that does not exist skips the check (default: none)",
 }
 FT_ALIASES = {"node_health_check": ("--node-health-check", "--node_health_check")}
 """ftd's own names for an ft parameter, beside --ft-param-NAME and --ft-NAME."""
@@ -65,6 +68,7 @@ FT_METAVAR = {
     "node_health_check_failures": "N",
     "storage_healthcheck_path": "PATHS",
     "link_state_path_template": "TEMPLATE",
+    "node_health_check_endpoint": "PATH",
 }
 
 

@@ -170,6 +170,9 @@ def format_status(
         lines.append(countdown)
     if unhealthy := status.get("unhealthy"):
         lines.append(f"unhealthy, sitting out of the rendezvous: {escape(str(unhealthy), 400)}")
+    if isinstance(standby := status.get("standby"), dict):
+        since = wall_time(standby.get("since"), millis=False) or NO_VALUE
+        lines.append(f"{escape(str(standby.get('reason')), 400)} (since {since})")
     failure = status.get("last_failure")
     if isinstance(failure, dict):
         counted = "" if failure.get("counted", True) else ", not counted"
@@ -268,6 +271,7 @@ def cluster_lines(status: dict[str, Any], cluster: dict[str, Any]) -> list[str]:
             value(node.get("attempt")),
             f"{value(node.get('restart_count'))}/{value(node.get('max_restarts', most))}",
             str(len(listed(node.get("ranks")))) if "ranks" in node else NO_VALUE,
+            value(node.get("role", "active")),
         ]
         for node in nodes
     ]
@@ -275,7 +279,7 @@ def cluster_lines(status: dict[str, Any], cluster: dict[str, Any]) -> list[str]:
         "",
         f"cluster: round {value(round_.get('round'))}, members "
         f"{', '.join(members) or NO_VALUE}; excluded {', '.join(excluded) or 'none'}",
-        *table(["NODE", "STATE", "ATTEMPT", "RESTARTS USED", "RANKS"], rows),
+        *table(["NODE", "STATE", "ATTEMPT", "RESTARTS USED", "RANKS", "ROLE"], rows),
         *straggler_lines(cluster),
     ]
 

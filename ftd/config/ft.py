@@ -96,6 +96,8 @@ class FaultToleranceConfig(RankTimeouts):
     """Seconds between an unhealthy node's looks (supervision/node_health.py)."""
     node_health_check_failures: int = Field(3, ge=0, le=1_000_000)
     """Looks in a row that find the node unhealthy before it excludes itself (0: never)."""
+    node_health_check_endpoint: str | None = Field(None, min_length=1, max_length=4096)
+    """NVRx's: the unix socket of NVIDIA's node health check service (supervision/nvhcd.py)."""
     storage_healthcheck_path: str | None = Field(None, max_length=65536)
     link_state_path_template: str | None = Field(None, max_length=4096)
     """Every node's exit code when restarting cannot help (no progress)."""

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 from ftd.config.serve import ServeConfig
 from ftd.status.event_kind import EventKind
 from ftd.status.events import EventLog
-from ftd.status.model import DaemonState, Failure, NodeStatus, RankState, RankStatus
+from ftd.status.model import DaemonState, Failure, NodeStatus, RankState, RankStatus, Standby
 from ftd.status.persist import Persistence
 
 log = logging.getLogger("ftd.daemon")
@@ -86,6 +86,9 @@ class StatusBoard:
                 reason=reason,
             )
             status.state = state
+            if state is not DaemonState.RENDEZVOUS:
+                how = f"the daemon is {state.value}" + (f": {reason}" if reason else "")
+                self._standby_ended(how)
             if self.publish is not None:
                 self.publish(self.summary())
         self.write()
@@ -95,6 +98,35 @@ class StatusBoard:
     def round_joined(self, number: int, group_rank: int, restarts: int) -> None:
         self.round, self.group_rank = number, group_rank
         self.status.restart_count = restarts
+        self._standby_ended(f"joined round {number} as an active node (node rank {group_rank})")
+
+    def standby(self, wait: Standby) -> None:
+        """The coordinator found round `wait.round` full: this node waits for its end as a
+        standby (again, for a later round, when the next one is full too)."""
+        if self.status.standby is not None and self.status.standby.round == wait.round:
+            return
+        self.status.standby = wait
+        self.write()
+        log.info("%s", wait.reason)
+        self.events.emit(
+            EventKind.STANDBY, round=wait.round, members=wait.members, reason=wait.reason
+        )
+        if self.publish is not None:
+            self.publish(self.summary())
+
+    def _standby_ended(self, how: str) -> None:
+        """It waits as a standby no more: `how` (it joined a round, the job ended, ...)."""
+        wait, self.status.standby = self.status.standby, None
+        if wait is None:
+            return
+        self.write()
+        log.info("standby of round %d ended: %s", wait.round, how)
+        self.events.emit(
+            EventKind.STANDBY_ENDED,
+            round=wait.round,
+            reason=how,
+            waited_s=round(max(0.0, time.time() - wait.since), 3),
+        )
 
     def restarts_counted(self, restarts: int) -> None:
         """The restarts the job has used, as the coordinator counted them."""

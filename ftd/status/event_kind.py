@@ -66,6 +66,10 @@ class EventKind(enum.StrEnum):
     NODE_UNHEALTHY = "node_unhealthy"
     """A health check before the rendezvous failed: the node sits out (node_health.py)."""
     NODE_HEALTHY = "node_healthy"
+    STANDBY = "standby"
+    """The node found a round full: it waits for its end as a standby (a hot spare)."""
+    STANDBY_ENDED = "standby_ended"
+    """It stopped waiting as a standby: it joined a round as an active node, or the job ended."""
     # the coordination backend (etcd)
     COORDINATION_UNAVAILABLE = "coordination_unavailable"
     """No etcd member answered in time (quorum lost?): the running attempt goes on, a new

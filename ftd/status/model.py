@@ -129,6 +129,32 @@ class Failure:
         }
 
 
+@dataclass(frozen=True)
+class Standby:
+    """This node waits as a hot spare: round `round` was full (`members` nodes) when it came,
+    so it waits for that round's end, and takes the place of a node the round lost."""
+
+    round: int
+    members: int
+    since: float
+    """When it began to wait (time.time())."""
+
+    @property
+    def reason(self) -> str:
+        return (
+            f"standby: round {self.round} is full ({self.members} nodes), waiting to take a "
+            "lost node's place"
+        )
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "round": self.round,
+            "members": self.members,
+            "since": self.since,
+            "reason": self.reason,
+        }
+
+
 @dataclass
 class NodeStatus:
     node_id: str
@@ -150,6 +176,8 @@ class NodeStatus:
     """Attempts in a row that failed fast (the back-off's count)."""
     unhealthy: str | None = None
     """Why the node sits out of the rendezvous (its health check failed); None when healthy."""
+    standby: Standby | None = None
+    """Set while the node waits as a standby (a hot spare) for a full round's end."""
 
     def to_dict(
         self,
@@ -183,5 +211,6 @@ class NodeStatus:
             ),
             "fast_failures": self.fast_failures,
             "unhealthy": self.unhealthy,
+            "standby": self.standby.to_dict() if self.standby is not None else None,
             "progress": progress,
         }

@@ -15,7 +15,8 @@ The checks, each bounded, each only where it is configured or its hardware is th
 - NIC link state (`link_state_path_template`, NVRx's, e.g.
   /sys/class/infiniband/{nic}/ports/1/state): a port that was ACTIVE at the first look and is
   not now;
-- GPUs through NVML, where it loads: every device must answer.
+- GPUs through NVML, where it loads: every device must answer;
+- `node_health_check_endpoint` (NVRx's): NVIDIA's node health check service (nvhcd.py).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from ftd.ranks.gpu_memory import load_nvml
 from ftd.status.board import StatusBoard
 from ftd.status.event_kind import EventKind
 from ftd.status.events import EventLog
+from ftd.supervision.nvhcd import Nvhcd
 from ftd.text import escape
 
 log = logging.getLogger("ftd.supervision")
@@ -59,6 +61,8 @@ class NodeHealth:
         self._active_ports: set[str] | None = None
         self._nvml_looked = False
         self._nvml: ModuleType | None = None
+        endpoint = self._ft.node_health_check_endpoint
+        self._nvhcd = Nvhcd(endpoint, self._ft.node_health_check_timeout) if endpoint else None
         self.failures = 0
         """Looks in a row that found the node unhealthy."""
 
@@ -83,6 +87,10 @@ class NodeHealth:
             if reason != said:
                 log.error("node unhealthy, sitting out of the rendezvous: %s", reason)
                 said = reason
+            if self.failures == 1 and (rnd := self._coordinator.round) is not None:
+                # Marked in the round it ran: the next round gives it no last call.
+                with contextlib.suppress(CoordinationError):
+                    await self._coordinator.unhealthy(rnd, self._node_id)
             if limit and self.failures >= limit:
                 why = f"unhealthy in {self.failures} checks in a row: {reason}"
                 await self._coordinator.exclude(self._node_id, why)
@@ -98,6 +106,8 @@ class NodeHealth:
             reason = await run_check(ft.node_health_check, ft.node_health_check_timeout)
             if reason is not None:
                 return reason
+        if self._nvhcd is not None and (reason := await self._nvhcd.check()) is not None:
+            return reason
         for path in (ft.storage_healthcheck_path or "").split(","):
             if path.strip() and (reason := await storage_reason(path.strip())) is not None:
                 return reason

@@ -277,6 +277,8 @@ async def _await_event(url: str, kind: str, timeout: float) -> dict[str, Any]:
 
 HOSTILE = '<img src=x onerror="document.title=1">\u202e'
 STATES = ["running", "running", "running", "rendezvous", "restarting", "failed", "succeeded"]
+STANDBYS = (508, 509)
+"""Nodes of the stub's cluster that wait as standbys (hot spares): not members of the round."""
 
 
 class StubApi:
@@ -353,13 +355,14 @@ class StubApi:
                 "nproc_per_node": 8,
                 "restart_count": 2,
                 "last_failure": "rank 3 exited with exit code 1" if i % 50 == 7 else None,
+                "role": "standby" if i in STANDBYS else "active",
             }
             for i in range(self.nodes)
         ]
         nodes[511]["node_id"] = HOSTILE  # a hostile store value: shown, never parsed as HTML
         nodes[510]["state"] = "<b>weird</b>"
         excluded = [{"node_id": f"node-{i:04d}", "reason": "bad NIC"} for i in (13, 99)]
-        members = [n["node_id"] for n in nodes]
+        members = [n["node_id"] for n in nodes if n["role"] == "active"]
         return web.json_response(
             {"nodes": nodes, "round": {"round": 2, "members": members}, "excluded": excluded}
         )
@@ -446,7 +449,12 @@ async def test_a_512_node_job_and_recovery_stages() -> None:
         assert max(updates) < 250, times
         assert await page.locator(".tile.excluded").count() == 2
         assert await page.locator(".tile.self").count() == 1
-        assert "512 nodes" in await page.locator("#cluster-summary").inner_text()
+        summary = await page.locator("#cluster-summary").inner_text()
+        assert "512 nodes" in summary and "2 standby" in summary, summary
+        spares = page.locator(".tile.standby")  # hot spares: a "standby" badge on their tiles
+        assert await spares.count() == len(STANDBYS)
+        assert await spares.locator(".badge.standby").all_inner_texts() == ["STANDBY"] * 2
+        assert await page.locator('.tile[data-node="node-0508"] .badge.standby').count() == 1
         assert await page.locator("#banner").is_hidden()
         assert await page.locator("img").count() == 0 and await page.title() == "ftd"
         assert await page.locator(".tile", has_text='<img src=x onerror="').count() == 1

@@ -5,6 +5,8 @@ ranks. Both backends."""
 
 from __future__ import annotations
 
+import json
+import re
 import signal
 from pathlib import Path
 
@@ -16,6 +18,7 @@ from ftd.coordination.records import Member, RoundRecord
 from ftd.coordination.shared_rounds import returning_members
 from tests.conftest import Backend, ServeFactory, events_in
 from tests.support.cluster import Cluster, run_dir
+from tests.support.spares import OVERSIZED, UNSIGNED, cluster_until, forger, metrics_of, roles
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -103,3 +106,47 @@ async def test_an_active_node_that_restarts_keeps_its_place_over_a_standby(
     code = await spare.wait(timeout=60)
     assert "ready a0" not in spare.stdout.text, spare.stdout.text[-2000:]
     assert code == 0, spare.stderr.text[-3000:]
+
+
+async def test_a_standby_is_shown_as_one(
+    serve: ServeFactory, backend: Backend, tmp_path: Path
+) -> None:
+    """c, late for a full round, says it is a standby: in its status.json (field and reason),
+    its events and its metrics; a's cluster view lists it with the role `standby`, and not the
+    standby records someone without the secret put into the store (skipped and counted).
+    Once c has taken lost b's place, it is a standby no more."""
+    until = tmp_path / "until"
+    cluster = Cluster(serve, "2", "--max-restarts", "3", backend=backend)
+    args = ("--hang-attempts", "1", "--hang-until", str(until))
+    a = await cluster.first("a", *args)
+    b = await cluster.node("b", *args)
+    await b.stdout.expect(r"ready a0 r1", timeout=60)
+    async with forger(cluster, backend) as put:
+        await put("r0/standby/mallory", UNSIGNED)
+        await put("r0/standby/oversized", OVERSIZED)
+    spare = await cluster.node("c", *args)
+    reason = "standby: round 0 is full (2 nodes), waiting to take a lost node's place"
+    await spare.stderr.expect(re.escape(reason), timeout=60)
+    status = json.loads((run_dir(spare, "c") / "status.json").read_text())
+    assert status["state"] == "rendezvous"
+    assert status["standby"]["round"] == 0 and status["standby"]["members"] == 2, status
+    assert status["standby"]["reason"] == reason
+    assert "ftd_node_standby 1.0" in (await metrics_of(spare, "c")).splitlines()
+    view = await cluster_until(a, "a", lambda body: "c" in roles(body))
+    assert roles(view) == {"a": "active", "b": "active", "c": "standby"}, view
+    refused = view["refused_records"]
+    assert refused.get("unsigned", 0) >= 1 and refused.get("oversized", 0) >= 1, refused
+    [began] = events_in(run_dir(spare, "c"), "standby")
+    assert began["data"]["round"] == 0 and began["data"]["reason"] == reason
+    b.signal(signal.SIGKILL)
+    await spare.stdout.expect(r"ready a1 r1", timeout=90)
+    status = json.loads((run_dir(spare, "c") / "status.json").read_text())
+    assert status["standby"] is None, status
+    assert "ftd_node_standby 0.0" in (await metrics_of(spare, "c")).splitlines()
+    [ended] = events_in(run_dir(spare, "c"), "standby_ended")
+    assert ended["data"]["reason"] == "joined round 1 as an active node (node rank 1)", ended
+    view = await cluster_until(a, "a", lambda body: body["round"]["round"] == 1)
+    assert roles(view) == {"a": "active", "c": "active"}, view
+    until.touch()
+    assert await a.wait(timeout=60) == 0, a.stderr.text[-3000:]
+    assert await spare.wait(timeout=60) == 0, spare.stderr.text[-3000:]

@@ -13,6 +13,7 @@ belonging to round N (a decided key is a chain `k`, `k#1`, ...: the first valid 
   r<N>/respawns, r<N>/respawn/<k>   in-process respawns charged to the budget
   alive/<node>          AliveRecord, keepalive (liveness.py)
   status/<node>         NodeSummary for GET /v1/cluster
+  r<N>/standby, r<N>/standby/<k>    the standbys waiting for round N's end (standby.py)
   excluded, excluded/<node>   the excluded nodes (ExcludedRecord) and one MarkRecord per node
 
 Waits block in the store on connections of their own (store_connections.py); deadlines (last
@@ -29,12 +30,7 @@ import logging
 from typing import Any
 
 from ftd.config.serve import ServeConfig
-from ftd.coordination.base import (
-    CoordinationError,
-    NodeLost,
-    Round,
-    cluster_answer,
-)
+from ftd.coordination.base import CoordinationError, NodeLost, Round, StandbyChanged, cluster_answer
 from ftd.coordination.c10d.connections import StoreConnections
 from ftd.coordination.c10d.liveness import Keepalive
 from ftd.coordination.c10d.record_store import RecordStore
@@ -58,6 +54,7 @@ from ftd.coordination.shared_rounds import (
     late_request,
     restarts_kept,
 )
+from ftd.coordination.standby import stand_by
 from ftd.tasks import within
 from ftd.tcpstore.server import TcpStoreServer
 
@@ -162,7 +159,7 @@ class StoreCoordinator:
             )
         beats = self._connections.beats
         assert beats.store is not None
-        self._keepalive = Keepalive(
+        self._keepalive = keepalive = Keepalive(
             self.node_id,
             beats.store,
             beats.thread,
@@ -170,13 +167,9 @@ class StoreCoordinator:
             on_node_lost,
             self._mark_lost,
         )
-        await self._connections.call(lambda s: self._keepalive_first_beat())
+        await self._connections.call(lambda s: keepalive.beat_now())
         self.excluded = await self._connections.call(self._rounds.read_excluded)
         self._keepalive_task = asyncio.create_task(self._keepalive.run(), name="ftd-keepalive")
-
-    def _keepalive_first_beat(self) -> None:
-        assert self._keepalive is not None
-        self._keepalive.beat_now()
 
     async def close(self) -> None:
         self._rounds.closing = True
@@ -217,13 +210,13 @@ class StoreCoordinator:
 
     # -- rounds ------------------------------------------------------------------------------
 
-    async def join(self, me: Member) -> Round:
+    async def join(self, me: Member, on_standby: StandbyChanged | None = None) -> Round:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.rdzv_join_timeout_s
         while True:
             entry = await self._connections.call(self._rounds.enter, me)
             if isinstance(entry, Late):
-                await self._as_late(entry)
+                await self._as_late(entry, on_standby)
                 continue
             number, joiner = entry
             record = await self._await_close(number, joiner, deadline)
@@ -239,7 +232,7 @@ class StoreCoordinator:
                 # Late for it, as if we had found it closed: a scale-up where it has room. Not
                 # a round of our own next, which would close without the nodes it runs on
                 # (seen on a busy machine: two jobs of one node each).
-                await self._as_late(Late(number, record))
+                await self._as_late(Late(number, record), on_standby)
                 continue
             known = self._rounds.known_restarts
             self._rounds.known_restarts = restarts_kept(number, record.restarts, known)
@@ -304,14 +297,17 @@ class StoreCoordinator:
                 with contextlib.suppress(BaseException):
                     await task
 
-    async def _as_late(self, late: Late) -> None:
+    async def _as_late(self, late: Late, on_standby: StandbyChanged | None) -> None:
         """Round `late.number` runs without us: ask what a late node asks (late_request), then
-        await its end."""
+        await its end (as a standby, where it asks nothing)."""
         request = late_request(late, self.node_id, self.config.nnodes_max)
         if request is not None:
             await self._connections.call(
                 lambda s: s.decide(key(late.number, "request"), request, RequestRecord)
             )
+        else:
+            call, register = self._connections.call, self._rounds.stand_by
+            await stand_by(late, on_standby, lambda since: call(register, late, since))
         ended = await self._connections.wait_decided(
             self._rounds.await_request, self._rounds.request_now, late.number, "its request"
         )

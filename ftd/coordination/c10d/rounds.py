@@ -30,6 +30,12 @@ from ftd.coordination.shared_rounds import (
     key,
     returning_members,
 )
+from ftd.coordination.standby import (
+    MAX_STANDBYS_READ,
+    StandbyRecord,
+    cluster_nodes,
+    viewed_round,
+)
 from ftd.text import is_decimal
 
 log = logging.getLogger("ftd.rendezvous")
@@ -53,6 +59,8 @@ class StoreRounds:
         self.exclusions = ExclusionLedger()
         """The newest exclusion this daemon has seen: a replay never rolls it back."""
         self.closing = False
+        self.standing_by: Late | None = None
+        """The newest round this daemon found full and waited for as a standby."""
 
     def enter(self, s: RecordStore, me: Member) -> tuple[int, int] | Late:
         """Blocking: find the open round and join it as its n-th joiner (or find it closed)."""
@@ -256,16 +264,35 @@ class StoreRounds:
     def cluster_view(
         self, s: RecordStore, rnd: Round | None
     ) -> tuple[list[dict[str, Any]], dict[str, str]]:
-        """Every member's (and this node's) published summary, and the excluded nodes."""
-        names = sorted({*(rnd.node_ids if rnd else []), self.node_id})
+        """Every member's, standby's (and this node's) published summary with its role, and
+        the excluded nodes."""
+        view = viewed_round(rnd, self.standing_by, self.node_id)
+        standbys = self.standbys(s, view.number) if view.number is not None else set()
+        names = sorted({*view.members, *standbys, self.node_id})
         found = s.read_many([f"status/{n}" for n in names], NodeSummary)
-        nodes = [
-            found[f"status/{n}"].model_dump()
-            if f"status/{n}" in found
-            else {"node_id": n, "state": "unknown"}
-            for n in names
-        ]
-        return nodes, self.read_excluded(s)
+        summaries = {k.removeprefix("status/"): v.model_dump() for k, v in found.items()}
+        return cluster_nodes(summaries, view, standbys), self.read_excluded(s)
+
+    def stand_by(self, s: RecordStore, late: Late, since: float) -> None:
+        """Blocking: register as a standby of round `late.number`, in its next slot."""
+        self.standing_by = late
+        counter = key(late.number, "standby")
+        k = s.count(counter, 1, partial(self.standbys_written, s, late.number))
+        s.put(key(late.number, f"standby/{k}"), StandbyRecord(node_id=self.node_id, since=since))
+
+    def standbys_written(self, s: RecordStore, number: int) -> int:
+        """How many standby records round `number` has (to repair a forged counter)."""
+        n = 0
+        while n < MAX_STANDBYS_READ and s.check([key(number, f"standby/{n + 1}")]):
+            n += 1
+        return n
+
+    def standbys(self, s: RecordStore, number: int) -> set[str]:
+        """Blocking: the nodes registered as standbys of round `number` (its first
+        MAX_STANDBYS_READ slots; an invalid record is skipped, counted by the codec)."""
+        written = s.count(key(number, "standby"), 0, partial(self.standbys_written, s, number))
+        keys = [key(number, f"standby/{k}") for k in range(1, min(written, MAX_STANDBYS_READ) + 1)]
+        return {record.node_id for record in s.read_many(keys, StandbyRecord).values()}
 
     def read_excluded(self, s: RecordStore) -> dict[str, str]:
         record = s.read("excluded", ExcludedRecord, MAX_ROUND_RECORD_BYTES)

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
+from functools import partial
 from typing import Any, TypeVar
 
 from ftd.config.serve import ServeConfig
@@ -19,6 +20,7 @@ from ftd.coordination.base import (
     NodeLost,
     Report,
     Round,
+    StandbyChanged,
     cluster_answer,
     new_request,
 )
@@ -47,6 +49,7 @@ from ftd.coordination.shared_rounds import (
     late_request,
     restarts_kept,
 )
+from ftd.coordination.standby import cluster_nodes, stand_by, viewed_round
 from ftd.tasks import Background, within
 from ftd.tcpstore.server import TcpStoreServer
 
@@ -152,7 +155,7 @@ class EtcdCoordinator:
 
     # -- rounds ------------------------------------------------------------------------------
 
-    async def join(self, me: Member) -> Round:
+    async def join(self, me: Member, on_standby: StandbyChanged | None = None) -> Round:
         assert self._liveness is not None
         deadline = self._deadline()
         rounds = self._rounds
@@ -162,7 +165,7 @@ class EtcdCoordinator:
                 "join a round", lambda: rounds.enter(me, liveness.lease_id), deadline
             )
             if isinstance(entry, Late):
-                await self._as_late(entry, deadline)
+                await self._as_late(entry, deadline, on_standby)
                 continue
             number, joiner = entry
             record, revision = await self._await_close(number, joiner, deadline)
@@ -175,7 +178,7 @@ class EtcdCoordinator:
                 raise excluded_error(me.node_id, self.config.run_id, record.excluded[me.node_id])
             rounds.round_hint = number + 1
             if me.node_id not in ids:  # its join key came too late, or went with its lease
-                await self._as_late(Late(number, record), deadline)  # as c10d's join: a scale-up
+                await self._as_late(Late(number, record), deadline, on_standby)  # as c10d's join
                 continue
             rounds.known_restarts = restarts_kept(number, record.restarts, rounds.known_restarts)
             rnd = Round(
@@ -240,9 +243,9 @@ class EtcdCoordinator:
                 with contextlib.suppress(BaseException):
                     await task
 
-    async def _as_late(self, late: Late, deadline: float) -> None:
+    async def _as_late(self, late: Late, deadline: float, standby: StandbyChanged | None) -> None:
         """Round `late.number` runs without us: ask what a late node asks (late_request), then
-        await its end."""
+        await its end (as a standby, where it asks nothing)."""
         request_key = key(late.number, "request")
         request = late_request(late, self.node_id, self.config.nnodes_max)
         if request is not None:
@@ -251,6 +254,9 @@ class EtcdCoordinator:
                 lambda: self._kv.decide(request_key, request, RequestRecord),
                 deadline,
             )
+        else:
+            lease = self._liveness.lease_id if self._liveness is not None else None
+            await stand_by(late, standby, partial(self._rounds.stand_by, late, lease))
         ended, _ = await self._kv.await_decided(request_key, RequestRecord)
         if (over := job_over(ended)) is not None:
             raise over
@@ -346,15 +352,14 @@ class EtcdCoordinator:
         """Every member's summary as etcd has it; while etcd does not answer, what this node
         knows, and why the rest is unknown (never an error for the API's caller)."""
         rnd = self.round
-        names = sorted({*(rnd.node_ids if rnd else []), self.node_id})
-        summaries: dict[str, dict[str, Any]] = {}
+        view = viewed_round(rnd, self._rounds.standing_by, self.node_id)
+        nodes = cluster_nodes({}, view, ())
         unavailable = None
         try:
-            read = self._rounds.read_cluster
-            summaries, self.excluded = await self._kv.call("read the cluster", read, self._soon())
+            read = partial(self._rounds.read_cluster, view)
+            nodes, self.excluded = await self._kv.call("read the cluster", read, self._soon())
         except CoordinationError as error:
             unavailable = error.reason
-        nodes = [summaries.get(n, {"node_id": n, "state": "unknown"}) for n in names]
         refused = dict(self.codec.refused)
         return cluster_answer(nodes, rnd, self.excluded, self.ops, refused, unavailable)
 

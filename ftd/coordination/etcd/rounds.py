@@ -14,6 +14,7 @@ revision: EtcdClient.read) and at most one conditional write. Keys, under the jo
   r<N>/succeeded/<node>, r<N>/unhealthy/<node>          MarkRecords
   r<N>/respawn/<node>.<nonce>                           in-process respawns (budget)
   r<N>/inprocess        Member: node rank 0's store for the ranks' in-process rounds
+  r<N>/standby/<node>   StandbyRecord: a standby waiting for round N's end, held by its lease
   alive/<node>, status/<node>   AliveRecord, NodeSummary, held by the node's lease
 
 A join is a transaction "if round N is not closed, write my join record and touch `joined`";
@@ -23,6 +24,7 @@ the round record": so a round closes with exactly the nodes that joined it, once
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from dataclasses import dataclass
@@ -50,6 +52,12 @@ from ftd.coordination.shared_rounds import (
     excluded_error,
     key,
     returning_members,
+)
+from ftd.coordination.standby import (
+    MAX_STANDBYS_READ,
+    ClusterView,
+    StandbyRecord,
+    cluster_nodes,
 )
 
 log = logging.getLogger("ftd.rendezvous")
@@ -87,19 +95,39 @@ class EtcdRounds:
         """The next round this daemon may join (never an older one)."""
         self.exclusions = ExclusionLedger()
         """The newest exclusion this daemon has seen: a replay never rolls it back."""
+        self.standing_by: Late | None = None
+        """The newest round this daemon found full and waited for as a standby."""
 
     # -- reading -----------------------------------------------------------------------------
 
-    async def read_cluster(self) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
-        """Each node's published summary (a record under another node's name is skipped), and
-        the excluded nodes, as etcd has them."""
-        _, (found, excluded) = await self.kv.reads(Get("status/", prefix=True), Get("excluded"))
+    async def read_cluster(self, view: ClusterView) -> tuple[list[dict[str, Any]], dict[str, str]]:
+        """The view's nodes with their published summaries (a record under another node's
+        name is skipped) and roles, and the excluded nodes, as etcd has them."""
+        spares = key(view.number or 0, "standby/")
+        _, (found, excluded, standby) = await self.kv.reads(
+            Get("status/", prefix=True), Get("excluded"), Get(spares, True, MAX_STANDBYS_READ)
+        )
         summaries = {
             k.removeprefix("status/"): s.model_dump()
             for k, s in self.kv.valid(found, NodeSummary).items()
             if k == f"status/{s.node_id}"
         }
-        return summaries, self.excluded_of(excluded)
+        standbys = {
+            r.node_id
+            for k, r in self.kv.valid(standby, StandbyRecord).items()
+            if k == f"{spares}{r.node_id}" and view.number is not None
+        }
+        return cluster_nodes(summaries, view, standbys), self.excluded_of(excluded)
+
+    async def stand_by(self, late: Late, lease: int | None, since: float) -> None:
+        """Register as a standby of round `late.number`, under this node's lease (one try)."""
+        self.standing_by = late
+        record = StandbyRecord(node_id=self.node_id, since=since)
+        put = key(late.number, f"standby/{self.node_id}")
+        loop = asyncio.get_running_loop()
+        await self.kv.call(
+            "register as a standby", lambda: self.kv.put(put, record, lease), loop.time()
+        )
 
     def excluded_of(self, found: RangeResult) -> dict[str, str]:
         record, _ = self.kv.first(found, ExcludedRecord, MAX_ROUND_RECORD_BYTES)

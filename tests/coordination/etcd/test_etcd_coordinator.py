@@ -373,7 +373,7 @@ async def test_the_cluster_view_says_why_etcd_is_unknown(etcd: ClusterFactory) -
         assert view["nodes"][0]["state"] == "running" and "unavailable" not in view
         await members.kill(0)
         view = await a.cluster()
-        assert view["nodes"] == [{"node_id": "a", "state": "unknown"}]
+        assert view["nodes"] == [{"node_id": "a", "state": "unknown", "role": "active"}]
         assert "etcd did not answer" in view["unavailable"], view
         seen = {reports.get_nowait()[0] for _ in range(reports.qsize())}
         assert "coordination_unavailable" in seen, seen

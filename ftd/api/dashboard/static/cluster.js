@@ -54,15 +54,18 @@ function drawTile(node, excluded, self, fragment) {
   const stateName = String(node.state);
   const round = node.round ?? node.attempt ?? "–";
   const nodeRank = node.group_rank ?? node.node_rank ?? "–";
+  // A hot spare: it waits for the round's end to take a lost node's place (`role` in /v1/cluster).
+  const standby = node.role === "standby";
   const lines = [id, `${stateName} · round ${round}`,
     nodeRank === "–" ? rankCounts(node) : `rank ${nodeRank} · ${rankCounts(node)}`];
-  const signature = `${lines.join("|")}|${isExcluded}|${excluded.get(id)}|${node.last_failure ?? ""}|${id === self}`;
+  const signature = `${lines.join("|")}|${isExcluded}|${excluded.get(id)}|${node.last_failure ?? ""}|${id === self}|${standby}`;
   let tile = state.tiles.get(id);
   if (!tile) {
     const box = el("div", "tile");
     box.setAttribute("role", "listitem");
     box.dataset.node = id;
-    tile = { box, name: el("div", "name"), line1: el("div", "meta"), line2: el("div", "meta"), signature: "" };
+    tile = { box, name: el("div", "name"), badge: el("span", "badge standby", "standby"),
+      line1: el("div", "meta"), line2: el("div", "meta"), signature: "" };
     box.append(tile.name, tile.line1, tile.line2);
     box.addEventListener("click", () => { $("exclude-node").value = id; });
     state.tiles.set(id, tile);
@@ -70,13 +73,15 @@ function drawTile(node, excluded, self, fragment) {
   }
   if (tile.signature !== signature) {
     tile.signature = signature;
-    tile.box.className = `tile ${stateClass(stateName)}${isExcluded ? " excluded" : ""}${id === self ? " self" : ""}`;
+    tile.box.className = `tile ${stateClass(stateName)}${isExcluded ? " excluded" : ""}${id === self ? " self" : ""}${standby ? " standby" : ""}`;
     tile.box.dataset.state = stateName;
     tile.name.textContent = lines[0];
+    if (standby) tile.name.append(" ", tile.badge);
     tile.line1.textContent = isExcluded ? `excluded · ${stateName}` : lines[1];
     tile.line2.textContent = lines[2];
     const failure = node.last_failure ? `\nlast failure: ${typeof node.last_failure === "string" ? node.last_failure : node.last_failure.reason}` : "";
-    tile.box.title = `${id}\n${lines[1]}\n${lines[2]}${isExcluded ? `\nexcluded: ${excluded.get(id)}` : ""}${failure}`;
+    const spare = standby ? "\nstandby: waiting to take a lost node's place" : "";
+    tile.box.title = `${id}${spare}\n${lines[1]}\n${lines[2]}${isExcluded ? `\nexcluded: ${excluded.get(id)}` : ""}${failure}`;
   }
   return isExcluded ? "excluded" : stateName;
 }
@@ -139,9 +144,10 @@ function renderCluster() {
     return chip;
   }));
   const round = c.round || {};
+  const standbys = nodes.filter((n) => n.role === "standby").length;
   $("cluster-summary").textContent =
     `${nodes.length} node${nodes.length === 1 ? "" : "s"} · round ${round.round ?? "–"} · ` +
-    `${(round.members || []).length} members · ${excluded.size} excluded`;
+    `${(round.members || []).length} members · ${standbys} standby · ${excluded.size} excluded`;
   const list = $("node-ids");
   if (list.childElementCount !== state.nodes.size) {
     list.replaceChildren(...[...state.nodes].sort().map((id) => { const o = el("option"); o.value = id; return o; }));

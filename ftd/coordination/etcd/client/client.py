@@ -175,7 +175,7 @@ class EtcdClient:
         raise EtcdBadAnswer(f"etcd compacted every revision read {READ_RETRIES} times in a row")
 
     async def _range(self, get: Get, revision: int | None) -> RangeResult:
-        body = self._namespace.range(get.key, get.prefix)
+        body = self._namespace.range(get.key, get.prefix, get.limit)
         if revision is not None:
             body["revision"] = str(revision)
         answer = await self.transport.call("/v3/kv/range", body, RangeResponse, mutation=False)

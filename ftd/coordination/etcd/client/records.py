@@ -124,6 +124,8 @@ class Put:
 class Get:
     key: Key
     prefix: bool = False
+    limit: int = 0
+    """At most this many keys of a prefix (the first by key); 0: every one."""
 
 
 @dataclass(frozen=True, slots=True)

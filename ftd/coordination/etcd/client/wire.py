@@ -211,13 +211,17 @@ class Namespace:
     def key(self, key: bytes | str) -> bytes:
         return self.prefix + as_key(key)
 
-    def range(self, key: bytes | str, prefix: bool) -> dict[str, str]:
-        """The request fields selecting one key, or every key starting with it."""
+    def range(self, key: bytes | str, prefix: bool, limit: int = 0) -> dict[str, str]:
+        """The request fields selecting one key, or every key starting with it (the first
+        `limit` of them, where it is not 0)."""
         full = self.key(key)
         if not prefix:
             return {"key": b64(full)}
         # etcd refuses an empty key; "\0" to "\0" is its spelling of "every key".
-        return {"key": b64(full or b"\0"), "range_end": b64(prefix_end(full))}
+        fields = {"key": b64(full or b"\0"), "range_end": b64(prefix_end(full))}
+        if limit:
+            fields["limit"] = str(limit)
+        return fields
 
     def put(self, key: bytes | str, value: bytes, lease: int | None) -> dict[str, str]:
         fields = {"key": b64(self.key(key)), "value": b64(value)}
@@ -267,8 +271,8 @@ class Namespace:
         match op:
             case Put(key, value, lease):
                 return {"request_put": self.put(key, value, lease)}
-            case Get(key, prefix):
-                return {"request_range": self.range(key, prefix)}
+            case Get(key, prefix, limit):
+                return {"request_range": self.range(key, prefix, limit)}
             case Delete(key, prefix):
                 return {"request_delete_range": self.range(key, prefix)}
 
