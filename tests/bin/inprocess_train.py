@@ -37,7 +37,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--out", type=Path, required=True)
 parser.add_argument("--steps", type=int, default=20)
 parser.add_argument("--step-time", type=float, default=0.0, help="seconds of 'compute' a step")
-INJECTIONS = ["none", "raise", "exit", "sleep", "gil", "late"]
+INJECTIONS = ["none", "raise", "exit", "sleep", "gil", "late", "protected"]
 parser.add_argument("--inject", default="none", choices=INJECTIONS)
 parser.add_argument("--inject-rank", type=int, default=2, help="initial rank that faults")
 parser.add_argument("--inject-step", type=int, default=5)
@@ -136,6 +136,9 @@ def train(call_wrapper: inprocess.CallWrapper | None = None) -> None:
     while step < args.steps:
         if step == args.inject_step:
             inject(iteration)
+            if args.inject == "protected" and ATTEMPT == 0 and iteration == 0:
+                with call_wrapper.disable_hang_protection():  # a long load, on every rank
+                    time.sleep(2 * args.soft_timeout)
         if args.step_time:
             time.sleep(args.step_time)
         grad = torch.sin(torch.arange(8, dtype=torch.float64) + step * 0.1 + rank).to(device)

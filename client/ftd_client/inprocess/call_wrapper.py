@@ -34,6 +34,26 @@ class CallWrapper:
         self._runner.watchdog.ping()
 
     @contextlib.contextmanager
+    def disable_hang_protection(self) -> Iterator[None]:
+        """A block that may stall without a soft timeout (a long data load, a checkpoint
+        read): NVRx's context manager. The stall is measured again from the block's end. A
+        fault elsewhere still ends the round, and the daemon's hard timeout still applies to
+        a rank that cannot arrive then."""
+        self._disable_hang_protection()
+        try:
+            yield
+        finally:
+            self._enable_hang_protection()
+
+    def _disable_hang_protection(self) -> None:
+        """NVRx's partner methods, for a block across functions: each disable needs its
+        enable."""
+        self._runner.watchdog.suspend()
+
+    def _enable_hang_protection(self) -> None:
+        self._runner.watchdog.resume()
+
+    @contextlib.contextmanager
     def atomic(self) -> Iterator[None]:
         """A block the restart never interrupts: the watcher waits for it to end before it
         interrupts the function and runs the abort, and once the restart has begun the block

@@ -115,9 +115,23 @@ class Watchdog(threading.Thread):
         self._stopped = False
         self.last_progress = time.monotonic()
         self._pending = False
+        self._suspended = 0
+        """Blocks of `CallWrapper.disable_hang_protection` the function is in (nested)."""
 
     def ping(self) -> None:
         self.last_progress = time.monotonic()
+
+    def suspend(self) -> None:
+        """No soft timeout until as many `resume` calls: a block the function knows is long."""
+        with self._cond:
+            self._suspended += 1
+
+    def resume(self) -> None:
+        """The stall is measured again from now (never from before the block)."""
+        with self._cond:
+            self._suspended = max(0, self._suspended - 1)
+            self.last_progress = time.monotonic()
+            self._cond.notify_all()
 
     def arm(self, rnd: int) -> None:
         with self._cond:
@@ -139,7 +153,7 @@ class Watchdog(threading.Thread):
     def run(self) -> None:
         while True:
             with self._cond:
-                while self._round is None and not self._stopped:
+                while (self._round is None or self._suspended) and not self._stopped:
                     self._cond.wait()
                 if self._stopped:
                     return

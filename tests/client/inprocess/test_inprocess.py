@@ -183,6 +183,20 @@ async def test_a_sleeping_rank_is_caught_by_the_soft_timeout(
 
 
 @pytest.mark.timeout(90)
+async def test_a_block_without_hang_protection_stalls_twice_the_soft_timeout_unharmed(
+    serve: ServeFactory, tmp_path: Path
+) -> None:
+    """Every rank sleeps 2 x soft_timeout inside `call_wrapper.disable_hang_protection()`
+    (NVRx's context manager): no soft timeout, no fault, the job ends as if never paused."""
+    run = await train(serve, tmp_path, "protected", soft_timeout="2")
+    assert await run.wait(timeout=80) == 0, run.stderr.text[-3000:]
+    assert not run.event_data("inprocess_fault")
+    for slot in range(WORLD):
+        assert not (run.out / f"round_i1_s{slot}").exists()
+    assert_same_model(run, list(range(WORLD)), WORLD)
+
+
+@pytest.mark.timeout(90)
 async def test_a_rank_stuck_in_c_code_falls_back_to_a_process_restart(
     serve: ServeFactory, tmp_path: Path
 ) -> None:
