@@ -64,6 +64,12 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
     add = launch.add_argument
     add(*_flag("--nnodes"), default="1:1", metavar="N|MIN:MAX", help="number of nodes")
     add(
+        *_flag("--hot-spares"),
+        action="store_true",
+        help="read --nnodes MIN:MAX as NVRx's ft_launcher does: MIN nodes run the job, the "
+        "others wait as hot spares (without it: torchrun's elastic range)",
+    )
+    add(
         *_flag("--nproc-per-node"),
         default="1",
         metavar="N",

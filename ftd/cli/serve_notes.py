@@ -126,6 +126,17 @@ def unreachable_endpoint(config: ServeConfig) -> Note | None:
     )
 
 
+def hot_spares(config: ServeConfig) -> Note | None:
+    """--hot-spares: say the reading of --nnodes it chose."""
+    if not config.hot_spares:
+        return None
+    return Note(
+        f"--hot-spares: {config.nnodes_max} nodes run the job; up to {config.hot_spares} more "
+        "wait as standbys and take a lost node's place (NVRx's reading of --nnodes MIN:MAX)",
+        logging.INFO,
+    )
+
+
 def _nnodes(config: ServeConfig) -> str:
     low, high = config.nnodes_min, config.nnodes_max
     return str(high) if low == high else f"{low}:{high}"
@@ -139,7 +150,7 @@ def print_config_notes(
         f"# rendezvous store hosted by: {store_host(config)}",
         f"# records signed: {signing(config, environ)}",
     ]
-    for note in (unnamed_run(config, sources), unreachable_endpoint(config)):
+    for note in (unnamed_run(config, sources), unreachable_endpoint(config), hot_spares(config)):
         if note is not None:
             lines.append(f"# {'warning' if note.level == logging.WARNING else 'note'}: {note.text}")
     return lines
@@ -147,6 +158,6 @@ def print_config_notes(
 
 def log_start_notes(config: ServeConfig, sources: Mapping[str, str]) -> None:
     """What the daemon says before it starts anything (once, like --print-config's notes)."""
-    for note in (unnamed_run(config, sources), unreachable_endpoint(config)):
+    for note in (unnamed_run(config, sources), unreachable_endpoint(config), hot_spares(config)):
         if note is not None:
             log.log(note.level, "%s", note.text)

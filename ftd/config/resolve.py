@@ -61,6 +61,8 @@ def serve_config_from_args(args: argparse.Namespace) -> ServeConfig:
 
     try:
         nnodes_min, nnodes_max = parse_nnodes(args.nnodes)
+        hot_spares = nnodes_max - nnodes_min if args.hot_spares else 0
+        nnodes_max -= hot_spares
         rdzv_conf = parse_rdzv_conf(args.rdzv_conf)
         ranks_filter = (
             frozenset(int(r) for r in args.local_ranks_filter.split(","))
@@ -80,6 +82,7 @@ def serve_config_from_args(args: argparse.Namespace) -> ServeConfig:
         "no_python": args.no_python,
         "nnodes_min": nnodes_min,
         "nnodes_max": nnodes_max,
+        "hot_spares": hot_spares,
         "nproc_per_node": _nproc(args.nproc_per_node),
         "max_restarts": args.max_restarts,
         "standalone": args.standalone,

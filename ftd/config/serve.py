@@ -52,6 +52,9 @@ class ServeConfig(BaseModel):
 
     nnodes_min: int = Field(1, ge=1)
     nnodes_max: int = Field(1, ge=1)
+    hot_spares: int = Field(0, ge=0)
+    """--hot-spares: how many nodes beyond the round's size `--nnodes MIN:MAX` allows for
+    (MAX - MIN); they wait as standbys, the round's size is MIN (NVRx's ft_launcher reading)."""
     nproc_per_node: int = Field(1, ge=1)
     max_restarts: int = Field(0, ge=0)
     standalone: bool = False
@@ -182,7 +185,7 @@ class ServeConfig(BaseModel):
     @property
     def multi_node(self) -> bool:
         """Whether the daemons meet in a rendezvous store (else: today's single-node path)."""
-        return not self.standalone and self.nnodes_max > 1
+        return not self.standalone and (self.nnodes_max > 1 or self.hot_spares > 0)
 
 
 def _check_writable_dir(path: Path) -> None:

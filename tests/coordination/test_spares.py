@@ -150,3 +150,21 @@ async def test_a_standby_is_shown_as_one(
     until.touch()
     assert await a.wait(timeout=60) == 0, a.stderr.text[-3000:]
     assert await spare.wait(timeout=60) == 0, spare.stderr.text[-3000:]
+
+
+async def test_hot_spares_read_nnodes_min_max_as_nvrx_does(
+    serve: ServeFactory, tmp_path: Path
+) -> None:
+    """--nnodes 1:2 --hot-spares: the first node runs the job alone; the second waits as a
+    standby instead of scaling the job up (torchrun's reading), and ends with the job."""
+    until = tmp_path / "until"
+    cluster = Cluster(serve, "1:2", "--hot-spares", "--max-restarts", "1")
+    a = await cluster.first("a", "--until", str(until))
+    await a.stdout.expect(r"step a0 r0", timeout=60)
+    assert "--hot-spares: 1 nodes run the job; up to 1 more wait as standbys" in a.stderr.text
+    b = await cluster.node("b", "--until", str(until))
+    await b.stderr.expect(r"round 0 is full \(1 nodes\): waiting for its end", timeout=60)
+    until.touch()
+    assert await a.wait(timeout=60) == 0, a.stderr.text[-3000:]
+    assert await b.wait(timeout=60) == 0, b.stderr.text[-3000:]
+    assert "ready" not in b.stdout.text and "a1" not in a.stdout.text
