@@ -110,6 +110,7 @@ def rank_rows(status: dict[str, Any]) -> list[list[str]]:
             duration(rank.get("last_heartbeat_age_s")),
             value(rank.get("section")),
             duration(rank.get("section_age_s")) if rank.get("section") else NO_VALUE,
+            progress_age_text(rank.get("progress")),
             *_progress_cells(rank.get("progress")),
         ]
         for rank in listed(status.get("ranks"))
@@ -118,8 +119,33 @@ def rank_rows(status: dict[str, Any]) -> list[list[str]]:
 
 
 RANK_HEADER = [
-    "LOCAL", "RANK", "PID", "STATE", "EXIT", "HEARTBEAT", "SECTION", "FOR", "STEPS", "STEP TIME"
+    "LOCAL", "RANK", "PID", "STATE", "EXIT", "HEARTBEAT", "SECTION", "FOR", "NO PROGRESS",
+    "STEPS", "STEP TIME",
 ]  # fmt: skip
+
+
+def progress_age_text(progress: object) -> str:
+    """`12.0 s / 5 min 0 s`: the time a rank is counted without progress against the deadline
+    that judges it (`in auto:torch.save` inside an automatic section); NO_VALUE where nothing
+    is timed (before the node's first step, --progress off)."""
+    if not isinstance(progress, dict):
+        return NO_VALUE
+    age, limit = progress.get("progress_deadline_age_s"), progress.get("progress_deadline_s")
+    if not isinstance(age, int | float) or not isinstance(limit, int | float):
+        return NO_VALUE
+    name = progress.get("progress_deadline_name")
+    inside = f" in {escape(str(name), 60)}" if name not in (None, "progress") else ""
+    return f"{duration(age)} / {duration(limit)}{inside}"
+
+
+def progress_timeout_text(status: dict[str, Any]) -> str:
+    """`  progress=300` (or `=off`) for the timeouts line: the progress deadline is a verdict in
+    force beside the timeouts; "" where the status does not say."""
+    deadlines = status.get("progress_deadlines")
+    if not isinstance(deadlines, dict):
+        return ""
+    deadline = deadlines.get("deadline_s") if deadlines.get("enabled") is True else None
+    return f"  progress={timeout_text(deadline)}"
 
 
 def _progress_cells(progress: object) -> list[str]:
@@ -170,6 +196,8 @@ def format_status(
         lines.append(countdown)
     if unhealthy := status.get("unhealthy"):
         lines.append(f"unhealthy, sitting out of the rendezvous: {escape(str(unhealthy), 400)}")
+    if waiting := waiting_text(status):
+        lines.append(waiting)
     if isinstance(standby := status.get("standby"), dict):
         since = wall_time(standby.get("since"), millis=False) or NO_VALUE
         lines.append(f"{escape(str(standby.get('reason')), 400)} (since {since})")
@@ -186,6 +214,7 @@ def format_status(
         lines.append(
             "timeouts: "
             + "  ".join(f"{escape(str(k), 60)}={timeout_text(v)}" for k, v in timeouts.items())
+            + progress_timeout_text(status)
         )
     if progress := progress_text(status):
         lines.append(progress)
@@ -196,6 +225,26 @@ def format_status(
     lines += table(RANK_HEADER, rows) if rows else ["(no ranks)"]
     lines += cluster_lines(status, cluster)
     return "\n".join(lines)
+
+
+def waiting_text(status: dict[str, Any]) -> str:
+    """`waiting for nodes in round 3: 1 of 2 joined (a); missing: b; gives up in 583 s` while
+    the node waits in a round for others to join (`waiting`); "" otherwise."""
+    wait = status.get("waiting")
+    if not isinstance(wait, dict):
+        return ""
+    joined = [value(n) for n in listed(wait.get("joined"))[:64]]
+    missing = [value(n) for n in listed(wait.get("missing"))[:64]]
+    wanted = value(wait.get("nnodes_min"))
+    if wait.get("nnodes_max") != wait.get("nnodes_min"):
+        wanted += f" to {value(wait.get('nnodes_max'))}"
+    left = wait.get("left_s")
+    return (
+        f"waiting for nodes in round {value(wait.get('round'))} at "
+        f"{value(wait.get('endpoint'))}: {len(joined)} of {wanted} joined "
+        f"({', '.join(joined) or 'none'}); missing: {', '.join(missing) or 'none'}; gives up "
+        f"in {f'{left:.0f} s' if isinstance(left, int | float) else NO_VALUE}"
+    )
 
 
 def cause_lines(cause: object) -> list[str]:

@@ -33,10 +33,12 @@ from ftd.cli.status_view import (
     ending_text,
     listed,
     progress_text,
+    progress_timeout_text,
     rank_rows,
     restarts_text,
     round_text,
     table,
+    waiting_text,
 )
 from ftd.text import duration, escape, is_decimal
 
@@ -230,6 +232,8 @@ def render(snapshot: Snapshot, width: int, height: int, colour: bool, events: in
         )
     if countdown := backoff_text(s):
         lines.append(_paint(countdown, "restarting", colour))
+    if waiting := waiting_text(s):
+        lines.append(_paint(waiting, "rendezvous", colour))
     failure = s.get("last_failure")
     if isinstance(failure, dict):
         lines.append(f"last failure: {escape(str(failure.get('reason', '?')), 200)}")
@@ -262,6 +266,7 @@ def render(snapshot: Snapshot, width: int, height: int, colour: bool, events: in
             + "  ".join(
                 f"{escape(str(k), MAX_VALUE_CHARS)}={timeout_text(v)}" for k, v in timeouts.items()
             )
+            + progress_timeout_text(s)
         )
     if recovery:
         data = recovery.get("data") if isinstance(recovery.get("data"), dict) else {}

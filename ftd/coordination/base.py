@@ -22,15 +22,26 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from ftd.coordination.records import Member, RequestRecord
-from ftd.status.model import Standby
+from ftd.status.model import Standby, Waiting
 
 ErrorCode = Literal["failed", "excluded", "store_lost", "stopped", "succeed", "fail"]
 NodeLost = Callable[[str, str], None]
 """(node id, reason): a member stopped answering; the loop decides what to do."""
 Report = Callable[[str, Mapping[str, Any]], object]
 """(event kind, data): what a backend wants in the daemon's event log."""
-StandbyChanged = Callable[[Standby], None]
-"""This node found a round full: it waits for its end as a standby (coordination/standby.py)."""
+
+
+class RoundWaits(Protocol):
+    """What this node waits for while it joins a round, told as it is seen (the board's)."""
+
+    def standby(self, wait: Standby) -> None:
+        """It found a round full: it waits for its end as a standby (coordination/standby.py)."""
+        ...
+
+    def waiting(self, wait: Waiting | None) -> None:
+        """It waits in a forming round for others to join (coordination/progress.py); None
+        once that wait is over."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -142,11 +153,11 @@ class Coordinator(Protocol):
 
     async def close(self) -> None: ...
 
-    async def join(self, me: Member, on_standby: StandbyChanged | None = None) -> Round:
+    async def join(self, me: Member, waits: RoundWaits | None = None) -> Round:
         """Join the next round; returns once it closed with this node in it. CoordinationError:
         excluded, too few nodes within the join timeout, the job is over, the backend lost.
-        `on_standby`: called each time this node finds a round full and waits for its end as
-        a standby (the board's; it is one no more once a round is joined)."""
+        `waits` (the board's) hears what this node waits for: a full round's end as a standby
+        (it is one no more once a round is joined), others to join a round that forms."""
         ...
 
     def ended(self, rnd: Round) -> asyncio.Future[RequestRecord]:

@@ -11,7 +11,7 @@ import asyncio
 import logging
 from typing import Any
 
-from ftd.coordination.base import NodeLost, Round, StandbyChanged, new_request
+from ftd.coordination.base import NodeLost, Round, RoundWaits, new_request
 from ftd.coordination.records import Member, RequestRecord
 from ftd.tcpstore.server import TcpStoreServer
 
@@ -41,7 +41,7 @@ class LocalCoordinator:
         if store is not None:
             await store.close()
 
-    async def join(self, me: Member, on_standby: StandbyChanged | None = None) -> Round:
+    async def join(self, me: Member, waits: RoundWaits | None = None) -> Round:
         number, self._next = self._next, self._next + 1
         self.round = Round(number, (me,), self._restarts, 0, {})
         return self.round

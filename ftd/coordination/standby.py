@@ -21,7 +21,7 @@ from typing import Any
 
 from pydantic import Field
 
-from ftd.coordination.base import Round, StandbyChanged
+from ftd.coordination.base import Round, RoundWaits
 from ftd.coordination.records import NodeId, Record
 from ftd.coordination.shared_rounds import Late
 from ftd.status.model import Standby
@@ -77,15 +77,15 @@ def cluster_nodes(
 
 async def stand_by(
     late: Late,
-    on_standby: StandbyChanged | None,
+    waits: RoundWaits | None,
     register: Callable[[float], Awaitable[object]],
 ) -> None:
     """This node waits for round `late.number`'s end as a standby: its board hears it, then it
     registers (`register(since)`) where the other nodes' views find it. The registration is
     for the views alone: when it fails, the wait goes on (the view lacks this node)."""
     since = time.time()
-    if on_standby is not None:
-        on_standby(Standby(round=late.number, members=len(late.record.members), since=since))
+    if waits is not None:
+        waits.standby(Standby(round=late.number, members=len(late.record.members), since=since))
     try:
         await register(since)
     except Exception as error:  # the store's own loss is seen by the wait that follows

@@ -286,18 +286,21 @@ class ProgressWatch:
         """`at`, or the first step's report where that came later (set-up is never judged)."""
         return at if self._armed_at is None else max(at, self._armed_at)
 
-    def _limit(self, progress: RankProgress) -> tuple[float, float, str]:
-        """Since when the rank is timed, its limit, and what the limit is."""
+    def in_force(self, progress: RankProgress) -> tuple[str, float, float]:
+        """The deadline that judges the rank now: its name ("progress", or the automatic
+        section's it is inside), its seconds, and since when (this clock) it is timed."""
         if progress.auto:
             name, opened = min(progress.auto.items(), key=lambda item: item[1])
-            limit = self.auto_deadline_s(name)
-            return self._since(opened), limit, f"inside {name} (its deadline {limit:g}s)"
-        learned = "learned" if self.deadline_s > self.floor_s else "the floor"
-        return (
-            self._since(progress.advanced_at),
-            self.deadline_s,
-            f"progress deadline {self.deadline_s:g}s, {learned}",
-        )
+            return name, self.auto_deadline_s(name), self._since(opened)
+        return "progress", self.deadline_s, self._since(progress.advanced_at)
+
+    def _limit(self, progress: RankProgress) -> tuple[float, float, str]:
+        """Since when the rank is timed, its limit, and what the limit is."""
+        name, limit, since = self.in_force(progress)
+        if progress.auto:
+            return since, limit, f"inside {name} (its deadline {limit:g}s)"
+        learned = "learned" if limit > self.floor_s else "the floor"
+        return since, limit, f"progress deadline {limit:g}s, {learned}"
 
     def culprit(self, candidates: Iterable[RankHealth], now: float) -> RankHealth | None:
         """Of ranks found hung together (a heartbeat or section verdict) and any stalled with
@@ -328,7 +331,18 @@ class ProgressWatch:
         progress = self._ranks.get(rank.local_rank)
         if progress is None or progress.rank is not rank:
             return None
-        return {**progress.view(now), "straggler": self.stragglers.view(rank.global_rank)}
+        name, limit, since = self.in_force(progress)
+        return {
+            **progress.view(now),
+            # What the operator needs to see a hang coming: null where no verdict can fire
+            # (--progress off; the age also before the node's first step: set-up is not timed).
+            "progress_deadline_s": limit if self.enabled else None,
+            "progress_deadline_name": name if self.enabled else None,
+            "progress_deadline_age_s": (
+                round(max(now - since, 0.0), 3) if self.enabled and self.armed else None
+            ),
+            "straggler": self.stragglers.view(rank.global_rank),
+        }
 
     def forward_times(self) -> dict[int, float]:
         """Global rank -> median forward seconds, of the node's ranks that report one."""

@@ -44,12 +44,15 @@ class NodeProgress:
     last_step_at: float | None = None
     steps: dict[int, int] = field(default_factory=dict)
     """This attempt's steps by local rank, kept after the rank's reports end."""
+    stepped_before: bool = False
+    """An earlier attempt made optimizer steps: a restart ends at the new ranks' first step."""
 
     def attempt(self, now: float) -> None:
         """A new attempt's ranks start: the previous attempt's span is added up."""
         if self.began_at is None:
             self.began_at = now
         self.made_before_s += self._span()
+        self.stepped_before |= self.first_step_at is not None
         self.first_step_at = self.last_step_at = None
         self.steps = {}
 

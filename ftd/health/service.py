@@ -193,13 +193,15 @@ class HealthService:
         }
 
     async def first_steps(self, group: WorkerGroup) -> float | None:
-        """When every rank of `group` took its first step (wall clock): its first heartbeat,
-        section or resumed(); None when the attempt ended before."""
+        """When every rank of `group` took its first step (wall clock): its first optimizer
+        step where an earlier attempt made some, else its first sign of life; None: it ended."""
         if group is not self._group or self._first_steps is None:
             return None
         return await asyncio.shield(self._first_steps)
 
-    def _on_first_step(self, rank: RankHealth, now: float) -> None:
+    def _on_first_step(self, rank: RankHealth, now: float, step: bool = False) -> None:
+        if not step and self.progress.node.stepped_before:  # a sign of life is no step
+            return
         self._not_stepped.discard(rank.local_rank)
         stepped = self._first_steps
         if not self._not_stepped and stepped is not None and not stepped.done():
@@ -287,7 +289,7 @@ class HealthService:
             refused = self.progress.observe(rank, link.id, message, at)
             self.monitor.on_progress_link(rank, message.get("stack_signal"))
             if message.get("steps") and rank.local_rank in self._not_stepped:  # the restart's end
-                self._on_first_step(rank, at - message.get("age_ms", 0) / 1000)
+                self._on_first_step(rank, at - message.get("age_ms", 0) / 1000, step=True)
             if refused is not None:
                 self.budgets.exceeded(rank, refused)
                 raise refused  # counted by the socket as a dropped message

@@ -16,7 +16,15 @@ from typing import Any, Protocol
 from ftd.config.serve import ServeConfig
 from ftd.status.event_kind import EventKind
 from ftd.status.events import EventLog
-from ftd.status.model import DaemonState, Failure, NodeStatus, RankState, RankStatus, Standby
+from ftd.status.model import (
+    DaemonState,
+    Failure,
+    NodeStatus,
+    RankState,
+    RankStatus,
+    Standby,
+    Waiting,
+)
 from ftd.status.persist import Persistence
 
 log = logging.getLogger("ftd.daemon")
@@ -25,6 +33,10 @@ log = logging.getLogger("ftd.daemon")
 class NodeProgressView(Protocol):
     def node_view(self) -> dict[str, Any]:
         """The node's steps/s and time lost (ftd/health/progress_node.py)."""
+        ...
+
+    def deadlines_view(self) -> dict[str, Any]:
+        """The progress deadlines in force (ftd/health/progress.py)."""
         ...
 
 
@@ -114,6 +126,12 @@ class StatusBoard:
         if self.publish is not None:
             self.publish(self.summary())
 
+    def waiting(self, wait: Waiting | None) -> None:
+        """The node waits in a round for others to join, as last read (None: it closed)."""
+        if wait != self.status.waiting:
+            self.status.waiting = wait
+            self.write()
+
     def _standby_ended(self, how: str) -> None:
         """It waits as a standby no more: `how` (it joined a round, the job ended, ...)."""
         wait, self.status.standby = self.status.standby, None
@@ -199,6 +217,7 @@ class StatusBoard:
             live.snapshot, live.timeouts_view(), live.ipc_view(), live.progress.node_view()
         )
         snapshot["checkpoint"] = self._checkpoint_view() if self._checkpoint_view else None
+        snapshot["progress_deadlines"] = live.progress.deadlines_view()
         return snapshot
 
     def write(self) -> None:

@@ -155,6 +155,33 @@ class Standby:
         }
 
 
+@dataclass(frozen=True)
+class Waiting:
+    """This node waits in round `round` for others to join (as the rendezvous last read it):
+    who joined, who of the round before is not back, and when the join timeout ends it."""
+
+    round: int
+    endpoint: str
+    joined: tuple[str, ...]
+    missing: tuple[str, ...]
+    """The previous round's members not back yet."""
+    nnodes_min: int
+    nnodes_max: int
+    gives_up_at: float
+    """When the join timeout ends the wait (time.time())."""
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "round": self.round,
+            "endpoint": self.endpoint,
+            "joined": list(self.joined),
+            "missing": list(self.missing),
+            "nnodes_min": self.nnodes_min,
+            "nnodes_max": self.nnodes_max,
+            "left_s": round(max(0.0, self.gives_up_at - time.time()), 3),
+        }
+
+
 @dataclass
 class NodeStatus:
     node_id: str
@@ -178,6 +205,8 @@ class NodeStatus:
     """Why the node sits out of the rendezvous (its health check failed); None when healthy."""
     standby: Standby | None = None
     """Set while the node waits as a standby (a hot spare) for a full round's end."""
+    waiting: Waiting | None = None
+    """Set while the node waits in a round for others to join; None once it closed."""
 
     def to_dict(
         self,
@@ -212,5 +241,6 @@ class NodeStatus:
             "fast_failures": self.fast_failures,
             "unhealthy": self.unhealthy,
             "standby": self.standby.to_dict() if self.standby is not None else None,
+            "waiting": self.waiting.to_dict() if self.waiting is not None else None,
             "progress": progress,
         }

@@ -34,7 +34,8 @@ class Recovery:
     restore_asked: float | None = None
     """The new ranks last asked which snapshot to restore (None: none asked)."""
     resumed: float | None = None
-    """Every rank of the next attempt took its first step (heartbeat, section or resumed())."""
+    """Every rank of the next attempt took its first step: an optimizer step where an earlier
+    attempt made some, else its first heartbeat, section or resumed()."""
     caught_up: float | None = None
     """A rank saved the step the job had reached before the fault (None: no restore, or not
     yet)."""

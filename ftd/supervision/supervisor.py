@@ -173,7 +173,7 @@ class Supervisor:
             store_port=port,
             order=config.node_rank,
         )
-        join = asyncio.ensure_future(self.coordinator.join(me, self.board.standby))
+        join = asyncio.ensure_future(self.coordinator.join(me, self.board))
         first = await first_of(join, self.stop.wait(), self.coordinator.lost.wait())
         if first is not join:
             join.cancel()

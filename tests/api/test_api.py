@@ -418,8 +418,8 @@ async def test_admin_cli_status(serve: ServeFactory) -> None:
         assert "restarts 0/5" in lines[0]
         header = next(i for i, line in enumerate(lines) if line.startswith("LOCAL"))
         assert lines[header].split() == [
-            "LOCAL", "RANK", "PID", "STATE", "EXIT", "HEARTBEAT", "SECTION", "FOR", "STEPS",
-            "STEP", "TIME",
+            "LOCAL", "RANK", "PID", "STATE", "EXIT", "HEARTBEAT", "SECTION", "FOR", "NO",
+            "PROGRESS", "STEPS", "STEP", "TIME",
         ]  # fmt: skip
         assert [line.split()[3] for line in lines[header + 1 : header + 3]] == ["running"] * 2
         assert any(line.startswith("cluster: round 0") for line in lines)

@@ -22,6 +22,9 @@ class NoProgress:
     def node_view(self) -> dict[str, Any]:
         return {}
 
+    def deadlines_view(self) -> dict[str, Any]:
+        return {}
+
 
 class NoLiveView:
     progress = NoProgress()

@@ -12,7 +12,7 @@ from importlib import resources
 
 from aiohttp import web
 
-SCRIPTS = ("core.js", "node.js", "cluster.js", "events.js", "app.js")
+SCRIPTS = ("core.js", "progress.js", "node.js", "cluster.js", "events.js", "app.js")
 """The page's scripts, in their order of loading (one global scope, core.js first)."""
 ASSETS = {
     **dict.fromkeys(SCRIPTS, "text/javascript"),

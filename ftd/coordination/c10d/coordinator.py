@@ -30,7 +30,7 @@ import logging
 from typing import Any
 
 from ftd.config.serve import ServeConfig
-from ftd.coordination.base import CoordinationError, NodeLost, Round, StandbyChanged, cluster_answer
+from ftd.coordination.base import CoordinationError, NodeLost, Round, RoundWaits, cluster_answer
 from ftd.coordination.c10d.connections import StoreConnections
 from ftd.coordination.c10d.liveness import Keepalive
 from ftd.coordination.c10d.record_store import RecordStore
@@ -210,16 +210,16 @@ class StoreCoordinator:
 
     # -- rounds ------------------------------------------------------------------------------
 
-    async def join(self, me: Member, on_standby: StandbyChanged | None = None) -> Round:
+    async def join(self, me: Member, waits: RoundWaits | None = None) -> Round:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.rdzv_join_timeout_s
         while True:
             entry = await self._connections.call(self._rounds.enter, me)
             if isinstance(entry, Late):
-                await self._as_late(entry, on_standby)
+                await self._as_late(entry, waits)
                 continue
             number, joiner = entry
-            record = await self._await_close(number, joiner, deadline)
+            record = await self._await_close(number, joiner, deadline, waits)
             if record.aborted:
                 raise CoordinationError(record.aborted)
             self._rounds.exclusions.learn(record)
@@ -232,7 +232,7 @@ class StoreCoordinator:
                 # Late for it, as if we had found it closed: a scale-up where it has room. Not
                 # a round of our own next, which would close without the nodes it runs on
                 # (seen on a busy machine: two jobs of one node each).
-                await self._as_late(Late(number, record), on_standby)
+                await self._as_late(Late(number, record), waits)
                 continue
             known = self._rounds.known_restarts
             self._rounds.known_restarts = restarts_kept(number, record.restarts, known)
@@ -249,7 +249,9 @@ class StoreCoordinator:
             self._keepalive.watch(ids[1:] if rnd.group_rank == 0 else ids[:1])
             return rnd
 
-    async def _await_close(self, number: int, joiner: int, deadline: float) -> RoundRecord:
+    async def _await_close(
+        self, number: int, joiner: int, deadline: float, waits: RoundWaits | None
+    ) -> RoundRecord:
         """Wait for round `number` to close; close it when it is this node's turn: as the
         MAX-th joiner once the round before's members came back (or their last call ended),
         after the last call once MIN joined, at the join deadline."""
@@ -274,14 +276,14 @@ class StoreCoordinator:
             await asyncio.sleep(max(0.0, deadline - loop.time()))
             await self._connections.call(self._rounds.close, number, True)
 
-        previous = self.round.node_ids if self.round is not None else []
         progress = asyncio.ensure_future(
             report_progress(
                 cfg,
                 number,
-                previous,
+                self.round,
                 lambda: self._connections.call(self._rounds.joined_ids, number),
                 deadline,
+                waits,
             )
         )
         closer = asyncio.ensure_future(close_when_due())
@@ -297,7 +299,7 @@ class StoreCoordinator:
                 with contextlib.suppress(BaseException):
                     await task
 
-    async def _as_late(self, late: Late, on_standby: StandbyChanged | None) -> None:
+    async def _as_late(self, late: Late, waits: RoundWaits | None) -> None:
         """Round `late.number` runs without us: ask what a late node asks (late_request), then
         await its end (as a standby, where it asks nothing)."""
         request = late_request(late, self.node_id, self.config.nnodes_max)
@@ -307,7 +309,7 @@ class StoreCoordinator:
             )
         else:
             call, register = self._connections.call, self._rounds.stand_by
-            await stand_by(late, on_standby, lambda since: call(register, late, since))
+            await stand_by(late, waits, lambda since: call(register, late, since))
         ended = await self._connections.wait_decided(
             self._rounds.await_request, self._rounds.request_now, late.number, "its request"
         )

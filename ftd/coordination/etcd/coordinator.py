@@ -20,7 +20,7 @@ from ftd.coordination.base import (
     NodeLost,
     Report,
     Round,
-    StandbyChanged,
+    RoundWaits,
     cluster_answer,
     new_request,
 )
@@ -155,7 +155,7 @@ class EtcdCoordinator:
 
     # -- rounds ------------------------------------------------------------------------------
 
-    async def join(self, me: Member, on_standby: StandbyChanged | None = None) -> Round:
+    async def join(self, me: Member, waits: RoundWaits | None = None) -> Round:
         assert self._liveness is not None
         deadline = self._deadline()
         rounds = self._rounds
@@ -165,10 +165,10 @@ class EtcdCoordinator:
                 "join a round", lambda: rounds.enter(me, liveness.lease_id), deadline
             )
             if isinstance(entry, Late):
-                await self._as_late(entry, deadline, on_standby)
+                await self._as_late(entry, deadline, waits)
                 continue
             number, joiner = entry
-            record, revision = await self._await_close(number, joiner, deadline)
+            record, revision = await self._await_close(number, joiner, deadline, waits)
             if record.aborted:
                 raise CoordinationError(record.aborted)
             rounds.exclusions.learn(record)
@@ -178,7 +178,7 @@ class EtcdCoordinator:
                 raise excluded_error(me.node_id, self.config.run_id, record.excluded[me.node_id])
             rounds.round_hint = number + 1
             if me.node_id not in ids:  # its join key came too late, or went with its lease
-                await self._as_late(Late(number, record), deadline, on_standby)  # as c10d's join
+                await self._as_late(Late(number, record), deadline, waits)  # as c10d's join
                 continue
             rounds.known_restarts = restarts_kept(number, record.restarts, rounds.known_restarts)
             rnd = Round(
@@ -193,7 +193,7 @@ class EtcdCoordinator:
             return rnd
 
     async def _await_close(
-        self, number: int, joiner: int, deadline: float
+        self, number: int, joiner: int, deadline: float, waits: RoundWaits | None
     ) -> tuple[RoundRecord, int]:
         """Wait for round `number` to close; close it when it is this node's turn: as the
         MAX-th joiner once the round before's members came back (or their last call ended),
@@ -225,10 +225,9 @@ class EtcdCoordinator:
             await close(True)
 
         closer = self._spawn(close_when_due(), f"round-{number}-closer")
-        previous = self.round.node_ids if self.round is not None else []
         progress = self._spawn(
             report_progress(
-                cfg, number, previous, lambda: self._rounds.joined_ids(number), deadline
+                cfg, number, self.round, lambda: self._rounds.joined_ids(number), deadline, waits
             ),
             f"round-{number}-progress",
         )
@@ -243,7 +242,7 @@ class EtcdCoordinator:
                 with contextlib.suppress(BaseException):
                     await task
 
-    async def _as_late(self, late: Late, deadline: float, standby: StandbyChanged | None) -> None:
+    async def _as_late(self, late: Late, deadline: float, waits: RoundWaits | None) -> None:
         """Round `late.number` runs without us: ask what a late node asks (late_request), then
         await its end (as a standby, where it asks nothing)."""
         request_key = key(late.number, "request")
@@ -256,7 +255,7 @@ class EtcdCoordinator:
             )
         else:
             lease = self._liveness.lease_id if self._liveness is not None else None
-            await stand_by(late, standby, partial(self._rounds.stand_by, late, lease))
+            await stand_by(late, waits, partial(self._rounds.stand_by, late, lease))
         ended, _ = await self._kv.await_decided(request_key, RequestRecord)
         if (over := job_over(ended)) is not None:
             raise over

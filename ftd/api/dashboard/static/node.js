@@ -120,24 +120,13 @@ function renderStatus() {
     return span;
   }), $("backoff"));
   state.nodes.add(String(s.node_id));
+  renderWaiting(s.waiting, final);
   renderFailure(s);
   renderRanks(s);
   renderSelfTile(s);
   renderExcludeForm(s);
   renderTimeouts();
   renderTimeline();
-}
-
-// The node's progress (its slowest rank's pace, the time lost to failures since the job began
-// here: docs/api.md, "Progress"); none before the job began.
-function progressFacts(progress) {
-  if (!progress || typeof progress.since !== "number") return [];
-  const pace = typeof progress.steps_per_s === "number" ? progress.steps_per_s.toFixed(2) : "–";
-  return [
-    ["steps", progress.steps ?? "–"],
-    ["steps/s", pace],
-    ["time lost", duration(progress.time_lost_s)],
-  ];
 }
 
 // The memory tier (docs/checkpoint.md): the step a restart resumes after, and the steps the
@@ -191,15 +180,24 @@ function renderRanks(s) {
     open.dataset.live = heartbeat.dataset.live;
     open.dataset.section = rank.section ?? "";
     const progress = rank.progress || {};
-    row.append(heartbeat, section, open, el("td", "steps", Number.isInteger(progress.steps) ?
+    // The time counted against the deadline that judges the rank (docs/api.md, "Progress").
+    const stalled = el("td", "age progress-age");
+    const limit = progress.progress_deadline_s;
+    stalled.dataset.base = typeof limit === "number" ? progress.progress_deadline_age_s ?? "" : "";
+    stalled.dataset.live = typeof limit === "number" && alive ? "1" : "";
+    stalled.dataset.limit = typeof limit === "number" ? limit : "";
+    stalled.dataset.deadline = progress.progress_deadline_name ?? "";
+    row.append(heartbeat, section, open, stalled, el("td", "steps", Number.isInteger(progress.steps) ?
       progress.steps : "–"), el("td", "step-time", duration(progress.step_time_s)));
     return row;
   }));
   tickAges();
 }
 
-// The deadline an age runs against: the heartbeat timeout, or the open section's.
+// The deadline an age runs against: the heartbeat timeout, the open section's, or the one
+// that judges the rank's progress.
 function deadlineOf(cell, timeouts) {
+  if (cell.classList.contains("progress-age")) return Number(cell.dataset.limit);
   if (cell.classList.contains("heartbeat")) return timeouts.rank_heartbeat_timeout;
   const sections = timeouts.rank_section_timeouts || {};
   return sections[cell.dataset.section];
@@ -222,8 +220,14 @@ function tickAges() {
     cell.textContent = `${age.toFixed(1)} s`;
     const limit = deadlineOf(cell, timeouts);
     const share = typeof limit === "number" && limit > 0 ? age / limit : 0;
-    cell.classList.toggle("stale", share > 1);
-    cell.classList.toggle("near", share > NEAR_DEADLINE && share <= 1);
+    const [near, late] = cell.classList.contains("progress-age") ?
+      [PROGRESS_NEAR, PROGRESS_LATE] : [NEAR_DEADLINE, 1];
+    cell.classList.toggle("stale", share > late);
+    cell.classList.toggle("near", share > near && share <= late);
+    if (cell.dataset.deadline) {
+      const what = cell.dataset.deadline === "progress" ? "" : ` in ${cell.dataset.deadline}`;
+      cell.textContent += ` / ${duration(limit)}${what}`;
+    }
     cell.title = typeof limit === "number" ? `${Math.round(share * 100)} % of its ${duration(limit)} deadline` : "";
   }
 }
@@ -375,7 +379,7 @@ function renderTimeouts() {
       span.append("  ");
       return span;
     },
-  ));
+  ), ...progressDeadlines(state.status.progress_deadlines));
   if (!state.timeoutsDirty) {
     for (const [name, value] of Object.entries(t)) {
       const input = $(`t-${name}`);

@@ -1,0 +1,50 @@
+// ftd dashboard, progress: the node's pace in the header, the deadlines that judge the ranks'
+// progress beside the timeouts in force (docs/api.md, "Progress"), and a forming round's: who
+// joined, who is missing, the time left; node.js draws them.
+"use strict";
+
+// A progress age turns amber past half its deadline, red past 90 %: a hang verdict is near.
+const PROGRESS_NEAR = 0.5;
+const PROGRESS_LATE = 0.9;
+
+// The node's progress (its slowest rank's pace, the time lost to failures since the job began
+// here: docs/api.md, "Progress"); none before the job began.
+function progressFacts(progress) {
+  if (!progress || typeof progress.since !== "number") return [];
+  const pace = typeof progress.steps_per_s === "number" ? progress.steps_per_s.toFixed(2) : "–";
+  return [
+    ["steps", progress.steps ?? "–"],
+    ["steps/s", pace],
+    ["time lost", duration(progress.time_lost_s)],
+  ];
+}
+
+// The progress verdicts in force beside the timeouts: the progress deadline (learned, never
+// below the floor) and the deadlines learned for automatic sections.
+function progressDeadlines(deadlines) {
+  if (!deadlines || typeof deadlines !== "object") return [];
+  const span = el("span", "progress-deadline", "progress ");
+  span.appendChild(el("b", null, deadlines.enabled ? seconds(deadlines.deadline_s) : "off"));
+  span.append("  ");
+  const sections = deadlines.automatic_sections_s || {};
+  if (!deadlines.enabled || !Object.keys(sections).length) return [span];
+  const learned = el("span", null, "automatic sections ");
+  learned.appendChild(el("b", null, seconds(sections)));
+  return [span, learned];
+}
+
+// The node waits in a round for others to join (the status's `waiting`): said in the header,
+// as `ftd status` says it; hidden once the round closed, and on the final picture.
+function renderWaiting(wait, final) {
+  const box = $("waiting");
+  box.hidden = !wait || typeof wait !== "object" || Boolean(final);
+  if (box.hidden) return;
+  const joined = Array.isArray(wait.joined) ? wait.joined.map(String) : [];
+  const missing = Array.isArray(wait.missing) ? wait.missing.map(String) : [];
+  const wanted = wait.nnodes_max === wait.nnodes_min ? `${wait.nnodes_min}` :
+    `${wait.nnodes_min} to ${wait.nnodes_max}`;
+  const left = typeof wait.left_s === "number" ? `${Math.round(wait.left_s)} s` : "–";
+  box.textContent = `waiting for nodes in round ${wait.round} at ${wait.endpoint}: ` +
+    `${joined.length} of ${wanted} joined (${joined.join(", ") || "none"}); ` +
+    `missing: ${missing.join(", ") || "none"}; gives up in ${left}`;
+}

@@ -1,0 +1,84 @@
+"""What a node waiting in a forming round tells its board (ftd/coordination/progress.py): who
+joined, who of the round before is missing, the time left, at once and at each later read;
+nothing for a read that failed; None once the wait is over. And the words `ftd status` makes of
+it, job text escaped (ftd/cli/status_view.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from ftd.cli.status_view import waiting_text
+from ftd.config.serve import ServeConfig
+from ftd.coordination import progress
+from ftd.coordination.base import Round
+from ftd.coordination.records import Member
+from ftd.status.model import Standby, Waiting
+
+CONFIG = ServeConfig(
+    entrypoint=__file__, node_id="a", nnodes_min=2, nnodes_max=3, rdzv_endpoint="h:29400"
+)
+LAST = Round(
+    3,
+    tuple(Member(node_id=n, addr="h", nproc=1, store_port=1) for n in ("a", "b", "c")),
+    0,
+    0,
+    {},
+)
+
+
+class Board:
+    def __init__(self) -> None:
+        self.seen: list[Waiting | None] = []
+        self.changed = asyncio.Event()
+
+    def standby(self, wait: Standby) -> None:
+        raise AssertionError("no standby here")
+
+    def waiting(self, wait: Waiting | None) -> None:
+        self.seen.append(wait)
+        self.changed.set()
+
+
+async def test_the_board_hears_at_once_and_the_wait_ends_with_none(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    board, reads = Board(), [["a"], OSError("store lost"), ["a", "c"]]
+
+    async def joined() -> list[str]:
+        answer = reads.pop(0) if reads else ["a", "c"]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    monkeypatch.setattr(progress, "PROGRESS_S", 0.01)
+    deadline = asyncio.get_running_loop().time() + 100
+    task = asyncio.create_task(progress.report_progress(CONFIG, 4, LAST, joined, deadline, board))
+    while len(board.seen) < 2:
+        board.changed.clear()
+        await board.changed.wait()
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    first, second, *rest = board.seen
+    assert rest[-1] is None and all(w is not None for w in rest[:-1])
+    assert first is not None and second is not None
+    assert (first.round, first.endpoint, first.nnodes_min, first.nnodes_max) == (4, "h:29400", 2, 3)
+    assert first.joined == ("a",) and first.missing == ("b", "c")
+    assert second.joined == ("a", "c") and second.missing == ("b",)  # the failed read: nothing
+    assert 90 < first.gives_up_at - time.time() <= 100
+
+
+def test_waiting_text_and_the_time_left_read_live() -> None:
+    wait = Waiting(4, "h:29400", ("a",), ("b",), 2, 2, gives_up_at=time.time() + 583.2)
+    shown = wait.to_dict()
+    assert 582 < shown["left_s"] <= 583.2  # type: ignore[operator]
+    line = waiting_text({"waiting": shown})
+    assert line.startswith(
+        "waiting for nodes in round 4 at h:29400: 1 of 2 joined (a); missing: b; gives up in 58"
+    ), line
+    assert "2 to 3" in waiting_text({"waiting": {**shown, "nnodes_max": 3}})
+    hostile = waiting_text({"waiting": {**shown, "joined": ["\x1b]0;owned\x07"], "missing": 7}})
+    assert "\x1b" not in hostile and "missing: none" in hostile, hostile
+    assert waiting_text({"waiting": None}) == "" and waiting_text({}) == ""
