@@ -17,6 +17,9 @@ log = logging.getLogger("ftd.rendezvous")
 
 PROGRESS_S = 5.0
 """A node waiting for others to join says who is there this often."""
+FIRST_LOOK_S = 1.0
+"""Its board hears it first this long into the wait: a round that forms at once (nearly
+every round) costs no read of who joined (tests/coordination/test_multinode.py counts them)."""
 
 
 async def report_progress(
@@ -28,10 +31,10 @@ async def report_progress(
     waits: RoundWaits | None,
 ) -> None:
     """Until cancelled: who joined round `number` and who of the round before (`last`) is not
-    back yet, read at once for the board (`waits`) and then every PROGRESS_S for the board and
-    the log, with when the join timeout (`deadline`, the loop's clock) ends the wait. `joined`
-    reads the nodes with a valid join record; a read that fails is said and tried again. The
-    board hears that the wait is over when this ends."""
+    back yet, read FIRST_LOOK_S into the wait for the board (`waits`), then every PROGRESS_S
+    for the board and the log, with when the join timeout (`deadline`, the loop's clock) ends
+    the wait. `joined` reads the nodes with a valid join record; a read that fails is said and
+    tried again. The board hears that the wait is over when this ends."""
     loop = asyncio.get_running_loop()
     previous = last.node_ids if last is not None else []
 
@@ -70,6 +73,7 @@ async def report_progress(
             )
 
     try:
+        await asyncio.sleep(FIRST_LOOK_S)
         await look(say=False)
         while True:
             await asyncio.sleep(PROGRESS_S)

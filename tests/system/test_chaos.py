@@ -194,7 +194,7 @@ def event_episodes(page: list[dict[str, Any]], name: str) -> list[str]:
 async def test_r03_file_size_limit_supervision_goes_on_and_recovers(
     serve: ServeFactory, tmp_path: Path
 ) -> None:
-    """The daemon under RLIMIT_FSIZE (its writes past 768 bytes fail with EFBIG, as on a full
+    """The daemon under RLIMIT_FSIZE (its writes past 1024 bytes fail with EFBIG, as on a full
     disk): a rank crash is still restarted, each failing file is said once (until it is
     written again), the API tells the truth; once the limit is lifted the files are written
     again and say so."""
@@ -202,7 +202,7 @@ async def test_r03_file_size_limit_supervision_goes_on_and_recovers(
     run = await serve(
         "--nproc-per-node", "2", "--max-restarts", "1", "--start-method", "spawn",
         script_args=("--fail-attempts", "1", "--fail-mode", "exit:3", "--hang-until", str(go)),
-        wrap=("prlimit", "--fsize=768:unlimited", "--"),  # the first status fits, not the next
+        wrap=("prlimit", "--fsize=1024:unlimited", "--"),  # the first status fits, not the next
     )  # fmt: skip
     async with api_session(run) as (session, url, _):
         for rank in (0, 1):
