@@ -138,7 +138,7 @@ def decode_error_json(data: bytes) -> RankError | Unreadable:
     text = data.decode("utf-8", errors="replace")
     if not text.strip():
         return Unreadable("empty")
-    if not _nesting_within(text, MAX_DEPTH):
+    if not nesting_within(text, MAX_DEPTH):
         return Unreadable(f"not JSON (unbalanced or nested deeper than {MAX_DEPTH})")
     try:
         document = json.loads(text)
@@ -166,7 +166,7 @@ def decode_error_json(data: bytes) -> RankError | Unreadable:
     )
 
 
-def _nesting_within(text: str, limit: int) -> bool:
+def nesting_within(text: str, limit: int) -> bool:
     """Whether the brackets outside strings balance within `limit` levels: at most `limit`
     passes, each removing the innermost pairs (linear each; no recursion)."""
     brackets = _NOT_BRACKET.sub("", _STRING.sub("", text))

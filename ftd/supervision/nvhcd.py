@@ -21,7 +21,7 @@ import json
 import logging
 
 from ftd import containment
-from ftd.ranks.error_file import MAX_DEPTH, _nesting_within
+from ftd.ranks.error_file import MAX_DEPTH, nesting_within
 from ftd.refusals import Refusals
 from ftd.supervision.nvhcd_wire import (
     MAX_FRAME,
@@ -151,7 +151,7 @@ def verdict(answer: HealthCheckResponse) -> Unhealthy | None:
 
 def parse_output(output: str) -> dict[str, object] | Unhealthy:
     """The output's JSON object, or why it is none (not JSON, nested too deep, no object)."""
-    if not _nesting_within(output, MAX_DEPTH):
+    if not nesting_within(output, MAX_DEPTH):
         deep = f"its output is not JSON (unbalanced or nested deeper than {MAX_DEPTH})"
         return Unhealthy(deep, "output_too_deep")
     try:

@@ -7,10 +7,7 @@ verdict."""
 
 from __future__ import annotations
 
-import asyncio
 import re
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +15,7 @@ import pytest
 
 from ftd.text import duration
 from tests.conftest import BIN, Serve, ServeFactory
-from tests.support.api import Api, api_of, cli
+from tests.support.api import api_of, cli, until
 from tests.support.truth_page import browser, in_chromium, open_page, shot
 
 STALL_RANK = BIN / "stall_rank.py"
@@ -35,20 +32,6 @@ async def start(serve: ServeFactory, stop_file: Path) -> Serve:
         script=STALL_RANK,
         script_args=("--stop-file", str(stop_file)),
     )
-
-
-async def until(
-    api: Api, what: str, ready: Callable[[dict[str, Any]], bool], timeout: float = 120
-) -> dict[str, Any]:
-    """GET /v1/status until `ready` holds (an age grows with no event to wait on)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        _, status, _ = await api.call("GET", "/v1/status")
-        if ready(status):
-            return status
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout}s: {status}")
-        await asyncio.sleep(0.2)
 
 
 def rank_progress(status: dict[str, Any]) -> dict[str, Any]:

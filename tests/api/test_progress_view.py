@@ -6,7 +6,6 @@ dashboard in a real headless Chromium."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
 import signal
@@ -18,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import BIN, ROOT, ServeFactory
-from tests.support.api import Api, api_of, cli, stop
+from tests.support.api import api_of, cli, stop, until
 
 CHROMIUM = os.environ.get("FTD_TEST_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"]
@@ -26,21 +25,6 @@ CRASH_AT = 100
 SHOTS = ROOT / "runs" / "screenshots"
 
 pytestmark = pytest.mark.timeout(300)
-
-
-async def until(
-    api: Api, what: str, ready: Callable[[dict[str, Any]], bool], timeout: float = 120
-) -> dict[str, Any]:
-    """GET /v1/status until `ready` holds: steps are counts in reports, with no event to
-    wait on."""
-    deadline = time.monotonic() + timeout
-    while True:
-        _, status, _ = await api.call("GET", "/v1/status")
-        if ready(status):
-            return status
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout}s: {status}")
-        await asyncio.sleep(0.2)
 
 
 def steps(status: dict[str, Any]) -> list[int]:

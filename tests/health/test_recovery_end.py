@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.api.test_hang_building_up import rank_progress, until
+from tests.api.test_hang_building_up import rank_progress
 from tests.conftest import BIN, ServeFactory
-from tests.support.api import api_of
+from tests.support.api import api_of, until
 
 pytestmark = pytest.mark.timeout(120)
 LOAD_S = 1.5

@@ -4,13 +4,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -155,3 +157,18 @@ def python(*args: str, env: dict[str, str] | None = None) -> subprocess.Complete
         env={**os.environ, **(env or {})},
         timeout=60,
     )
+
+
+async def until(
+    api: Api, what: str, ready: Callable[[dict[str, Any]], bool], timeout: float = 120
+) -> dict[str, Any]:
+    """GET /v1/status until `ready` holds: for what grows with no event to wait on (steps,
+    ages), polled."""
+    deadline = time.monotonic() + timeout
+    while True:
+        _, status, _ = await api.call("GET", "/v1/status")
+        if ready(status):
+            return status
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout}s: {status}")
+        await asyncio.sleep(0.2)
