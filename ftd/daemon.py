@@ -212,9 +212,25 @@ class Daemon:
         self._on_teardown(
             "freeing the snapshots' memory", lambda: asyncio.to_thread(self.checkpoints.close)
         )
+        self.control = NodeControl(
+            config,
+            self.status,
+            self.events,
+            self.run_dir,
+            self.running,
+            self.coordinator,
+            self.health,
+            self.background,
+            self.board.summary,
+            self.board.snapshot,
+        )
+        self.api = None
+        if config.api_port is not None:  # up while the node reaches the rendezvous
+            self.api = await start_api_server(self.control)
+            self._on_teardown("closing the API server", self.api.close)
         try:  # nodes are only lost once rounds run, by when the supervisor exists
             start = asyncio.ensure_future(
-                self.coordinator.start(lambda n, r: self.supervisor.on_node_lost(n, r))
+                self.coordinator.start(lambda n, r: self.supervisor.on_node_lost(n, r), self.board)
             )
             if await first_of(start, self.stop.wait()) is not start:  # a signal came first
                 start.cancel()
@@ -232,22 +248,6 @@ class Daemon:
         address = self.coordinator.address if self._start_error is None else "127.0.0.1"
         self.stores = AttemptStores(address, config.master_port or 0)
         self._on_teardown("closing the workers' store", self.stores.close)
-        self.control = NodeControl(
-            config,
-            self.status,
-            self.events,
-            self.run_dir,
-            self.running,
-            self.coordinator,
-            self.health,
-            self.background,
-            self.board.summary,
-            self.board.snapshot,
-        )
-        self.api = None
-        if config.api_port is not None:  # before the zygote: a taken port stops us first
-            self.api = await start_api_server(self.control)
-            self._on_teardown("closing the API server", self.api.close)
         for name in SECRETS_FROM_ENV:
             os.environ.pop(name, None)
         # Without a rendezvous no rank will start: no zygote to preload torch and wait for.

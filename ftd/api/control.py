@@ -118,8 +118,9 @@ class NodeControl:
     def cluster(self) -> dict[str, Any] | Awaitable[dict[str, Any]]:
         """Every node's summary, the current round's membership, the excluded nodes (a
         coroutine where they are read from the rendezvous store)."""
-        if self.config.multi_node and not self._coordinator.lost.is_set():
-            return self._coordinator.cluster()
+        coordinator = self._coordinator
+        if self.config.multi_node and coordinator.reached and not coordinator.lost.is_set():
+            return coordinator.cluster()
         summary = self._summary()
         return {
             "nodes": [{**summary, "role": "active"}],

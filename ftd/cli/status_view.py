@@ -229,8 +229,18 @@ def format_status(
 
 def waiting_text(status: dict[str, Any]) -> str:
     """`waiting for nodes in round 3: 1 of 2 joined (a); missing: b; gives up in 583 s` while
-    the node waits in a round for others to join (`waiting`); "" otherwise."""
+    the node waits in a round for others to join (`waiting`), `connecting to h:29400: name or
+    service not known (4 tries); gives up in 597 s` while it reaches for the rendezvous
+    (`connecting`); "" otherwise."""
     wait = status.get("waiting")
+    if isinstance(reach := status.get("connecting"), dict):
+        tries = reach.get("tries")
+        error = reach.get("last_error")
+        said = f"{escape(error, 300)} ({value(tries)} tries)" if isinstance(error, str) else ""
+        return (
+            f"connecting to {value(reach.get('endpoint'))}: {said or 'no answer yet'}; gives up "
+            f"in {seconds_left(reach.get('left_s'))}"
+        )
     if not isinstance(wait, dict):
         return ""
     joined = [value(n) for n in listed(wait.get("joined"))[:64]]
@@ -238,13 +248,16 @@ def waiting_text(status: dict[str, Any]) -> str:
     wanted = value(wait.get("nnodes_min"))
     if wait.get("nnodes_max") != wait.get("nnodes_min"):
         wanted += f" to {value(wait.get('nnodes_max'))}"
-    left = wait.get("left_s")
     return (
         f"waiting for nodes in round {value(wait.get('round'))} at "
         f"{value(wait.get('endpoint'))}: {len(joined)} of {wanted} joined "
         f"({', '.join(joined) or 'none'}); missing: {', '.join(missing) or 'none'}; gives up "
-        f"in {f'{left:.0f} s' if isinstance(left, int | float) else NO_VALUE}"
+        f"in {seconds_left(wait.get('left_s'))}"
     )
+
+
+def seconds_left(left: object) -> str:
+    return f"{left:.0f} s" if isinstance(left, int | float) else NO_VALUE
 
 
 def cause_lines(cause: object) -> list[str]:

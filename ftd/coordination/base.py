@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from ftd.coordination.records import Member, RequestRecord
-from ftd.status.model import Standby, Waiting
+from ftd.status.model import Connecting, Standby, Waiting
 
 ErrorCode = Literal["failed", "excluded", "store_lost", "stopped", "succeed", "fail"]
 NodeLost = Callable[[str, str], None]
@@ -41,6 +41,11 @@ class RoundWaits(Protocol):
     def waiting(self, wait: Waiting | None) -> None:
         """It waits in a forming round for others to join (coordination/progress.py); None
         once that wait is over."""
+        ...
+
+    def connecting(self, reach: Connecting | None) -> None:
+        """It reaches for the rendezvous endpoint before any round (coordination/progress.py):
+        each failed try; None once it did or gave up."""
         ...
 
 
@@ -140,15 +145,17 @@ class Coordinator(Protocol):
     """Excluded nodes (node id → reason) as last seen."""
     describe: str
     """Where the cluster meets, for the start-up log line."""
+    reached: bool
+    """Whether `start` reached the backend (nothing is read from it before)."""
 
     @property
     def address(self) -> str:
         """The address other nodes reach this node at (its workers' store listens there)."""
         ...
 
-    async def start(self, on_node_lost: NodeLost) -> None:
+    async def start(self, on_node_lost: NodeLost, waits: RoundWaits | None = None) -> None:
         """Connect (host what this node hosts), start liveness; CoordinationError when the
-        backend cannot be reached."""
+        backend cannot be reached. `waits` hears each failed try while it reaches for it."""
         ...
 
     async def close(self) -> None: ...

@@ -6,6 +6,7 @@ import asyncio
 import random
 import socket
 import struct
+from collections.abc import Callable
 
 from ftd.coordination.base import CoordinationError
 from ftd.tasks import within
@@ -53,11 +54,16 @@ def route_address(host: str, port: int) -> str:
 # c10d writes its integers.
 _VALIDATE, _PING, _MAGIC = 0, 13, 0x3C85F7CE
 _RETRY_S = (0.05, 1.0)
+_SILENT_S = 2.0
+"""A listener silent this long after the handshake is said to be so while the probe waits."""
 
 
-async def probe_store(host: str, port: int, deadline: float) -> None:
+async def probe_store(
+    host: str, port: int, deadline: float, on_error: Callable[[str], object] | None = None
+) -> None:
     """Return once a c10d store answers at host:port; CoordinationError (one line naming the
     endpoint) at `deadline` (the loop's clock) or as soon as something else answers there.
+    `on_error` hears why each try that will be tried again failed.
 
     c10d's own client waits forever on a listener that accepts and says nothing, logging C++
     stacks as it retries; this probe is the event loop's, so it is bounded and cancellable
@@ -68,19 +74,22 @@ async def probe_store(host: str, port: int, deadline: float) -> None:
     nonce = random.randrange(1, 1 << 32)
     while (remaining := deadline - loop.time()) > 0:
         try:
-            reader, writer = await within(asyncio.open_connection(host, port), remaining)
+            address = await within(_resolve(host, port), remaining)
+            reader, writer = await within(asyncio.open_connection(address, port), remaining)
         except TimeoutError:
             why = "the connection did not complete"
             break
         except OSError as error:  # refused, unreachable, unknown name: the host may come up
             why = (error.strerror or str(error)).lower()
+            if on_error is not None:
+                on_error(why)
             await asyncio.sleep(min(delay, max(0.0, deadline - loop.time())))
             delay = min(delay * 2, _RETRY_S[1])
             continue
         try:
             writer.write(struct.pack("=BI", _VALIDATE, _MAGIC) + struct.pack("=BI", _PING, nonce))
             await writer.drain()
-            reply = await within(reader.readexactly(4), max(0.0, deadline - loop.time()))
+            reply = await _answer(reader, deadline, on_error)
         except TimeoutError:
             raise CoordinationError(
                 f"--rdzv-endpoint {shown}: something listens there but gave no answer of a "
@@ -103,6 +112,29 @@ async def probe_store(host: str, port: int, deadline: float) -> None:
         f"no rendezvous store at --rdzv-endpoint {shown} within --rdzv-join-timeout: {why}",
         "store_lost",
     )
+
+
+async def _resolve(host: str, port: int) -> str:
+    """host's first address (OSError when it has none). In a thread of our own: a lookup the
+    event loop makes itself (uvloop's) leaves an unretrieved error behind when cancelled."""
+    infos = await asyncio.to_thread(socket.getaddrinfo, host, port, 0, socket.SOCK_STREAM)
+    if not infos:
+        raise OSError(f"{host} has no address")
+    return str(infos[0][4][0])
+
+
+async def _answer(
+    reader: asyncio.StreamReader, deadline: float, on_error: Callable[[str], object] | None
+) -> bytes:
+    """The store's 4-byte answer; a listener silent for _SILENT_S is said to be so, and waited
+    for up to `deadline` (TimeoutError). readexactly keeps what came when cancelled."""
+    loop = asyncio.get_running_loop()
+    try:
+        return await within(reader.readexactly(4), min(_SILENT_S, deadline - loop.time()))
+    except TimeoutError:
+        if on_error is not None:
+            on_error("connected, but no answer of a c10d store yet")
+    return await within(reader.readexactly(4), max(0.0, deadline - loop.time()))
 
 
 def _preview(data: bytes) -> str:

@@ -26,6 +26,7 @@ class LocalCoordinator:
         self.round: Round | None = None
         self.excluded: dict[str, str] = {}
         self.describe = "this node alone (no rendezvous store)"
+        self.reached = True
         self.address = store_host
         self._next = 0
         self._restarts = 0
@@ -33,7 +34,7 @@ class LocalCoordinator:
         self._store_host = store_host
         self._inprocess: TcpStoreServer | None = None
 
-    async def start(self, on_node_lost: NodeLost) -> None:
+    async def start(self, on_node_lost: NodeLost, waits: RoundWaits | None = None) -> None:
         pass
 
     async def close(self) -> None:

@@ -1,6 +1,7 @@
-"""What a node waiting for a round to form says while it waits (both backends): to its board
-(the status's `waiting`: who joined, who is missing, the time left) each time it reads who
-joined, and to the log every PROGRESS_S."""
+"""What a node says while it waits for the rendezvous (both backends), to its board and to the
+log every PROGRESS_S: reaching for the endpoint (the status's `connecting`: each failed try's
+error, the time left), then waiting in a round to form (`waiting`: who joined, who is missing,
+the time left) each time it reads who joined."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 
 from ftd.config.serve import ServeConfig
 from ftd.coordination.base import Round, RoundWaits
-from ftd.status.model import Waiting
+from ftd.status.model import Connecting, Waiting
+from ftd.text import escape
 
 log = logging.getLogger("ftd.rendezvous")
 
@@ -20,6 +23,49 @@ PROGRESS_S = 5.0
 FIRST_LOOK_S = 1.0
 """Its board hears it first this long into the wait: a round that forms at once (nearly
 every round) costs no read of who joined (tests/coordination/test_multinode.py counts them)."""
+
+
+MAX_ERROR_CHARS = 300
+"""A try's error as the status keeps it (the backend's text may be anyone's)."""
+
+
+class Reaching:
+    """A node reaching for its rendezvous endpoint: said to the board (`waits`) at once and at
+    each failed try, to the log every PROGRESS_S; `done()` once reached or given up."""
+
+    def __init__(self, endpoint: str, timeout_s: float, waits: RoundWaits | None) -> None:
+        now = time.time()
+        self._waits = waits
+        self._record = Connecting(endpoint, now, now + timeout_s)
+        self._said = time.monotonic()
+        self._tell(self._record)
+
+    def _tell(self, record: Connecting | None) -> None:
+        if self._waits is not None:
+            self._waits.connecting(record)
+
+    def failed(self, error: str, where: str | None = None) -> None:
+        """A try failed with `error`; `where`: which of several endpoints (etcd's members)."""
+        if where is not None and where != self._record.endpoint:
+            error = f"{where}: {error}"
+        record = self._record = replace(
+            self._record,
+            tries=self._record.tries + 1,
+            last_error=escape(" ".join(error[: 4 * MAX_ERROR_CHARS].split()), MAX_ERROR_CHARS),
+        )
+        self._tell(record)
+        if time.monotonic() - self._said >= PROGRESS_S:
+            self._said = time.monotonic()
+            log.info(
+                "still connecting to %s: %s (%d tries); the join timeout in %.0fs",
+                record.endpoint,
+                record.last_error,
+                record.tries,
+                max(0.0, record.gives_up_at - time.time()),
+            )
+
+    def done(self) -> None:
+        self._tell(None)
 
 
 async def report_progress(

@@ -17,6 +17,7 @@ from ftd.config.serve import ServeConfig
 from ftd.status.event_kind import EventKind
 from ftd.status.events import EventLog
 from ftd.status.model import (
+    Connecting,
     DaemonState,
     Failure,
     NodeStatus,
@@ -130,6 +131,12 @@ class StatusBoard:
         """The node waits in a round for others to join, as last read (None: it closed)."""
         if wait != self.status.waiting:
             self.status.waiting = wait
+            self.write()
+
+    def connecting(self, reach: Connecting | None) -> None:
+        """The node reaches for its rendezvous endpoint, as its last try went (None: done)."""
+        if reach != self.status.connecting:
+            self.status.connecting = reach
             self.write()
 
     def _standby_ended(self, how: str) -> None:

@@ -182,6 +182,31 @@ class Waiting:
         }
 
 
+@dataclass(frozen=True)
+class Connecting:
+    """This node reaches for its rendezvous endpoint (before any round): since when, how many
+    tries failed, the last one's error, and when the join timeout ends the attempt."""
+
+    endpoint: str
+    since: float
+    """When it began (time.time())."""
+    gives_up_at: float
+    """When the join timeout ends it (time.time())."""
+    tries: int = 0
+    """Tries that failed so far."""
+    last_error: str | None = None
+    """The last try's error (one line, bounded); None before a try failed."""
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "endpoint": self.endpoint,
+            "since": self.since,
+            "tries": self.tries,
+            "last_error": self.last_error,
+            "left_s": round(max(0.0, self.gives_up_at - time.time()), 3),
+        }
+
+
 @dataclass
 class NodeStatus:
     node_id: str
@@ -207,6 +232,8 @@ class NodeStatus:
     """Set while the node waits as a standby (a hot spare) for a full round's end."""
     waiting: Waiting | None = None
     """Set while the node waits in a round for others to join; None once it closed."""
+    connecting: Connecting | None = None
+    """Set while the node reaches for its rendezvous endpoint; None once it did (or gave up)."""
 
     def to_dict(
         self,
@@ -242,5 +269,6 @@ class NodeStatus:
             "unhealthy": self.unhealthy,
             "standby": self.standby.to_dict() if self.standby is not None else None,
             "waiting": self.waiting.to_dict() if self.waiting is not None else None,
+            "connecting": self.connecting.to_dict() if self.connecting is not None else None,
             "progress": progress,
         }

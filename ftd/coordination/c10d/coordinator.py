@@ -33,10 +33,11 @@ from ftd.config.serve import ServeConfig
 from ftd.coordination.base import CoordinationError, NodeLost, Round, RoundWaits, cluster_answer
 from ftd.coordination.c10d.connections import StoreConnections
 from ftd.coordination.c10d.liveness import Keepalive
+from ftd.coordination.c10d.reach import reach_store
 from ftd.coordination.c10d.record_store import RecordStore
 from ftd.coordination.c10d.rounds import StoreRounds
-from ftd.coordination.endpoint import is_local, parse_endpoint, probe_store, route_address
-from ftd.coordination.progress import report_progress
+from ftd.coordination.endpoint import parse_endpoint, route_address
+from ftd.coordination.progress import Reaching, report_progress
 from ftd.coordination.records import (
     MarkRecord,
     Member,
@@ -74,6 +75,7 @@ class StoreCoordinator:
         self.round: Round | None = None
         self.excluded: dict[str, str] = {}
         self.hosting = False
+        self.reached = False
         self.describe = f"store {self.endpoint[0]}:{self.endpoint[1]}"
         self._server: TcpStoreServer | None = None
         self._connections = StoreConnections(
@@ -99,56 +101,27 @@ class StoreCoordinator:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    async def start(self, on_node_lost: NodeLost) -> None:
-        """Host or reach the store, every wait bounded by --rdzv-join-timeout (a signal
-        cancels it: the daemon races it against its stop)."""
+    async def start(self, on_node_lost: NodeLost, waits: RoundWaits | None = None) -> None:
+        """Host or reach the store (reach.py; a signal cancels it: the daemon races it against
+        its stop); `waits` hears each try until it answers."""
         host, port = self.endpoint
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.config.rdzv_join_timeout_s
-        is_host = self.config.rdzv_conf.get("is_host", "").lower()
-        want_host = is_host in ("1", "true", "yes")
-        if is_host == "" and not want_host:  # a name lookup: off the loop, within the deadline
+        reaching = Reaching(self.config.rdzv_endpoint, self.config.rdzv_join_timeout_s, waits)
+        try:
+            self._server, deadline = await reach_store(
+                self.config, self.endpoint, self.describe, reaching
+            )
+            self.hosting = self._server is not None
             try:
-                want_host = await within(
-                    asyncio.to_thread(is_local, host, self.config.local_addr or ""),
-                    max(0.0, deadline - loop.time()),
-                )
+                await within(self._connections.open(), max(5.0, deadline - loop.time()))
             except TimeoutError:
                 raise CoordinationError(
-                    f"--rdzv-endpoint {host}:{port}: the name did not resolve within "
-                    "--rdzv-join-timeout",
+                    f"the rendezvous store at {host}:{port} answered a probe but not c10d's "
+                    "client within --rdzv-join-timeout",
                     "store_lost",
                 ) from None
-        if want_host:
-            bind = self.config.rdzv_conf.get("host", host)
-            try:
-                self._server = await TcpStoreServer.start(bind, port)
-                self.hosting = True
-                log.info("hosting the rendezvous store on %s:%d", bind, port)
-            except Exception as error:  # someone listens there already: be a client
-                if is_host in ("1", "true", "yes"):
-                    raise CoordinationError(
-                        f"cannot host the store on {bind}:{port}: {error}"
-                    ) from None
-                log.debug("not hosting the store (%s); connecting", error)
-        # The wait for the store has the whole join timeout; the local work before it (the
-        # hosting attempt) does not eat into it.
-        deadline = loop.time() + self.config.rdzv_join_timeout_s
-        if not self.hosting:
-            log.info(
-                "connecting to the rendezvous store at %s (up to --rdzv-join-timeout, %.0f s)",
-                self.describe.removeprefix("store "),
-                self.config.rdzv_join_timeout_s,
-            )
-            await probe_store(host, port, deadline)
-        try:
-            await within(self._connections.open(), max(5.0, deadline - loop.time()))
-        except TimeoutError:
-            raise CoordinationError(
-                f"the rendezvous store at {host}:{port} answered a probe but not c10d's client "
-                "within --rdzv-join-timeout",
-                "store_lost",
-            ) from None
+        finally:
+            reaching.done()
         if not self.codec.signed:
             log.warning(
                 "the rendezvous store at %s:%d is open: anyone who reaches it can end or "
@@ -170,6 +143,7 @@ class StoreCoordinator:
         await self._connections.call(lambda s: keepalive.beat_now())
         self.excluded = await self._connections.call(self._rounds.read_excluded)
         self._keepalive_task = asyncio.create_task(self._keepalive.run(), name="ftd-keepalive")
+        self.reached = True
 
     async def close(self) -> None:
         self._rounds.closing = True

@@ -31,7 +31,7 @@ from ftd.coordination.etcd.kv import Availability, RecordKv
 from ftd.coordination.etcd.liveness import EtcdLiveness
 from ftd.coordination.etcd.members import MemberWatch
 from ftd.coordination.etcd.rounds import EtcdRounds
-from ftd.coordination.progress import report_progress
+from ftd.coordination.progress import Reaching, report_progress
 from ftd.coordination.records import (
     MAX_ROUND_RECORD_BYTES,
     Member,
@@ -70,7 +70,8 @@ class EtcdCoordinator:
         self.lost_reason = ""
         self.round: Round | None = None
         self.excluded: dict[str, str] = {}
-        members = ", ".join(self.conf.endpoints)
+        self.reached = False
+        self._where = members = ", ".join(self.conf.endpoints)
         self.describe = f"etcd {members} (keys under {self.conf.root})"
         self._report = report
         self._etcd = open_client(
@@ -109,7 +110,7 @@ class EtcdCoordinator:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    async def start(self, on_node_lost: NodeLost) -> None:
+    async def start(self, on_node_lost: NodeLost, waits: RoundWaits | None = None) -> None:
         await self._etcd.__aenter__()
         self._opened = True
         if not self.codec.signed:
@@ -122,11 +123,18 @@ class EtcdCoordinator:
             self._mark_lost,
             self._report,
         )
-        await self._kv.call(
-            "grant this node's lease", liveness.start, self._deadline(), trust_endpoints=False
-        )
+        reaching = Reaching(self._where, self.config.rdzv_join_timeout_s, waits)
+        self._members.reaching = reaching.failed  # each member's failure, said at once
+        try:
+            await self._kv.call(
+                "grant this node's lease", liveness.start, self._deadline(), tried=reaching.failed
+            )
+        finally:
+            self._members.reaching = None
+            reaching.done()
         self._liveness = liveness
         self.excluded = await self._call("read the excluded nodes", self._rounds.read_excluded)
+        self.reached = True
 
     async def close(self) -> None:
         self._kv.closing = True
@@ -158,8 +166,7 @@ class EtcdCoordinator:
     async def join(self, me: Member, waits: RoundWaits | None = None) -> Round:
         assert self._liveness is not None
         deadline = self._deadline()
-        rounds = self._rounds
-        liveness = self._liveness
+        rounds, liveness = self._rounds, self._liveness
         while True:
             entry = await self._kv.call(
                 "join a round", lambda: rounds.enter(me, liveness.lease_id), deadline
@@ -340,11 +347,10 @@ class EtcdCoordinator:
         liveness = self._liveness
         if liveness is None:
             return
-        loop = asyncio.get_running_loop()
         await self._kv.call(
             "publish this node's status",
             lambda: self._kv.put(f"status/{self.node_id}", record, liveness.lease_id),
-            loop.time(),  # one try: the next change publishes again
+            asyncio.get_running_loop().time(),  # one try: the next change publishes again
         )
 
     async def cluster(self) -> dict[str, Any]:
@@ -373,7 +379,9 @@ class EtcdCoordinator:
         assert rnd is not None
         slot = key(rnd.number, "inprocess")
         if rnd.group_rank == 0:
-            host, port = await self._host_inprocess_store()
+            if self._inprocess is None:
+                self._inprocess = await TcpStoreServer.start(self.address)
+            host, port = self.address, self._inprocess.port
             me = Member(node_id=self.node_id, addr=host, nproc=1, store_port=port)
             await self._call("publish the in-process store", lambda: self._kv.put(slot, me))
             return host, port
@@ -384,11 +392,6 @@ class EtcdCoordinator:
         found = await leaders_store(published, ended, leader, rnd.number, timeout_s)
         # None: the round ends anyway (its leader is gone): the attempt is stopped at once.
         return found or rnd.store_host
-
-    async def _host_inprocess_store(self) -> tuple[str, int]:
-        if self._inprocess is None:
-            self._inprocess = await TcpStoreServer.start(self.address)
-        return self.address, self._inprocess.port
 
 
 def create_etcd_coordinator(

@@ -125,12 +125,12 @@ class RecordKv:
         fn: Callable[[], Awaitable[T]],
         deadline: float | None,
         *,
-        trust_endpoints: bool = True,
+        tried: Callable[[str], object] | None = None,
     ) -> T:
         """`fn()` until etcd answers; CoordinationError once `deadline` (loop time) passed
-        with etcd away, or when etcd refuses (credentials, permissions). `trust_endpoints`
-        false: an endpoint that answers what etcd does not is a mistake, not a passing fault
-        (at start: --rdzv-endpoint names something else)."""
+        with etcd away, or when etcd refuses (credentials, permissions). `tried` (at start)
+        hears each failed try; then an endpoint that answers what etcd does not is a mistake,
+        not a passing fault (--rdzv-endpoint names something else)."""
         loop = asyncio.get_running_loop()
         pause = RETRY_PAUSE_S[0]
         while True:
@@ -139,11 +139,13 @@ class RecordKv:
             try:
                 result = await fn()
             except (EtcdUnavailable, EtcdBadAnswer) as error:
-                if isinstance(error, EtcdBadAnswer) and not trust_endpoints:
+                if isinstance(error, EtcdBadAnswer) and tried is not None:
                     raise CoordinationError(
                         f"--rdzv-endpoint: not etcd's answer ({what}): {error}"[:2000]
                     ) from None
                 self.availability.failed(what, error)
+                if tried is not None:
+                    tried(str(error))
                 if deadline is not None and loop.time() + pause >= deadline:
                     raise CoordinationError(
                         f"store lost: etcd did not answer within --rdzv-join-timeout; could not "

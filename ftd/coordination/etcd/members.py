@@ -31,8 +31,12 @@ class MemberWatch:
         self._down: set[str] = set()
         """The endpoints being watched until they answer again."""
         self._watches = Background()
+        self.reaching: Callable[[str, str], object] | None = None
+        """Hears each failure while the node reaches etcd at start (progress.Reaching)."""
 
     def failed(self, endpoint: str, reason: str) -> None:
+        if self.reaching is not None:
+            self.reaching(reason, endpoint)
         if endpoint not in self._down and self._watches.spawn(
             self._watch(endpoint, reason), f"ftd-etcd-member-{endpoint}"
         ):

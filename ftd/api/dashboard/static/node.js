@@ -120,7 +120,7 @@ function renderStatus() {
     return span;
   }), $("backoff"));
   state.nodes.add(String(s.node_id));
-  renderWaiting(s.waiting, final);
+  renderWaiting(s.waiting, s.connecting, final);
   renderFailure(s);
   renderRanks(s);
   renderSelfTile(s);

@@ -33,12 +33,21 @@ function progressDeadlines(deadlines) {
   return [span, learned];
 }
 
-// The node waits in a round for others to join (the status's `waiting`): said in the header,
-// as `ftd status` says it; hidden once the round closed, and on the final picture.
-function renderWaiting(wait, final) {
+// The node reaches for its rendezvous endpoint (`connecting`) or waits in a round for others
+// to join (`waiting`): said in the header, as `ftd status` says it; hidden once the round
+// closed, and on the final picture.
+function renderWaiting(wait, reach, final) {
   const box = $("waiting");
-  box.hidden = !wait || typeof wait !== "object" || Boolean(final);
+  const reaching = reach && typeof reach === "object";
+  box.hidden = (!reaching && (!wait || typeof wait !== "object")) || Boolean(final);
   if (box.hidden) return;
+  if (reaching) {
+    const said = typeof reach.last_error === "string" ?
+      `${reach.last_error} (${reach.tries} tries)` : "no answer yet";
+    box.textContent = `connecting to ${reach.endpoint}: ${said}; gives up in ` +
+      (typeof reach.left_s === "number" ? `${Math.round(reach.left_s)} s` : "–");
+    return;
+  }
   const joined = Array.isArray(wait.joined) ? wait.joined.map(String) : [];
   const missing = Array.isArray(wait.missing) ? wait.missing.map(String) : [];
   const wanted = wait.nnodes_max === wait.nnodes_min ? `${wait.nnodes_min}` :
