@@ -1,7 +1,8 @@
 """`/metrics`' families of training progress, read from the status snapshot at scrape time:
-each local rank's steps, step time, last step and collectives entered (what the ranks report
-without the script's help), and the node's steps/s and time lost to failures (docs/api.md,
-"Progress"). A rank's counts restart with its process, so they are gauges."""
+each local rank's steps, step time, last step, collectives entered, forward and host times and
+whether it is a straggler (what the ranks report without the script's help), and the node's
+steps/s and time lost to failures (docs/api.md, "Progress"). A rank's counts restart with its
+process, so they are gauges."""
 
 from __future__ import annotations
 
@@ -33,6 +34,23 @@ def progress_families(snapshot: dict[str, Any], wall: float) -> Iterable[Metric]
         "Collectives each local rank issued on the default process group in this attempt",
         labels=["local_rank"],
     )
+    forward = GaugeMetricFamily(
+        "ftd_rank_forward_seconds",
+        "Median seconds per step in each local rank's outermost training forward (last 16)",
+        labels=["local_rank"],
+    )
+    host = GaugeMetricFamily(
+        "ftd_rank_host_seconds",
+        "Median seconds per step from each local rank's optimizer step to its next forward, "
+        "less torch.distributed calls: data loading and host work (last 16)",
+        labels=["local_rank"],
+    )
+    straggler = GaugeMetricFamily(
+        "ftd_rank_straggler",
+        "1 while the local rank is a straggler (its forward or host time stays above the "
+        "job's other ranks'), else 0",
+        labels=["local_rank"],
+    )
     ranks = snapshot.get("ranks")
     for rank in ranks if isinstance(ranks, list) else []:
         progress = rank.get("progress") if isinstance(rank, dict) else None
@@ -46,7 +64,11 @@ def progress_families(snapshot: dict[str, Any], wall: float) -> Iterable[Metric]
             last_step.add_metric(label, wall - progress["last_step_age_s"])
         if isinstance(progress.get("collectives_entered"), int):
             entered.add_metric(label, progress["collectives_entered"])
-    yield from (steps, step_time, last_step, entered)
+        for family, key in ((forward, "forward_s"), (host, "host_s")):
+            if isinstance(progress.get(key), int | float):
+                family.add_metric(label, progress[key])
+        straggler.add_metric(label, 1.0 if progress.get("straggler") else 0.0)
+    yield from (steps, step_time, last_step, entered, forward, host, straggler)
     node = snapshot.get("progress")
     if not isinstance(node, dict):
         return

@@ -112,6 +112,7 @@ def rank_rows(status: dict[str, Any]) -> list[list[str]]:
             duration(rank.get("section_age_s")) if rank.get("section") else NO_VALUE,
             progress_age_text(rank.get("progress")),
             *_progress_cells(rank.get("progress")),
+            straggler_text(rank.get("progress")),
         ]
         for rank in listed(status.get("ranks"))
         if isinstance(rank, dict)
@@ -120,7 +121,7 @@ def rank_rows(status: dict[str, Any]) -> list[list[str]]:
 
 RANK_HEADER = [
     "LOCAL", "RANK", "PID", "STATE", "EXIT", "HEARTBEAT", "SECTION", "FOR", "NO PROGRESS",
-    "STEPS", "STEP TIME",
+    "STEPS", "STEP TIME", "STRAGGLER",
 ]  # fmt: skip
 
 
@@ -350,9 +351,26 @@ def straggler_lines(cluster: dict[str, Any]) -> list[str]:
     """`stragglers: rank 1 on b (1.9x the job's median forward, since 08:20:11)`, if any."""
     named = [
         f"rank {value(s.get('global_rank'))} on {value(s.get('node_id'))} "
-        f"({value(s.get('ratio'))}x the job's median forward, since "
+        f"({value(s.get('ratio'))}x the job's median "
+        f"{SIGNAL_WORDS.get(str(s.get('signal')), 'forward')}, since "
         f"{wall_time(s.get('since'), millis=False) or NO_VALUE})"
         for s in listed(cluster.get("stragglers"))[:16]
         if isinstance(s, dict)
     ]
     return [f"stragglers: {'; '.join(named)}"] if named else []
+
+
+SIGNAL_WORDS = {"forward": "forward", "host": "host time"}
+"""What a straggler is slow in (its `signal`), as the tables say it."""
+
+
+def straggler_text(progress: object) -> str:
+    """`1.9x host since 08:20:11`: the rank is a straggler (its time over the job's median, in
+    its forward pass or its host time between steps); NO_VALUE when it is not."""
+    straggler = progress.get("straggler") if isinstance(progress, dict) else None
+    if not isinstance(straggler, dict) or not isinstance(ratio := straggler.get("ratio"), float):
+        return NO_VALUE
+    what = SIGNAL_WORDS.get(str(straggler.get("signal")), NO_VALUE)
+    return (
+        f"{ratio:.1f}x {what} since {wall_time(straggler.get('since'), millis=False) or NO_VALUE}"
+    )

@@ -113,16 +113,19 @@ summary stays far under MAX_RECORD_BYTES; nodes have 8 ranks, rarely 64)."""
 
 
 class RankForward(Record):
-    """A rank's median forward time (ftd/health/stragglers.py), for the job's median."""
+    """A rank's median times per step (ftd/health/stragglers.py), for the job's medians: its
+    forward pass and its host time (None: the rank does not report it)."""
 
     global_rank: Count
-    forward_us: int = Field(ge=0, lt=2**40)
+    forward_us: int | None = Field(None, ge=0, lt=2**40)
+    host_us: int | None = Field(None, ge=0, lt=2**40)
 
 
 class RankStraggler(Record):
     global_rank: Count
     ratio: float = Field(ge=0, le=1e9, allow_inf_nan=False)
     since: float = Field(ge=0, allow_inf_nan=False)
+    signal: Literal["forward", "host"] = "forward"
 
 
 MAX_REPLICATED_STEPS = 16

@@ -35,7 +35,7 @@ from ftd_client.protocol import MAX_SECTIONS
 
 from ftd.health.links import RankHealth
 from ftd.health.progress_node import NodeProgress, RankPace
-from ftd.health.stragglers import StragglerWatch
+from ftd.health.stragglers import REPORTED, SIGNALS, Signal, Stragglers
 from ftd.health.sync import BudgetExceeded
 
 PROGRESS_FACTOR = 3.0
@@ -72,7 +72,8 @@ class RankProgress:
     advanced_at: float
     sampled_at: float
     last_step_at: float | None = None
-    forward_s: float | None = None
+    own_s: dict[Signal, float] = field(default_factory=dict)
+    """The rank's median time per step of each straggler signal (stragglers.py)."""
     step_times: deque[float] = field(default_factory=lambda: deque(maxlen=STEP_WINDOW))
 
     @property
@@ -93,7 +94,8 @@ class RankProgress:
             "step_time_s": (
                 round(statistics.median(self.step_times), 6) if self.step_times else None
             ),
-            "forward_s": self.forward_s,
+            "forward_s": self.own_s.get("forward"),
+            "host_s": self.own_s.get("host"),
             "collectives_entered": entered,
             "collective_calls": called,
             "collective_calls_returned": returned,
@@ -132,7 +134,7 @@ class ProgressWatch:
         self._longest_interval = 0.0
         self._auto_longest: dict[str, float] = {}
         self._judged = False
-        self.stragglers = StragglerWatch()
+        self.stragglers = Stragglers()
         """Judged by the straggler timer (ftd/health/straggler_timer.py), shown in `view`."""
         self.node = NodeProgress()
         """The node's steps across attempts: steps/s and time lost (progress_node.py)."""
@@ -205,8 +207,9 @@ class ProgressWatch:
         if self._armed_at is None and counts[0] > 0:
             self._armed_at = at
         previous.link = link
-        if "fwd_us" in message:
-            previous.forward_s = message["fwd_us"] / 1e6
+        for signal, wire in REPORTED.items():
+            if wire in message:
+                previous.own_s[signal] = message[wire] / 1e6
         return refused
 
     def _steps_advanced(
@@ -344,11 +347,10 @@ class ProgressWatch:
             "straggler": self.stragglers.view(rank.global_rank),
         }
 
-    def forward_times(self) -> dict[int, float]:
-        """Global rank -> median forward seconds, of the node's ranks that report one."""
-        return {
-            p.rank.global_rank: p.forward_s for p in self._ranks.values() if p.forward_s is not None
-        }
+    def times(self) -> dict[Signal, dict[int, float]]:
+        """Each straggler signal -> global rank -> median seconds, of the ranks that report it."""
+        ranks = self._ranks.values()
+        return {s: {p.rank.global_rank: p.own_s[s] for p in ranks if s in p.own_s} for s in SIGNALS}
 
     def node_view(self, now: float | None = None, wall: float | None = None) -> dict[str, Any]:
         """The node's `progress` in GET /v1/status: its slowest rank's steps and steps/s, the

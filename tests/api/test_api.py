@@ -419,7 +419,7 @@ async def test_admin_cli_status(serve: ServeFactory) -> None:
         header = next(i for i, line in enumerate(lines) if line.startswith("LOCAL"))
         assert lines[header].split() == [
             "LOCAL", "RANK", "PID", "STATE", "EXIT", "HEARTBEAT", "SECTION", "FOR", "NO",
-            "PROGRESS", "STEPS", "STEP", "TIME",
+            "PROGRESS", "STEPS", "STEP", "TIME", "STRAGGLER",
         ]  # fmt: skip
         assert [line.split()[3] for line in lines[header + 1 : header + 3]] == ["running"] * 2
         assert any(line.startswith("cluster: round 0") for line in lines)

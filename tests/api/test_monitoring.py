@@ -177,6 +177,8 @@ def test_every_alert_rule_is_complete() -> None:
         "ftd_persist_failing_files",
         "ftd_api_event_streams_dropped_total",
         "ftd_input_refused_total",
+        "ftd_node_steps_per_second",
+        "ftd_rank_straggler",
         'up{job="ftd"}',
     ):
         assert metric in covered, metric
@@ -207,6 +209,9 @@ def test_the_dashboard_is_complete() -> None:
         "Event streams",
         "Input refused by source and cause",
         "Rank heartbeat age",
+        "Steps by rank",
+        "Step time by rank",
+        "Stragglers",
     ):
         assert wanted in titles, wanted
     for panel in panels:

@@ -113,7 +113,7 @@ async def test_steps_pace_and_time_lost_in_status_metrics_cli_and_dashboard(
             assert done.returncode == 0, done.stderr
             assert "steps/s, making steps" in done.stdout and "time lost" in done.stdout
             header = next(line for line in done.stdout.splitlines() if line.startswith("LOCAL"))
-            assert header.split()[-3:] == ["STEPS", "STEP", "TIME"], header
+            assert header.split()[-4:] == ["STEPS", "STEP", "TIME", "STRAGGLER"], header
 
         await _dashboard_shows_progress(api.url)
         assert await stop(run) == 128 + signal.SIGTERM

@@ -62,9 +62,10 @@ def test_top_and_status_show_steps_step_time_pace_and_time_lost() -> None:
     screen = render(Snapshot(status, {}, []), 140, 0, False, 0)
     assert line in screen
     header = next(row for row in screen if row.startswith("LOCAL"))
-    assert header.split()[-3:] == ["STEPS", "STEP", "TIME"] and RANK_HEADER[-2] == "STEPS"
+    assert header.split()[-4:] == ["STEPS", "STEP", "TIME", "STRAGGLER"]
+    assert RANK_HEADER[-3] == "STEPS"
     rows = screen[screen.index(header) + 1 : screen.index(header) + 3]
-    assert all(row.split()[-3:] == ["1201", "311", "ms"] for row in rows), rows
+    assert all(row.split()[-4:] == ["1201", "311", "ms", NO_VALUE] for row in rows), rows
     text = format_status(status, {}).splitlines()
     assert line in text
 
@@ -75,7 +76,7 @@ def test_no_progress_is_dashes_and_hostile_values_are_escaped() -> None:
     screen = render(Snapshot(status, {}, []), 140, 0, False, 0)
     assert not any(row.startswith("progress:") for row in screen)
     header = next(i for i, row in enumerate(screen) if row.startswith("LOCAL"))
-    assert screen[header + 1].split()[-2:] == [NO_VALUE, NO_VALUE]
+    assert screen[header + 1].split()[-3:] == [NO_VALUE, NO_VALUE, NO_VALUE]
     evil = {**NODE, "steps": "\x1b]0;owned\x07", "steps_per_s": "fast", "time_lost_s": True}
     hostile = _status(evil, {"steps": "\x1b[2J", "step_time_s": "slow"})
     line = progress_text(hostile)
@@ -84,4 +85,4 @@ def test_no_progress_is_dashes_and_hostile_values_are_escaped() -> None:
     screen = render(Snapshot(hostile, {}, []), 140, 0, False, 0)
     assert not any("\x1b" in row or "\x07" in row for row in screen)
     header = next(i for i, row in enumerate(screen) if row.startswith("LOCAL"))
-    assert screen[header + 1].split()[-2:] == [NO_VALUE, NO_VALUE]
+    assert screen[header + 1].split()[-3:] == [NO_VALUE, NO_VALUE, NO_VALUE]

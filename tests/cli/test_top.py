@@ -100,7 +100,7 @@ def test_the_picture_has_nodes_ranks_recovery_and_events() -> None:
     rank_row = next(line for line in lines if line.startswith("0 "))
     none = "\u2013"  # no exit code yet
     assert rank_row.split() == [
-        "0", "0", "100", "running", none, "250", "ms", "step", "100", "ms", none, none, none
+        "0", "0", "100", "running", none, "250", "ms", "step", "100", "ms", none, none, none, none
     ]  # fmt: skip
     assert "LAST RECOVERY attempt 1: rank 1 exited with exit code 1" in text
     assert "detect 4 ms | stop 200 ms | rendezvous 900 ms | spawn 100 ms | init 1.80 s" in text

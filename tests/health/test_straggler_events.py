@@ -4,11 +4,16 @@ forward times tell (ftd/health/stragglers.py)."""
 
 from __future__ import annotations
 
+import re
+import shutil
 from pathlib import Path
 
+from ftd.cli.status_view import SIGNAL_WORDS
 from ftd.health.stragglers import SUSTAIN_S
+from ftd.text import NO_VALUE
 from tests.conftest import BIN, ServeFactory
-from tests.support.api import api_of, stop
+from tests.support.api import Api, api_of, cli, stop
+from tests.support.truth_page import CHROMIUM, async_playwright, browser, open_page
 
 PLAIN_DDP = BIN / "plain_ddp.py"
 STRAGGLING = ("--steps", "100000", "--ckpt-every", "100000", "--step-time", "0.01")
@@ -43,5 +48,33 @@ async def test_a_rank_whose_forward_is_60ms_slower_is_named_a_straggler(
         assert code == 200
         [named] = cluster["stragglers"]
         assert named["global_rank"] == 1 and named["ratio"] >= 1.2, cluster
+        await marked_everywhere(api, "forward")
     await stop(run)
     assert [e["data"]["global_rank"] for e in run.events("straggler")] == [1]
+
+
+async def marked_everywhere(api: Api, signal: str) -> None:
+    """Local rank 1, a straggler: marked in `ftd status`, `ftd top`, /metrics and the page's
+    ranks table, by how much, in what and since when (issue 44, item 5)."""
+    what = SIGNAL_WORDS[signal]
+    for command in (("status",), ("top", "--once")):
+        done = cli(*command, "--url", api.url)
+        assert done.returncode == 0, done.stderr
+        lines = done.stdout.splitlines()
+        header = next(i for i, line in enumerate(lines) if line.startswith("LOCAL"))
+        column = lines[header].index("STRAGGLER")
+        rows = {line.split()[0]: line[column:].strip() for line in lines[header + 1 : header + 3]}
+        assert re.fullmatch(rf"\d+\.\dx {what} since \d\d:\d\d:\d\d", rows["1"]), rows
+        assert rows["0"] == NO_VALUE, rows
+    code, metrics, _ = await api.call("GET", "/metrics")
+    assert code == 200
+    assert 'ftd_rank_straggler{local_rank="1"} 1.0' in metrics.splitlines(), metrics
+    assert 'ftd_rank_straggler{local_rank="0"} 0.0' in metrics.splitlines(), metrics
+    if async_playwright is None or shutil.which(CHROMIUM) is None:
+        return
+    async with browser() as chromium:
+        page, errors = await open_page(chromium, api.url)
+        cell = page.locator('#ranks tr[data-rank="1"] td.straggler.slow')
+        await cell.filter(has_text=re.compile(rf"^\d+\.\dx {what} since ")).wait_for()
+        assert await page.locator('#ranks tr[data-rank="0"] td.straggler').inner_text() == NO_VALUE
+        assert errors == []

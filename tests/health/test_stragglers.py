@@ -11,7 +11,14 @@ from hypothesis import strategies as st
 from ftd.coordination.records import NodeSummary
 from ftd.health.links import RankHealth
 from ftd.health.progress import ProgressWatch
-from ftd.health.straggler_timer import PUBLISH_S, StragglerTimer, moved, peer_forward
+from ftd.health.straggler_timer import (
+    MAX_PEER_RANKS,
+    PUBLISH_S,
+    StragglerTimer,
+    moved,
+    peer_forward,
+    peer_times,
+)
 from ftd.health.stragglers import (
     MIN_EXCESS_S,
     SLOW_RATIO,
@@ -50,9 +57,11 @@ def test_a_rank_60ms_slower_than_its_peer_is_named_once_after_the_sustain_window
     assert at == TICK + SUSTAIN_S  # first seen slow at the first tick
     assert change.straggler.ratio == 31.0 and change.straggler.since == WALL + TICK
     assert "rank 1's forward pass takes 62.0 ms, 31x the median" in change.reason
-    assert watch.view(1) == {"ratio": 31.0, "since": WALL + TICK}
+    assert watch.view(1) == {"ratio": 31.0, "since": WALL + TICK, "signal": "forward"}
     assert watch.view(0) is None
-    assert watch.listed() == [{"global_rank": 1, "ratio": 31.0, "since": WALL + TICK}]
+    assert watch.listed() == [
+        {"global_rank": 1, "ratio": 31.0, "since": WALL + TICK, "signal": "forward"}
+    ]
     # it recovers: cleared once, SUSTAIN_S after it was first seen recovered
     [(cleared_at, cleared)] = run(watch, {0: 0.002, 1: 0.002}, 60, start=60)
     assert cleared.kind == "cleared" and cleared.straggler.global_rank == 1
@@ -120,8 +129,8 @@ def test_every_straggler_was_slow_for_the_whole_window_and_events_alternate(
                     assert now - seen_slow_since[rank] >= SUSTAIN_S
                     assert forward[rank] > min(forward.values())
                     assert change.straggler.ratio >= SLOW_RATIO
-                    assert change.forward_s is not None and change.median_s is not None
-                    assert change.forward_s - change.median_s >= MIN_EXCESS_S
+                    assert change.seconds is not None and change.median_s is not None
+                    assert change.seconds - change.median_s >= MIN_EXCESS_S
                 else:
                     assert named.get(rank)
                 named[rank] = change.kind == "straggler"
@@ -144,6 +153,16 @@ def reporting(watch: ProgressWatch, forward_us: dict[int, int]) -> None:
         watch.observe(health, rank, {**message, "returned": 0, "fwd_us": micros}, 0.0)
 
 
+def tick_until_named(timer: StragglerTimer, events: EventLog) -> float:
+    """Tick once a second until the timer names a straggler; when it did."""
+    now = 0.0
+    while not events.since():
+        now += 1.0
+        timer.tick(now, WALL + now)
+        assert now <= SUSTAIN_S + 2
+    return now
+
+
 def test_the_timer_emits_events_publishes_changes_and_shows_the_straggler_in_status() -> None:
     progress, events, published = ProgressWatch(), EventLog(None), []
     timer = StragglerTimer(progress, events, "a", cluster=None, publish=lambda: published.append(1))
@@ -152,11 +171,7 @@ def test_the_timer_emits_events_publishes_changes_and_shows_the_straggler_in_sta
         {"global_rank": 0, "forward_us": 2000},
         {"global_rank": 1, "forward_us": 62000},
     )
-    now = 0.0
-    while not events.since():
-        now += 1.0
-        timer.tick(now, WALL + now)
-        assert now <= SUSTAIN_S + 2
+    now = tick_until_named(timer, events)
     [event] = events.since()
     assert event.kind == "straggler"
     assert event.data["global_rank"] == 1 and event.data["ratio"] == 31.0
@@ -165,7 +180,7 @@ def test_the_timer_emits_events_publishes_changes_and_shows_the_straggler_in_sta
     timer.tick(now + 1, WALL)
     assert len(published) == 2  # nothing moved
     assert timer.summary()["stragglers"] == (
-        {"global_rank": 1, "ratio": 31.0, "since": WALL + 1.0},
+        {"global_rank": 1, "ratio": 31.0, "since": WALL + 1.0, "signal": "forward"},
     )
     summary = {"node_id": "a", "state": "running", "attempt": 0, "restart_count": 0}
     summary |= {"group_rank": 0, "nproc_per_node": 2, "time": WALL, **timer.summary()}
@@ -174,7 +189,8 @@ def test_the_timer_emits_events_publishes_changes_and_shows_the_straggler_in_sta
     rank1 = RankHealth(1, 1, 1001, attached_at=0.0)
     reporting(progress, {1: 62000})
     view = progress.view(progress._ranks[1].rank, now)
-    assert view is not None and view["straggler"] == {"ratio": 31.0, "since": WALL + 1.0}
+    assert view is not None
+    assert view["straggler"] == {"ratio": 31.0, "since": WALL + 1.0, "signal": "forward"}
     assert progress.view(rank1, now) is None  # not the rank that reported
     reporting(progress, {1: 80000})  # moved: published again once PUBLISH_S passed
     timer.tick(now + 2, WALL)
@@ -202,3 +218,41 @@ def test_moved_means_a_new_rank_or_a_change_over_five_percent() -> None:
     assert not moved({0: 0.1}, {0: 0.104})
     assert moved({0: 0.1}, {0: 0.106})
     assert moved({0: 0.1}, {0: 0.1, 1: 0.1})
+
+
+def test_a_rank_slow_between_steps_is_a_straggler_by_its_host_time() -> None:
+    """Data loading 80 ms longer on rank 1: equal forward times, its host time tells."""
+    progress, events = ProgressWatch(), EventLog(None)
+    timer = StragglerTimer(progress, events, "a")
+    for rank, host_us in {0: 1500, 1: 81500}.items():
+        health = RankHealth(rank, rank, 1000 + rank, attached_at=0.0)
+        message: dict[str, Any] = {"t": "pg", "steps": 5, "called": 0, "returned": 0}
+        progress.observe(health, rank, {**message, "fwd_us": 9000, "host_us": host_us}, 0.0)
+    assert timer.summary()["forward"] == (
+        {"global_rank": 0, "forward_us": 9000, "host_us": 1500},
+        {"global_rank": 1, "forward_us": 9000, "host_us": 81500},
+    )
+    now = tick_until_named(timer, events)
+    [event] = events.since()
+    assert event.data["signal"] == "host" and event.data["global_rank"] == 1, event.data
+    assert event.data["host_s"] == 0.0815 and event.data["median_s"] == 0.0015, event.data
+    assert (
+        "time between steps outside its forward (data loading, host work) is 81.5 ms"
+        in (event.data["reason"])
+    )
+    view = progress.view(progress._ranks[1].rank, now)
+    assert view is not None and view["host_s"] == 0.0815
+    assert view["straggler"] == {"ratio": 54.333, "since": WALL + 1.0, "signal": "host"}
+    assert timer.summary()["stragglers"][0]["signal"] == "host"
+
+
+def test_peer_times_read_both_signals_and_bound_the_ranks_read() -> None:
+    cluster: dict[str, Any] = {
+        "nodes": [
+            {"node_id": "b", "forward": [{"global_rank": 1, "forward_us": 10, "host_us": 20}]},
+            {"node_id": "c", "forward": [{"global_rank": 2, "host_us": 7}, {"host_us": 1}]},
+        ]
+    }
+    assert peer_times(cluster, "a") == {"forward": {1: 1e-5}, "host": {1: 2e-5, 2: 7e-6}}
+    flood = {"nodes": [{"node_id": "b", "forward": [{"global_rank": 1}] * (MAX_PEER_RANKS + 9)}]}
+    assert peer_times(flood, "a") == {"forward": {}, "host": {}}

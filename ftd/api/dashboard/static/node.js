@@ -188,7 +188,8 @@ function renderRanks(s) {
     stalled.dataset.limit = typeof limit === "number" ? limit : "";
     stalled.dataset.deadline = progress.progress_deadline_name ?? "";
     row.append(heartbeat, section, open, stalled, el("td", "steps", Number.isInteger(progress.steps) ?
-      progress.steps : "–"), el("td", "step-time", duration(progress.step_time_s)));
+      progress.steps : "–"), el("td", "step-time", duration(progress.step_time_s)),
+      stragglerCell(progress));
     return row;
   }));
   tickAges();

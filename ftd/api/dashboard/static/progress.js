@@ -57,3 +57,18 @@ function renderWaiting(wait, reach, final) {
     `${joined.length} of ${wanted} joined (${joined.join(", ") || "none"}); ` +
     `missing: ${missing.join(", ") || "none"}; gives up in ${left}`;
 }
+
+// A straggler rank's cell in the ranks table: by how much, in what, since when (the status's
+// `progress.straggler`, as `ftd status` says it); "–" for a rank that is not one.
+const STRAGGLER_SIGNALS = { forward: "forward", host: "host time" };
+function stragglerCell(progress) {
+  const straggler = progress && progress.straggler;
+  if (!straggler || typeof straggler.ratio !== "number") return el("td", "straggler", "–");
+  const what = STRAGGLER_SIGNALS[straggler.signal] ?? "–";
+  const since = typeof straggler.since === "number" ? clock(straggler.since) : "–";
+  const cell = el("td", "straggler slow", `${straggler.ratio.toFixed(1)}x ${what} since ${since}`);
+  cell.title = straggler.signal === "host" ?
+    "its data loading and host work between steps take longer than the job's other ranks'" :
+    "its forward pass takes longer than the job's other ranks'";
+  return cell;
+}
