@@ -1,9 +1,9 @@
 """The counters a rank's training advances, and the hooks into torch that advance them.
 
 Everything here runs in the script's own threads, on its hot paths, so it only counts: a few
-attribute increments and clock reads per event, no lock, no allocation beyond a deque append
-per step; the sampler thread (progress.py) reads the counters. Chosen per signal (torch 2.13,
-measured on a 2-vCPU VM; bench/PROGRESS.md):
+attribute increments and clock reads per event, no lock, no allocation beyond two deque
+appends per step; the sampler thread (progress.py) reads the counters. Chosen per signal
+(torch 2.13, measured on a 2-vCPU VM; bench/PROGRESS.md):
 
 - Optimizer steps: `torch.optim.optimizer.register_optimizer_step_post_hook`, global, so
   every optimizer the script makes, before or after install, is seen.
@@ -24,6 +24,20 @@ measured on a 2-vCPU VM; bench/PROGRESS.md):
   are left alone: their time is not worth a wrapper's cost. Nothing is stored on the
   script's module objects, so pickling a model is unchanged. A class whose instances
   override `forward` per instance (torch.compile's wrapper) is not timed.
+- Host time between steps (data loading, host-side work): at the first timed outermost
+  forward after an optimizer step, the time since that step's end minus the time spent inside
+  the wrapped collective calls meanwhile (floored at 0), one per step, median of the last
+  FORWARD_WINDOW. Why: in DDP every rank's step lasts as long as the slowest's (the fast ranks
+  wait in backward's allreduce), and the forward excludes the data, so a rank slow at loading
+  its batch shows in neither; this gap is where it does show, and a collective called there (a
+  barrier after a checkpoint) is waiting for the others, not work. Both ends are read from
+  CLOCK_MONOTONIC and are reads made anyway (the step's `last_step_ns`, the forward's start),
+  so a step pays a few attribute reads and a deque append, a wrapped collective call two clock
+  reads (bench/PROGRESS.md). Limits: with gradient accumulation only the gap before a step's
+  first forward counts (the later micro-batches' loading is not seen); a model that is never
+  timed (torch.compile'd) gives no host time; an `async_op=True` collective returns once
+  issued, so its wait (`work.wait()`) is not subtracted; an evaluation under no_grad between
+  two steps is not a timed forward, so it counts as host time.
 - Automatic sections: `torch.save`/`torch.load`, `torch.distributed.checkpoint`'s
   save/load/async_save (async: the synchronous part) and `DataLoader.__iter__` are wrapped to
   open `auto:<name>` around the call; an iterator's first and last batch (its workers' start
@@ -79,6 +93,14 @@ class Counters:
         """Time in outermost forward calls since the last optimizer step."""
         self.forward_window: collections.deque[int] = collections.deque(maxlen=FORWARD_WINDOW)
         """Outermost forward time per optimizer step, the last FORWARD_WINDOW steps (ns)."""
+        self.collective_ns = 0
+        """Time inside torch.distributed's collective functions, all calls (CLOCK_MONOTONIC)."""
+        self.collective_ns_at_step = 0
+        """`collective_ns` when the last optimizer step ended."""
+        self.step_ended = False
+        """An optimizer step ended and no timed outermost forward began since."""
+        self.host_window: collections.deque[int] = collections.deque(maxlen=FORWARD_WINDOW)
+        """Host time before each step's first timed forward, the last FORWARD_WINDOW (ns)."""
         self.depth = 0
         self.forward_started = 0
         self.roots: dict[type, bool] = {}
@@ -138,6 +160,8 @@ class TorchHooks:
         counters = self.counters
         counters.steps += 1
         counters.last_step_ns = time.monotonic_ns()
+        counters.collective_ns_at_step = counters.collective_ns
+        counters.step_ended = True
         if counters.forward_ns:
             counters.forward_window.append(counters.forward_ns)
             counters.forward_ns = 0
@@ -150,7 +174,7 @@ class TorchHooks:
 
         counters = self.counters
         counters.learning = True
-        clock = time.perf_counter_ns
+        clock = time.monotonic_ns
 
         grad_enabled = torch.is_grad_enabled
 
@@ -165,7 +189,9 @@ class TorchHooks:
                 counters.outermost_calls += 1
                 cls = type(mod)
                 counters.roots[cls] = counters.roots.get(cls, False) or _has_parameters(mod)
-                counters.forward_started = clock() if grad_enabled() else 0
+                counters.forward_started = started = clock() if grad_enabled() else 0
+                if started and counters.step_ended:
+                    _host_time_ended(counters, started)
 
         def post(mod: object, args: object, output: object) -> None:
             counters.depth = depth = max(counters.depth - 1, 0)
@@ -236,7 +262,7 @@ def _timed_forward(
 ) -> Callable[..., Any]:
     """Time the outermost call of `original` (a class's forward) that trains: evaluation
     under no_grad is not the compute a straggler is slow at."""
-    clock = time.perf_counter_ns
+    clock = time.monotonic_ns
 
     @functools.wraps(original)
     def forward(self: object, *args: Any, **kwargs: Any) -> Any:
@@ -244,6 +270,11 @@ def _timed_forward(
             return original(self, *args, **kwargs)
         counters.depth = 1
         started = clock()
+        if counters.step_ended:  # inline: the one call per step on the training path
+            counters.step_ended = False
+            host = started - counters.last_step_ns
+            host -= counters.collective_ns - counters.collective_ns_at_step
+            counters.host_window.append(host if host > 0 else 0)
         try:
             return original(self, *args, **kwargs)
         finally:
@@ -253,13 +284,24 @@ def _timed_forward(
     return forward
 
 
+def _host_time_ended(counters: Counters, forward_started_ns: int) -> None:
+    """The first timed forward after a step: the host time before it joins the window."""
+    counters.step_ended = False
+    waited = counters.collective_ns - counters.collective_ns_at_step
+    counters.host_window.append(max(forward_started_ns - counters.last_step_ns - waited, 0))
+
+
 def _counted(counters: Counters, original: Callable[..., Any]) -> Callable[..., Any]:
+    clock = time.monotonic_ns
+
     @functools.wraps(original)
     def collective(*args: Any, **kwargs: Any) -> Any:
         counters.called += 1
+        started = clock()
         try:
             return original(*args, **kwargs)
         finally:
+            counters.collective_ns += clock() - started
             counters.returned += 1
 
     return collective

@@ -2,10 +2,11 @@
 
 `install(send)` runs in a rank before the script: it hooks torch (once the script imports it;
 this module never imports torch itself, see _import_watch) so that optimizer steps, Python
-collective calls, the outermost forward's time and long phases (`torch.save`, checkpoints,
-DataLoader iterator creation) advance counters (_progress_torch), and starts a daemon thread,
-`ftd-progress`, that every `interval_s` samples them and calls `send(record)` with a
-`Progress` when something changed, or every `keepalive_s` when nothing did.
+collective calls, the outermost forward's time, the host time between a step and the next
+forward (data loading) and long phases (`torch.save`, checkpoints, DataLoader iterator
+creation) advance counters (_progress_torch), and starts a daemon thread, `ftd-progress`, that
+every `interval_s` samples them and calls `send(record)` with a `Progress` when something
+changed, or every `keepalive_s` when nothing did.
 
 The collectives a rank has entered are c10d's own count for the default group, read by the
 sampler: it includes those DDP's reducer issues from C++, and it is readable while the main
@@ -24,6 +25,7 @@ the wire (protocol.PROGRESS, validated by protocol.decode):
 | `entered` | int: collectives entered on the default group (absent without one) |
 | `called`, `returned` | int: torch.distributed collective calls entered and returned |
 | `fwd_us` | int: median outermost forward time per optimizer step, last 16 steps |
+| `host_us` | int: median host time before a step's first forward (data loading), last 16 steps |
 | `auto` | object: automatic section open -> ms it has been open |
 """
 
@@ -64,6 +66,9 @@ class Progress:
     forward_median_s: float | None
     auto_sections: tuple[tuple[str, float], ...]
     """(name, seconds open), oldest first."""
+    host_median_s: float | None = None
+    """Median host time from a step's end to the next step's first timed forward, less the
+    collective calls in it (_progress_torch), last 16 steps."""
 
     def same_progress(self, other: Progress | None) -> bool:
         """Nothing advanced, opened or closed since `other` (ages and times aside)."""
@@ -95,6 +100,8 @@ class Progress:
             message["entered"] = self.collectives_entered
         if self.forward_median_s is not None:
             message["fwd_us"] = round(self.forward_median_s * 1e6)
+        if self.host_median_s is not None:
+            message["host_us"] = round(self.host_median_s * 1e6)
         if self.auto_sections:
             message["auto"] = {name: round(age * 1000) for name, age in self.auto_sections}
         return message
@@ -130,6 +137,7 @@ class Observer:
         now = self.clock_ns() if now_ns is None else now_ns
         last_step = counters.last_step_ns
         window = tuple(counters.forward_window)
+        host_window = tuple(counters.host_window)
         with counters.auto_lock:
             auto = tuple(counters.auto)
         return Progress(
@@ -141,6 +149,7 @@ class Observer:
             collectives_returned=counters.returned,
             forward_median_s=statistics.median(window) / 1e9 if window else None,
             auto_sections=tuple((name, max(now - opened, 0) / 1e9) for name, opened in auto),
+            host_median_s=statistics.median(host_window) / 1e9 if host_window else None,
         )
 
     def tick(self, now_ns: int | None = None) -> Progress | None:

@@ -42,7 +42,7 @@ would delay the clock), but never from before the daemon last began reading with
 | `fault` | `kind`, `sections` (open now) | no | a simulated fault is being carried out |
 | `up` |  | no | the rank is training again (`resumed()`): ends a restart's first step |
 | `st` | `o`, `dropped` | no | the rank's state only, retried after a drop: no sign of life |
-| `pg` | `steps`, `age_ms`, `entered`, `called`, `returned`, `fwd_us`, `auto` | no | progress |
+| `pg` | `steps`, `age_ms`, `entered`, `called`, `returned`, `fwd_us`, `host_us`, `auto` | no | - |
 | `ckb` | `step`, `bytes`, `world`, `every`? | yes | begin a snapshot: `slot`, `path`; `refused` |
 | `ckd` | `step`, `slot` | yes | the snapshot in `slot` is written whole |
 | `ckr` | `world`, `step`? | yes | what to restore: `step` (null: none), `path`; or `steps` |
@@ -137,7 +137,7 @@ CHECKPOINT_OPTIONAL = {CHECKPOINT_BEGIN: {"every": 2**20}, CHECKPOINT_SEEN: {"re
 """Each checkpoint message's optional integers (>= 1) and their largest value: `every`, the
 steps between the rank's snapshots (checkpoint/_spacing.py MAX_EVERY); `restored`: the rank
 restored `step` from --checkpoint-persist."""
-PROGRESS_COUNTS = ("steps", "age_ms", "entered", "called", "returned", "fwd_us")
+PROGRESS_COUNTS = ("steps", "age_ms", "entered", "called", "returned", "fwd_us", "host_us")
 """A progress message's integers, 0 .. MAX_SEQUENCE."""
 PROGRESS_REQUIRED = frozenset({"steps", "called", "returned"})
 """The counts every progress message carries (the others only once the rank has them)."""

@@ -14,6 +14,10 @@ Faults and long phases, in the first attempt only (TORCHELASTIC_RESTART_COUNT 0)
   --slow-forward-rank R --slow-forward-ms MS
                       rank R's model forward sleeps MS more every step (a straggler: only its
                       forward time grows; DDP makes every rank's step time equal), every attempt
+  --slow-data-rank R --slow-data-ms MS
+                      rank R's batch takes MS more to get, every step, before the forward (a
+                      slow data loader: neither its forward time nor, under DDP, its step time
+                      differs; only its host time between steps does), every attempt
 
 --pg-timeout S sets the gloo process group's timeout (torch's default: 30 min), how long a rank
 blocked in a collective another rank never enters waits before it fails.
@@ -26,6 +30,7 @@ import datetime
 import os
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +98,8 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=0)
     parser.add_argument("--slow-forward-rank", type=int, default=-1)
     parser.add_argument("--slow-forward-ms", type=float, default=0.0)
+    parser.add_argument("--slow-data-rank", type=int, default=-1)
+    parser.add_argument("--slow-data-ms", type=float, default=0.0)
     parser.add_argument("--pg-timeout", type=float, default=None)
     args = parser.parse_args()
     first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
@@ -133,6 +140,8 @@ def main() -> None:
             batches: Any = iter(loader)
         else:
             batches = (Batches(step, count, rank)[i] for i in range(count))
+        if rank == args.slow_data_rank:
+            batches = slowed(batches, args.slow_data_ms / 1000)
         for x, y in batches:
             if first_attempt and step == args.stop_at_step and rank == args.stop_rank:
                 stop = f"stopping for good at step {step} (at {time.time():.6f})"  # wall time
@@ -177,6 +186,14 @@ def save(
             torch.save(state, tmp)
         tmp.replace(ckpt_dir / f"step_{step:08d}.pt")
     dist.barrier()
+
+
+def slowed(batches: Any, delay_s: float) -> Iterator[Any]:
+    """`batches`, each one `delay_s` late: the wait is in the main process, where the script
+    gets its batch (a DataLoader's workers would prefetch a sleep in the dataset away)."""
+    for batch in batches:
+        time.sleep(delay_s)
+        yield batch
 
 
 def evaluate(seconds: float) -> None:

@@ -1,6 +1,7 @@
-"""A straggler of an unmodified DDP script (tests/bin/plain_ddp.py: no ftd, no NVRx): rank 1's
-model forward sleeps 60 ms more every step, so every rank's step takes as long, and only the
-forward times tell (ftd/health/stragglers.py)."""
+"""Stragglers of an unmodified DDP script (tests/bin/plain_ddp.py: no ftd, no NVRx): rank 1's
+model forward sleeps 60 ms more every step, or its batches come 80 ms late, so every rank's step
+takes as long, and only its forward times, or its host times between steps, tell
+(ftd/health/stragglers.py)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from tests.support.truth_page import CHROMIUM, async_playwright, browser, open_p
 PLAIN_DDP = BIN / "plain_ddp.py"
 STRAGGLING = ("--steps", "100000", "--ckpt-every", "100000", "--step-time", "0.01")
 SLOW_RANK_1 = ("--slow-forward-rank", "1", "--slow-forward-ms", "60")
+SLOW_DATA_1 = ("--slow-data-rank", "1", "--slow-data-ms", "80")
 
 
 async def test_a_rank_whose_forward_is_60ms_slower_is_named_a_straggler(
@@ -51,6 +53,33 @@ async def test_a_rank_whose_forward_is_60ms_slower_is_named_a_straggler(
         await marked_everywhere(api, "forward")
     await stop(run)
     assert [e["data"]["global_rank"] for e in run.events("straggler")] == [1]
+
+
+async def test_a_rank_whose_data_loading_is_80ms_slower_is_named_by_its_host_time(
+    serve: ServeFactory, tmp_path: Path
+) -> None:
+    """Rank 1 gets each batch 80 ms late: its forward time and (under DDP) its step time are
+    the others'; only its host time between steps differs (issue 44, item 5)."""
+    run = await serve(
+        *("--nproc-per-node", "2", "--max-restarts", "0"),
+        script=PLAIN_DDP,
+        script_args=(*STRAGGLING, *SLOW_DATA_1, "--ckpt-dir", str(tmp_path / "c")),
+    )
+    async with api_of(run) as api:
+        await run.stderr.expect(r"straggler: rank 1's time between steps outside", timeout=120)
+        [event] = run.events("straggler")
+        data = event["data"]
+        assert data["global_rank"] == 1 and data["signal"] == "host", data
+        assert data["ratio"] >= 1.2 and data["host_s"] - data["median_s"] >= 0.06, data
+        code, status, _ = await api.call("GET", "/v1/status")
+        assert code == 200
+        progress = {r["global_rank"]: r["progress"] for r in status["ranks"]}
+        assert progress[1]["host_s"] >= 0.08 > progress[0]["host_s"], progress
+        # its forward pass is no slower: no forward straggler
+        assert progress[1]["straggler"]["signal"] == "host", progress
+        await marked_everywhere(api, "host")
+    await stop(run)
+    assert [e["data"]["signal"] for e in run.events("straggler")] == ["host"]
 
 
 async def marked_everywhere(api: Api, signal: str) -> None:
