@@ -72,8 +72,8 @@ BUDGETS = (
     ),
     Budget("spawn", "launcher's part: crash -> last rank forked", "ms", "torchrun", 0.60),
     Budget("hang_overshoot", "hang verdict past the deadline", "ms", "timeout", 0.02),
-    Budget("idle_cpu", "idle CPU, launcher + non-rank children", "%", "torchrun", 4.0),
-    Budget("idle_wakeups", "their wake-ups (context switches)", "/s", "torchrun", 4.0),
+    Budget("idle_cpu", "idle CPU, launcher + non-rank children", "%", "torchrun", 2.0),
+    Budget("idle_wakeups", "their wake-ups (context switches)", "/s", "torchrun", 1.0),
     Budget("pss", "PSS, launcher + non-rank children", "MiB", "torchrun", 1.0),
     Budget("startup", "clean start -> every rank's first allreduce", "ms", "torchrun", 0.70),
 )

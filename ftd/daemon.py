@@ -39,8 +39,8 @@ from ftd.coordination import CoordinationError, Coordinator, create_coordinator
 from ftd.errors import StartupError
 from ftd.health.progress import ProgressWatch
 from ftd.health.service import HealthService
-from ftd.health.socket import socket_path
 from ftd.health.straggler_timer import StragglerTimer
+from ftd.health.unix_socket import socket_path
 from ftd.ranks.guard import GuardKeeper
 from ftd.ranks.launch import build_command
 from ftd.ranks.spawn import Spawner, get_spawner

@@ -19,8 +19,8 @@ from ftd_client.protocol import ProtocolError, WorkloadAction
 
 from ftd.health.links import Link, RankHealth
 from ftd.health.monitor import STALL_THRESHOLD_S, Monitor
-from ftd.health.socket import parent_pid
 from ftd.health.sync import BudgetExceeded
+from ftd.health.unix_socket import parent_pid
 from ftd.status.event_kind import EventKind
 from ftd.status.events import EventLog
 

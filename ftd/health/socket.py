@@ -17,12 +17,10 @@ import dataclasses
 import itertools
 import json
 import logging
-import os
-import select
 import socket
 import struct
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -31,14 +29,18 @@ from ftd_client.protocol import ProtocolError
 
 from ftd import containment
 from ftd.health.links import Link
+from ftd.health.unix_socket import (
+    MAX_CONNECTIONS,
+    PREVIOUS_ATTEMPT,
+    Authorize,
+    accept_ranks,
+    listen_unix,
+    peer_closed,
+)
 from ftd.refusals import Refusals
 
 log = logging.getLogger("ftd.ipc")
 
-UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
-MAX_CONNECTIONS = 4096
-PREVIOUS_ATTEMPT = "previous_attempt"
-LISTEN_BACKLOG = 1024
 READING_PAUSE_S = 1.0
 READ_BATCH = 512
 """Messages read from one connection per wake-up: a rank that sends without pause cannot keep
@@ -49,12 +51,21 @@ messages at Linux's default size, thousands at ftd's (FTD_SOCKET_SNDBUF)."""
 DRAIN_BATCHES = 64
 """A drain before a verdict reads this many batches per connection at most (32k messages:
 more than a rank's whole send buffer holds)."""
+PACE_S = 0.5
+"""A rank client's connection (it said hello) that asked nothing for EAGER_S is read at most
+this often: its heartbeats wait in the kernel, each stamped with its time of sending
+(SO_TIMESTAMPNS), so the daemon wakes a few times a second instead of once a heartbeat, and
+judges by the same times (every verdict drains first). A request makes it eager again."""
+EAGER_S = 1.0
+MAX_PACED_AGE_S = 2.0
+"""A kernel time older than this (a clock step) is taken as this old."""
+_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
+_TIMESTAMP = struct.Struct("qq")
+_ANCILLARY = socket.CMSG_SPACE(_TIMESTAMP.size)
 
 Dispatch = Callable[[Link, dict[str, Any], float], dict[str, Any] | None]
 """(sender's connection, message, receipt time) -> reply for answered messages; raises
 ProtocolError."""
-Authorize = Callable[[int], object]
-"""(sender pid) -> None when the pid is a rank or a rank's descendant; raises ProtocolError."""
 
 
 class Follower(Protocol):
@@ -71,6 +82,11 @@ class Follower(Protocol):
 class _Connection:
     sock: socket.socket
     link: Link
+    accepted_at: float
+    eager_until: float
+    """Until then read at once (PACE_S): its first second, and a second after each request."""
+    paceable: bool = False
+    """A rank client's connection (it said hello): paced once it asks nothing (PACE_S)."""
 
 
 class RankSocketServer:
@@ -99,6 +115,9 @@ class RankSocketServer:
         """When the daemon began reading without a pause (READING_PAUSE_S): a message sent
         since then waited in a backlog; one sent before waited while nobody read."""
         self._paused = False
+        self._resting: set[int] = set()
+        """Paced connections not read until the pace timer wakes them (PACE_S)."""
+        self._pace_timer: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.followers: list[Follower] = []
         """Other rank sockets (NVRx's) paused, resumed and drained with this one."""
@@ -129,8 +148,30 @@ class RankSocketServer:
         self._paused = False
         if self._listener is not None:
             self._loop.add_reader(self._listener.fileno(), self._on_connect)
+        self._resting.clear()
         for fd, connection in self._connections.items():
             self._loop.add_reader(fd, self._on_readable, connection)
+
+    def _wake_resting(self) -> None:
+        self._pace_timer = None
+        if self._loop is None or self._paused:
+            return
+        for fd in self._resting:
+            connection = self._connections.get(fd)
+            if connection is not None:
+                self._loop.add_reader(fd, self._on_readable, connection)
+        self._resting.clear()
+
+    def _rest(self, connection: _Connection) -> None:
+        """Read it again in PACE_S: what it sends meanwhile waits in the kernel, timed."""
+        assert self._loop is not None
+        fd = connection.sock.fileno()
+        if self._paused or fd in self._resting or fd not in self._connections:
+            return
+        self._loop.remove_reader(fd)
+        self._resting.add(fd)
+        if self._pace_timer is None:
+            self._pace_timer = self._loop.call_later(PACE_S, self._wake_resting)
 
     def drain(self) -> None:
         """Read every message already queued, now: a timer about to judge a rank must not run
@@ -151,6 +192,8 @@ class RankSocketServer:
         loop = self._loop
         if loop is None:
             return
+        if self._pace_timer is not None:
+            self._pace_timer.cancel()
         for fd in list(self._connections):
             self._hang_up(fd)
         if self._listener is not None:
@@ -170,7 +213,9 @@ class RankSocketServer:
                 self._refuse(conn, "too_many_connections", pid, f"{MAX_CONNECTIONS} are open")
                 continue
             conn.setblocking(False)
-            connection = _Connection(conn, Link(next(self._link_ids), pid))
+            conn.setsockopt(socket.SOL_SOCKET, _TIMESTAMPNS, 1)
+            now = time.monotonic()
+            connection = _Connection(conn, Link(next(self._link_ids), pid), now, now + EAGER_S)
             self._connections[conn.fileno()] = connection
             self._loop.add_reader(conn.fileno(), self._on_readable, connection)
 
@@ -191,6 +236,7 @@ class RankSocketServer:
 
     def _hang_up(self, fd: int) -> None:
         entry = self._connections.pop(fd, None)
+        self._resting.discard(fd)
         if entry is not None and self._loop is not None:
             self._loop.remove_reader(fd)
             entry.sock.close()
@@ -202,13 +248,15 @@ class RankSocketServer:
         pid = link.pid
         for count in range(READ_BATCH):
             try:
-                data, _, flags, _ = conn.recvmsg(protocol.MAX_MESSAGE_BYTES + 1)
+                data, ancillary, flags, _ = conn.recvmsg(protocol.MAX_MESSAGE_BYTES + 1, _ANCILLARY)
             except (BlockingIOError, InterruptedError):
+                if connection.paceable and time.monotonic() >= connection.eager_until:
+                    self._rest(connection)
                 return count
             except OSError:
                 self._hang_up(conn.fileno())
                 return count
-            if not data and _peer_closed(conn):  # not an empty message: the rank has gone
+            if not data and peer_closed(conn):  # not an empty message: the rank has gone
                 self._hang_up(conn.fileno())
                 return count
             now = time.monotonic()
@@ -222,7 +270,10 @@ class RankSocketServer:
                 if flags & socket.MSG_TRUNC or len(data) > protocol.MAX_MESSAGE_BYTES:
                     raise ProtocolError("oversized", f"more than {protocol.MAX_MESSAGE_BYTES} B")
                 message = protocol.decode(data)
-                reply = self._dispatch(link, message, now)
+                if "id" in message:  # a request: its answer is awaited
+                    connection.eager_until = now + EAGER_S
+                    connection.paceable |= message["t"] == protocol.HELLO
+                reply = self._dispatch(link, message, self._sent(connection, ancillary, now))
             except ProtocolError as error:
                 self._drop(error.cause, pid, str(error))
                 self._reply_error(conn, data, str(error))
@@ -235,6 +286,18 @@ class RankSocketServer:
             if reply is not None:
                 self._send(conn, {"t": protocol.REPLY, "id": message.get("id"), **reply})
         return READ_BATCH
+
+    def _sent(self, connection: _Connection, ancillary: list[Any], now: float) -> float:
+        """When a paced connection's message was sent (the kernel's stamp, on the monotonic
+        clock, never before the connection was accepted); `now` for an eager one."""
+        if not connection.paceable or now < connection.eager_until:
+            return now
+        for level, kind, data in ancillary:
+            if level == socket.SOL_SOCKET and kind == _TIMESTAMPNS and len(data) >= 16:
+                seconds, nanos = _TIMESTAMP.unpack_from(data)
+                mono, age = time.monotonic(), time.time() - (int(seconds) + int(nanos) / 1e9)
+                return max(mono - min(max(age, 0.0), MAX_PACED_AGE_S), connection.accepted_at)
+        return now
 
     def _drop(self, cause: str, pid: int, detail: str) -> None:
         self.dropped[cause] += 1
@@ -262,91 +325,3 @@ class RankSocketServer:
         except OSError as error:  # the rank went away or stopped reading: it retries or not
             self.dropped["reply_failed"] += 1
             log.debug("reply to a rank failed: %s", error)
-
-
-def accept_ranks(
-    listener: socket.socket,
-    authorize: Authorize,
-    previous_pids: set[int],
-    refuse: Callable[[socket.socket, str, int, str], None],
-    what: str,
-) -> Iterator[tuple[socket.socket, int]]:
-    """Accept every pending connection; yield (connection, pid) for those from this user's
-    ranks of the current attempt and their descendants. Identity before a slot: the others are
-    handed to `refuse` (cause, pid, detail) at once and take nothing."""
-    while True:
-        try:
-            conn, _ = listener.accept()
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError as error:
-            log.warning("%s: accept failed: %s", what, error)
-            return
-        pid, uid = _peer(conn)
-        if uid != os.geteuid():
-            refuse(conn, "wrong_user", pid, f"pid {pid} runs as uid {uid}")
-            continue
-        if pid in previous_pids:
-            refuse(conn, PREVIOUS_ATTEMPT, pid, "a rank of an earlier attempt")
-            continue
-        try:
-            authorize(pid)
-        except ProtocolError as error:
-            refuse(conn, error.cause, pid, str(error))
-            continue
-        yield conn, pid
-
-
-def _peer(conn: socket.socket) -> tuple[int, int]:
-    """The connecting process's pid and uid, from the kernel (SO_PEERCRED)."""
-    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, UCRED.size)
-    pid, uid, _ = UCRED.unpack(creds)
-    return int(pid), int(uid)
-
-
-def listen_unix(path: Path, kind: socket.SocketKind) -> socket.socket:
-    """A non-blocking unix listener at `path` (replacing a stale one), created mode 0600."""
-    listener = socket.socket(socket.AF_UNIX, kind)
-    listener.setblocking(False)
-    with contextlib.suppress(FileNotFoundError):
-        path.unlink()
-    previous_umask = os.umask(0o177)  # created 0600: no window where others could connect
-    try:
-        listener.bind(str(path))
-    finally:
-        os.umask(previous_umask)
-    os.chmod(path, 0o600)
-    listener.listen(LISTEN_BACKLOG)
-    return listener
-
-
-def _peer_closed(conn: socket.socket) -> bool:
-    """Whether the peer hung up. A packet socket reads an empty message and the end of the
-    stream alike; only the hang-up flag tells them apart."""
-    poller = select.poll()
-    poller.register(conn.fileno(), select.POLLRDHUP)
-    return any(events & (select.POLLHUP | select.POLLRDHUP) for _, events in poller.poll(0))
-
-
-def parent_pid(pid: int) -> int | None:
-    """The parent of `pid` from /proc, or None when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            # The command name may hold spaces and parentheses: split after the last ')'.
-            fields = stat.read().rsplit(b")", 1)[1].split()
-        return int(fields[1])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def socket_path(run_dir: Path, daemon_id: str) -> Path:
-    """The run directory's `ftd.sock`, unless that directory leaves no room for AF_UNIX's 108
-    bytes (NVRx's sockets go beside it, with names 14 bytes longer): then `ftd.sock` in a
-    fresh private directory (mkdtemp: this user's, mode 0700, a name nobody could take first),
-    which the daemon removes at teardown."""
-    path = run_dir / "ftd.sock"
-    if len(os.fsencode(path)) < 90:
-        return path
-    import tempfile
-
-    return Path(tempfile.mkdtemp(prefix=f"ftd-{daemon_id}-")) / "ftd.sock"

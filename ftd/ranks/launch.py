@@ -97,9 +97,8 @@ LAUNCHER_ENV = "FT_LAUNCHER_IPC_SOCKET"
 
 def socket_paths(ftd_socket: Path) -> tuple[Path, Path]:
     """The rank-monitor and launcher socket paths beside ftd's own socket, in its directory: the
-    private run directory, or the private one ftd.health.socket.socket_path made where that is too
-    long
-    (never a shared one, where another user could bind the name first)."""
+    private run directory, or the private one ftd.health.unix_socket.socket_path made where
+    that is too long (never a shared one, where another user could bind the name first)."""
     stem = ftd_socket.name.removesuffix(".sock")
     rank_monitor, launcher = (
         ftd_socket.with_name(f"{stem}-nvrx-{kind}.sock") for kind in ("rmon", "launcher")

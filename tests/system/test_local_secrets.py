@@ -21,7 +21,7 @@ from ftd.api import TOKEN_FILE
 from ftd.api.security import TOKEN_ENV
 from ftd.config import secrets as env_secrets
 from ftd.coordination.secret import SECRET_ENV
-from ftd.health.socket import socket_path
+from ftd.health.unix_socket import socket_path
 from ftd.ranks.launch import socket_paths
 from tests.conftest import BIN, ServeFactory
 

@@ -27,7 +27,7 @@ from ftd_client.protocol import ProtocolError
 
 from ftd.health.nvrx import wire as wire
 from ftd.health.nvrx.session import ClientSession
-from ftd.health.socket import MAX_CONNECTIONS, PREVIOUS_ATTEMPT, accept_ranks, listen_unix
+from ftd.health.unix_socket import MAX_CONNECTIONS, PREVIOUS_ATTEMPT, accept_ranks, listen_unix
 from ftd.ranks.launch import socket_paths
 from ftd.refusals import Refusals
 
