@@ -24,7 +24,9 @@ harnesses beside this file:
 
 For ftd, its events also split the launcher's part (informational, no budget): crash -> the
 exit seen (`rank_exited`), -> the old ranks stopped (`workers_stopped`), -> the next attempt
-started (`attempt_started`, its ranks forked).
+started (`attempt_started`, its ranks forked). And each default-on feature that has a switch is
+measured off beside the default flags in the same run (FEATURES_OFF; informational, no budget):
+its cost is the difference.
 """
 
 from __future__ import annotations
@@ -48,6 +50,10 @@ import hang_detection
 import zygote_restart
 
 THIS = Path(__file__).resolve()
+FEATURES_OFF = {"progress": ("--progress", "off")}
+"""Default-on features measured switched off beside the default flags (informational: a
+feature's cost shows as a difference in one run). The memory tier costs nothing unless the
+script calls it; paced reads and stragglers have no switch (stragglers ride on progress)."""
 NPROC = 4
 IDLE_HZ = 10.0
 HANG_TIMEOUT_S = 2.0
@@ -154,8 +160,9 @@ def idle_rank(work: Path) -> None:
 # -- the scenarios -----------------------------------------------------------------------------
 
 
-def restart_run(launcher: str) -> dict[str, float]:
-    """One run of zygote_restart.py's job with this script as the rank; ms."""
+def restart_run(launcher: str, flags: tuple[str, ...] = ()) -> dict[str, float]:
+    """One run of zygote_restart.py's job with this script as the rank; ms. `flags`: ftd's
+    extra serve flags (a default-on feature switched off)."""
     method = "zygote" if launcher == "ftd" else "torchrun"
     with tempfile.TemporaryDirectory(prefix=f"budget_{launcher}_") as tmp:
         out, log_dir = Path(tmp, "out"), Path(tmp, "logs")
@@ -165,6 +172,9 @@ def restart_run(launcher: str) -> dict[str, float]:
             "--as-rank": "--as-restart",
         }
         cmd = [swap.get(p, p) for p in zygote_restart.command(method, NPROC, out, log_dir)]
+        if flags:
+            at = cmd.index("serve") + 1
+            cmd[at:at] = flags
         launched = time.time()
         with open(Path(tmp, "launcher.log"), "wb") as log:
             code = subprocess.run(
@@ -337,6 +347,14 @@ def measure(args: argparse.Namespace) -> dict[str, dict[str, list[float]]]:
         for key, value in figures.items():
             samples.setdefault(key, {"ftd": [], "peer": []})[side].append(value)
         print(f"restart {index} {launcher}: {figures}", flush=True)
+    for index in range(args.off_repeats):  # each default-on feature's cost, in the same run
+        for feature, flags in FEATURES_OFF.items():
+            figures = restart_run("ftd", flags)
+            for key in ("restart", "spawn", "startup"):
+                samples.setdefault(f"{feature}_off:{key}", {"ftd": [], "peer": []})["ftd"].append(
+                    figures[key]
+                )
+            print(f"restart {index} ftd {' '.join(flags)}: {figures}", flush=True)
     for index in range(args.hang_repeats):
         overshoot = hang_run(benchlib.fresh_dir(root / f"hang{index}"))
         samples["hang_overshoot"]["ftd"].append(overshoot)
@@ -356,6 +374,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="2 restarts, 1 hang, 1 idle of 10 s")
     parser.add_argument("--repeats", type=int, default=5, help="restart runs per launcher")
     parser.add_argument("--hang-repeats", type=int, default=3)
+    parser.add_argument(
+        "--off-repeats", type=int, default=3, help="restart runs per feature switched off"
+    )
     parser.add_argument("--idle-repeats", type=int, default=2)
     parser.add_argument("--window", type=float, default=20.0, help="idle window (s)")
     parser.add_argument("--work-dir", default="/tmp/ftd-bench/budget")
@@ -370,6 +391,7 @@ def main() -> None:
         return idle_rank(args.as_idle)
     if args.quick:
         args.repeats, args.hang_repeats, args.idle_repeats, args.window = 2, 1, 1, 10.0
+        args.off_repeats = 1
     results: dict[str, Any]
     if args.measurements is not None:
         results = json.loads(args.measurements.read_text())
@@ -384,6 +406,14 @@ def main() -> None:
     for key, sides in results["samples"].items():
         if key.startswith("ftd_") and (got := sides["ftd"]):
             print(f"ftd, crash -> {key[4:]}: {statistics.median(got):.0f} / {max(got):.0f} ms")
+        elif "_off:" in key and (got := sides["ftd"]):
+            feature, figure = key.split("_off:")
+            on = statistics.median(results["samples"][figure]["ftd"])
+            off = statistics.median(got)
+            print(
+                f"ftd {' '.join(FEATURES_OFF.get(feature, ()))}, {figure}: {off:.0f} / "
+                f"{max(got):.0f} ms (default flags: {on:.0f} ms; the feature costs {on - off:+.0f})"
+            )
     results["verdicts"] = {
         v.budget.key: {"ratio": v.ratio, "limit": v.budget.limit, "passed": v.passed}
         for v in verdicts
