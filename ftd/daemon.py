@@ -279,7 +279,7 @@ class Daemon:
                 config.nnodes_min,
                 config.nnodes_max,
                 self.coordinator.describe,
-                " (hosted here)" if getattr(self.coordinator, "hosting", False) else "",
+                " (hosted here)" if self.coordinator.hosting else "",
             )
         log.info(
             "ftd serve: node %s, run %s, %d local ranks, max restarts %d, run dir %s",

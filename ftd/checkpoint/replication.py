@@ -35,7 +35,6 @@ from ftd.checkpoint.replica_server import ReplicaServer
 from ftd.checkpoint.replica_store import ReplicaStore
 from ftd.config.serve import ServeConfig
 from ftd.coordination.base import Coordinator
-from ftd.coordination.records import RecordCodec
 from ftd.refusals import Refusals
 from ftd.status.board import StatusBoard
 from ftd.status.events import EventLog
@@ -295,8 +294,7 @@ def replication_for(
     and a secret to sign them with (unsigned, anyone who reaches the port could plant state)."""
     if not config.multi_node or config.checkpoint_memory_bytes == 0:
         return None
-    codec = getattr(coordinator, "codec", None)
-    key = codec.replica_key() if isinstance(codec, RecordCodec) else None
+    key = coordinator.codec.replica_key() if coordinator.codec is not None else None
     if key is None:
         log.info(
             "snapshots are not replicated to a peer node: the job has no secret to sign them "

@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from ftd.coordination.records import Member, RequestRecord
+from ftd.coordination.records import Member, RecordCodec, RequestRecord
 from ftd.status.model import Connecting, Standby, Waiting
 
 ErrorCode = Literal["failed", "excluded", "store_lost", "stopped", "succeed", "fail"]
@@ -151,6 +151,17 @@ class Coordinator(Protocol):
     @property
     def address(self) -> str:
         """The address other nodes reach this node at (its workers' store listens there)."""
+        ...
+
+    @property
+    def codec(self) -> RecordCodec | None:
+        """The job's records' signer (its keys seal in-process rounds and replicas); None
+        where nothing is written for other nodes (one node alone)."""
+        ...
+
+    @property
+    def hosting(self) -> bool:
+        """Whether this daemon hosts the rendezvous store (said at start)."""
         ...
 
     async def start(self, on_node_lost: NodeLost, waits: RoundWaits | None = None) -> None:

@@ -12,7 +12,7 @@ import logging
 from typing import Any
 
 from ftd.coordination.base import NodeLost, Round, RoundWaits, new_request
-from ftd.coordination.records import Member, RequestRecord
+from ftd.coordination.records import Member, RecordCodec, RequestRecord
 from ftd.tcpstore.server import TcpStoreServer
 
 log = logging.getLogger("ftd.coordination.local")
@@ -27,6 +27,8 @@ class LocalCoordinator:
         self.excluded: dict[str, str] = {}
         self.describe = "this node alone (no rendezvous store)"
         self.reached = True
+        self.hosting = False
+        self.codec: RecordCodec | None = None  # no record leaves this node
         self.address = store_host
         self._next = 0
         self._restarts = 0

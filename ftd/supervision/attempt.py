@@ -26,7 +26,6 @@ from ftd.config.restart import RestartMode
 from ftd.config.serve import ServeConfig
 from ftd.coordination import Coordinator, Round
 from ftd.coordination.base import Placement
-from ftd.coordination.records import RecordCodec
 from ftd.health.service import HealthService
 from ftd.ranks.guard import GuardKeeper
 from ftd.ranks.inprocess import InprocessRounds, rank_env
@@ -290,8 +289,8 @@ def _serves(*paths: Path) -> bool:
 def _inprocess_seal(tools: AttemptTools, prefix: str, number: int) -> tuple[Seal, Path | None]:
     """The seal of this attempt's in-process rounds, and the private file (0600, in the private
     run directory) that gives its key to the ranks: none when the job has no secret."""
-    codec = getattr(tools.coordinator, "codec", None)
-    key = codec.inprocess_key(prefix) if isinstance(codec, RecordCodec) else None
+    codec = tools.coordinator.codec
+    key = codec.inprocess_key(prefix) if codec is not None else None
     if key is None:
         return Seal(), None
     path = tools.run_dir / f"inprocess_{number}.key"

@@ -70,7 +70,7 @@ class EtcdCoordinator:
         self.lost_reason = ""
         self.round: Round | None = None
         self.excluded: dict[str, str] = {}
-        self.reached = False
+        self.reached = self.hosting = False  # no daemon hosts etcd
         self._where = members = ", ".join(self.conf.endpoints)
         self.describe = f"etcd {members} (keys under {self.conf.root})"
         self._report = report
