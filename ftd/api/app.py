@@ -20,6 +20,7 @@ from typing import Annotated, Any, Literal, TypeVar
 from aiohttp import web
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
+from ftd.api import cluster_view
 from ftd.api.connections import ApiLimits, Connections
 from ftd.api.control import NodeControl
 from ftd.api.dashboard import add_dashboard_routes
@@ -267,10 +268,12 @@ async def get_status(request: web.Request) -> web.Response:
 
 
 async def get_cluster(request: web.Request) -> web.Response:
+    offset = _int_query(request, "offset", 0, 0, cluster_view.MAX_OFFSET)
+    limit = _int_query(request, "limit", cluster_view.DEFAULT_LIMIT, 1, cluster_view.MAX_LIMIT)
     view = request.app[CONTROL].cluster()
     if inspect.isawaitable(view):
         view = await view
-    return _json_response(view)
+    return _json_response(cluster_view.bounded(view, offset, limit))
 
 
 async def post_restart(request: web.Request) -> web.Response:

@@ -343,7 +343,29 @@ def cluster_lines(status: dict[str, Any], cluster: dict[str, Any]) -> list[str]:
         f"cluster: round {value(round_.get('round'))}, members "
         f"{', '.join(members) or NO_VALUE}; excluded {', '.join(excluded) or 'none'}",
         *table(["NODE", "STATE", "ATTEMPT", "RESTARTS USED", "RANKS", "ROLE"], rows),
+        *more_nodes_lines(cluster, len(nodes)),
         *straggler_lines(cluster),
+    ]
+
+
+def more_nodes_lines(cluster: dict[str, Any], shown: int) -> list[str]:
+    """`... and 4032 more nodes (running 4020, restarting 12): GET /v1/cluster?offset=64` where
+    the answer is a page of a larger cluster; none otherwise."""
+    total = cluster.get("total_nodes")
+    if not isinstance(total, int) or isinstance(total, bool) or total <= shown:
+        return []
+    counts = cluster.get("counts") if isinstance(cluster.get("counts"), dict) else {}
+    states = counts.get("state") if isinstance(counts, dict) else None
+    by_state = (
+        ", ".join(f"{value(state)} {value(n)}" for state, n in list(states.items())[:16])
+        if isinstance(states, dict)
+        else NO_VALUE
+    )
+    offset = cluster.get("offset")
+    start = offset if isinstance(offset, int) and not isinstance(offset, bool) else 0
+    return [
+        f"... and {total - shown} more nodes (all {total}: {by_state}): "
+        f"GET /v1/cluster?offset={start + shown}"
     ]
 
 

@@ -145,9 +145,13 @@ function renderCluster() {
   }));
   const round = c.round || {};
   const standbys = nodes.filter((n) => n.role === "standby").length;
+  // A page of a larger cluster (GET /v1/cluster's `offset`, `limit`): the totals say how many.
+  const total = Number.isInteger(c.total_nodes) ? c.total_nodes : nodes.length;
+  const shown = total > nodes.length ? ` (${nodes.length} shown)` : "";
+  const members = Number.isInteger(round.size) ? round.size : (round.members || []).length;
   $("cluster-summary").textContent =
-    `${nodes.length} node${nodes.length === 1 ? "" : "s"} · round ${round.round ?? "–"} · ` +
-    `${(round.members || []).length} members · ${standbys} standby · ${excluded.size} excluded`;
+    `${total} node${total === 1 ? "" : "s"}${shown} · round ${round.round ?? "–"} · ` +
+    `${members} members · ${standbys} standby · ${excluded.size} excluded`;
   const list = $("node-ids");
   if (list.childElementCount !== state.nodes.size) {
     list.replaceChildren(...[...state.nodes].sort().map((id) => { const o = el("option"); o.value = id; return o; }));

@@ -1,0 +1,67 @@
+"""`GET /v1/cluster` with a bound: a page of nodes (`offset`, `limit`: DEFAULT_LIMIT by default,
+the round's members alike) and aggregates over all of them (how many in each state and role,
+the round's size, the worst stragglers, the nodes whose summaries are oldest, the first `limit`
+excluded nodes), so that the answer stays small at thousands of nodes (issue 43: at most 64 KiB
+by default) while nothing is hidden: the rest is a page away.
+
+Each node's `forward` (its ranks' times, what the straggler watch reads across nodes) is left
+out of the page: it is the daemons' input, not the operator's, and it is the part of a summary
+that grows with the ranks.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+from typing import Any
+
+DEFAULT_LIMIT = 64
+MAX_LIMIT = 4096
+MAX_OFFSET = 1 << 20
+WORST = 16
+"""Stragglers (by ratio) and lagging nodes (by the age of their summary) listed in full."""
+
+
+def bounded(view: dict[str, Any], offset: int, limit: int) -> dict[str, Any]:
+    """`view` (a coordinator's cluster answer) with nodes `offset` .. `offset + limit` and the
+    aggregates over every node."""
+    nodes = [node for node in _listed(view.get("nodes")) if isinstance(node, dict)]
+    stragglers = [s for s in _listed(view.get("stragglers")) if isinstance(s, dict)]
+    states = collections.Counter(str(node.get("state")) for node in nodes)
+    roles = collections.Counter(str(node.get("role", "active")) for node in nodes)
+    timed = [node for node in nodes if _number(node.get("time")) is not None]
+    given = view.get("round")
+    round_: dict[str, Any] = given if isinstance(given, dict) else {}
+    members = _listed(round_.get("members"))
+    excluded = _listed(view.get("excluded"))
+    return {
+        **view,
+        "round": {**round_, "members": members[offset : offset + limit], "size": len(members)},
+        "excluded": excluded[:limit],
+        "total_excluded": len(excluded),
+        "nodes": [_shown(node) for node in nodes[offset : offset + limit]],
+        "total_nodes": len(nodes),
+        "offset": offset,
+        "limit": limit,
+        "counts": {"state": dict(sorted(states.items())), "role": dict(sorted(roles.items()))},
+        "stragglers": sorted(stragglers, key=lambda s: -(_number(s.get("ratio")) or 0.0))[:WORST],
+        "total_stragglers": len(stragglers),
+        "lagging": [
+            {"node_id": node.get("node_id"), "time": node.get("time")}
+            for node in sorted(timed, key=lambda node: _number(node.get("time")) or 0.0)[:WORST]
+        ],
+    }
+
+
+def _shown(node: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in node.items() if key != "forward"}
+
+
+def _listed(value: object) -> list[Any]:
+    return list(value) if isinstance(value, list | tuple) else []
+
+
+def _number(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
