@@ -130,7 +130,7 @@ async def test_excluded_node_stops_and_is_refused(serve: ServeFactory, backend: 
     assert "node b is excluded from job job (node b excluded by" in b.stderr.text
     await a.stdout.expect(f"ready a{n + 1} r0")  # a goes on alone
     code, view = await api(a, "a", "GET", "/v1/cluster")
-    assert code == 200 and view["round"] == {"round": n + 1, "members": ["a"]}
+    assert code == 200 and view["round"] == {"round": n + 1, "members": ["a"], "size": 1}
     assert [e["node_id"] for e in view["excluded"]] == ["b"]  # type: ignore[attr-defined, index]
     excluded = json.loads((run_dir(b, "b") / "cluster.json").read_text())["excluded"]
     assert list(excluded) == ["b"]
