@@ -123,11 +123,11 @@ typecheck: $(STAMP)
 # nodes, ten ranks a node, NVRx releases): under that contention a timing-bound test failed now
 # and then in clean clones (a different one each run, each passing alone and beside two CPU
 # hogs), so a failed test gets one more try (--reruns 1); one that fails twice fails. Which
-# needed its second try is named in the report (-rR: "RERUN"): a test to make robust, not to
-# forget.
+# needed its second try is named in the report (-rR: "RERUN"), with the traceback of the try
+# that failed (--rerun-show-tracebacks): a test to make robust, not to forget.
 # PYTEST_WORKERS=0 runs them one after another.
 PYTEST_WORKERS ?= 3
-PYTEST := $(VENV)/bin/pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist worksteal --reruns 1 -rR $(PYTEST_ARGS)
+PYTEST := $(VENV)/bin/pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist worksteal --reruns 1 --rerun-show-tracebacks -rR $(PYTEST_ARGS)
 unit: $(STAMP)
 	$(PYTEST)
 
