@@ -26,15 +26,6 @@ from tests.conftest import ROOT
 
 
 @pytest.fixture
-def observer() -> Iterator[Observer]:
-    observed = progress.install(lambda record: None, start=False)
-    try:
-        yield observed
-    finally:
-        progress.uninstall()
-
-
-@pytest.fixture
 def world(tmp_path: Path) -> Iterator[None]:
     store = dist.FileStore(str(tmp_path / "store"), 1)
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)

@@ -5,7 +5,7 @@ slow data loader would wait, the bookkeeping alone on a fake clock, and the fiel
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from ftd_client import _progress_torch, progress, protocol
+from ftd_client import _progress_torch, protocol
 from ftd_client._progress_torch import (
     FORWARD_WINDOW,
     LEARN_STEPS,
@@ -31,15 +31,6 @@ from tests.client.test_progress import mlp, world  # noqa: F401  (world: the fix
 
 LOADING_S = 0.05
 """What a slow batch costs: far above a step of the tiny model, small enough for many steps."""
-
-
-@pytest.fixture
-def observer() -> Iterator[Observer]:
-    observed = progress.install(lambda record: None, start=False)
-    try:
-        yield observed
-    finally:
-        progress.uninstall()
 
 
 def train(model: torch.nn.Module, steps: int, between: Callable[[], object]) -> None:
