@@ -264,9 +264,13 @@ async def serve(tmp_path: Path) -> AsyncIterator[ServeFactory]:
             transport.close()
     # Whatever the test asserted, a daemon must not lose an error or get stuck leaving.
     careless = ("teardown gave up", "exception was never retrieved")
-    lines = [line for run in started for line in run.stderr.lines]
-    slips = [line for line in lines if any(mark in line for mark in careless)]
-    assert not slips, f"a daemon slipped: {slips}"
+    slips = [
+        "\n".join(run.stderr.lines[at : at + 40])  # the line and the traceback after it
+        for run in started
+        for at, line in enumerate(run.stderr.lines)
+        if any(mark in line for mark in careless)
+    ]
+    assert not slips, "a daemon slipped:\n" + "\n---\n".join(slips)
 
 
 async def await_api_event(

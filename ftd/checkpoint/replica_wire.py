@@ -28,6 +28,7 @@ from ftd.checkpoint.replica_frame import (
     encode,
 )
 from ftd.checkpoint.replica_store import Incoming
+from ftd.tasks import within
 
 CHUNK_BYTES = 4 << 20
 READ_TIMEOUT_S = 10.0
@@ -100,7 +101,7 @@ def fd_digest(fd: int, nbytes: int) -> str | None:
 
 async def read_exactly(reader: asyncio.StreamReader, nbytes: int) -> bytes:
     try:
-        return await asyncio.wait_for(reader.readexactly(nbytes), READ_TIMEOUT_S)
+        return await within(reader.readexactly(nbytes), READ_TIMEOUT_S)
     except asyncio.IncompleteReadError as error:
         if not error.partial:
             raise EOFError from None
@@ -134,7 +135,7 @@ async def read_body(reader: asyncio.StreamReader, incoming: Incoming) -> str:
 
 async def drain(writer: asyncio.StreamWriter) -> None:
     try:
-        await asyncio.wait_for(writer.drain(), WRITE_TIMEOUT_S)
+        await within(writer.drain(), WRITE_TIMEOUT_S)
     except TimeoutError:
         raise FrameError("timeout", f"the peer read nothing for {WRITE_TIMEOUT_S:.0f} s") from None
 

@@ -38,7 +38,7 @@ from ftd.coordination.base import Coordinator
 from ftd.refusals import Refusals
 from ftd.status.board import StatusBoard
 from ftd.status.events import EventLog
-from ftd.tasks import Background
+from ftd.tasks import Background, within
 
 if TYPE_CHECKING:
     from ftd.checkpoint.holder import CheckpointHolder
@@ -237,7 +237,7 @@ class Replication:
         if step is None or address is None or (self.acked and step <= self.acked[-1]):
             return
         try:
-            await asyncio.wait_for(self._push(successor, address, step), PUSH_TIMEOUT_S)
+            await within(self._push(successor, address, step), PUSH_TIMEOUT_S)
         except FrameError as error:  # a slot that is no file, a peer that is not the successor
             self.refused[error.cause] += 1
             self._push_failed(error.cause, error)

@@ -136,6 +136,7 @@ class HangHandler:
         section = max(rank.open_sections, key=rank.open_sections.__getitem__, default=None)
         # The victims' stacks are written beside the culprit's, and never delay its kill.
         victims = asyncio.ensure_future(self._explain_each(group, others))
+        victims.add_done_callback(lambda done: done.cancelled() or done.exception())
         notes: list[str] = []
         killed = False
         try:

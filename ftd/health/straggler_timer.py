@@ -25,7 +25,7 @@ from ftd.health.progress import ProgressWatch
 from ftd.health.stragglers import SIGNALS, Signal, StragglerChange
 from ftd.status.event_kind import EventKind
 from ftd.status.events import EventLog
-from ftd.tasks import Background
+from ftd.tasks import Background, within
 
 log = logging.getLogger("ftd.health")
 
@@ -134,7 +134,7 @@ class StragglerTimer:
 
     async def _read_peers(self, cluster: Callable[[], Awaitable[dict[str, Any]]]) -> None:
         try:
-            answer = await asyncio.wait_for(cluster(), PEERS_READ_S * 2)
+            answer = await within(cluster(), PEERS_READ_S * 2)
             self._peers = peer_times(answer, self._node_id)
         except Exception as error:  # the last view is kept; the next read tries again
             log.debug("cannot read the other nodes' forward times: %s", error)

@@ -26,6 +26,7 @@ from typing import Any
 from ftd.config.ft import FaultToleranceConfig
 from ftd.status.event_kind import EventKind
 from ftd.status.events import EventLog
+from ftd.tasks import within
 
 log = logging.getLogger("ftd.ranks")
 
@@ -98,7 +99,7 @@ class GpuMemory:
         )
         while over and time.monotonic() < deadline and not stop.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), min(self.poll_s, deadline - time.monotonic()))
+                await within(stop.wait(), min(self.poll_s, deadline - time.monotonic()))
             over = await self._over(nvml)
         waited = time.monotonic() - started
         self._events.emit(
@@ -121,7 +122,7 @@ class GpuMemory:
 
     async def _over(self, nvml: ModuleType) -> dict[int, float]:
         try:
-            used = await asyncio.wait_for(asyncio.to_thread(used_mb, nvml), self.poll_s + 5)
+            used = await within(asyncio.to_thread(used_mb, nvml), self.poll_s + 5)
         except TimeoutError:
             return {}  # a driver that does not answer: nothing to wait for that it would say
         return {gpu: mb for gpu, mb in used.items() if mb > self.tolerance_mb}

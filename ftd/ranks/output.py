@@ -27,7 +27,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ftd.ranks.output_writer import Destination, LineWriter
-from ftd.ranks.spawn.output import RankStream
+from ftd.ranks.spawn.base import RankStream
+from ftd.tasks import within
 
 log = logging.getLogger("ftd.rank_output")
 
@@ -190,7 +191,7 @@ class OutputDrain:
         self._console.close()
         writers = asyncio.gather(self._files.finished, self._console.finished)
         try:
-            await asyncio.wait_for(asyncio.shield(writers), CLOSE_TIMEOUT_S)
+            await within(asyncio.shield(writers), CLOSE_TIMEOUT_S)
         except TimeoutError:
             log.warning(
                 "rank output of attempt %d: its writers did not finish within %.0fs (a stuck "

@@ -39,6 +39,7 @@ from ftd.status.board import StatusBoard
 from ftd.status.event_kind import EventKind
 from ftd.status.events import EventLog
 from ftd.supervision.nvhcd import Nvhcd
+from ftd.tasks import within
 from ftd.text import escape
 
 log = logging.getLogger("ftd.supervision")
@@ -96,7 +97,7 @@ class NodeHealth:
                 await self._coordinator.exclude(self._node_id, why)
                 raise CoordinationError(why, "excluded")
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self._ft.node_health_check_interval)
+                await within(stop.wait(), self._ft.node_health_check_interval)
         return False
 
     async def check(self) -> str | None:
@@ -144,7 +145,7 @@ class NodeHealth:
             return None
 
         try:
-            return await asyncio.wait_for(asyncio.to_thread(probe), PATH_TIMEOUT_S)
+            return await within(asyncio.to_thread(probe), PATH_TIMEOUT_S)
         except TimeoutError:
             return f"NVML did not answer within {PATH_TIMEOUT_S:g}s"
         except Exception as error:
@@ -175,8 +176,8 @@ async def run_check(command: str, timeout_s: float) -> str | None:
         return kept
 
     try:
-        output = await asyncio.wait_for(tail(), timeout_s)
-        code = await asyncio.wait_for(proc.wait(), timeout_s)
+        output = await within(tail(), timeout_s)
+        code = await within(proc.wait(), timeout_s)
     except TimeoutError:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, 9)
@@ -204,7 +205,7 @@ async def storage_reason(path: str) -> str | None:
         return None
 
     try:
-        return await asyncio.wait_for(asyncio.to_thread(probe), PATH_TIMEOUT_S)
+        return await within(asyncio.to_thread(probe), PATH_TIMEOUT_S)
     except TimeoutError:
         return f"storage path {path} did not answer within {PATH_TIMEOUT_S:g}s"
 

@@ -30,6 +30,7 @@ from ftd.supervision.nvhcd_wire import (
     Unhealthy,
     request,
 )
+from ftd.tasks import within
 from ftd.text import escape
 
 log = logging.getLogger("ftd.supervision")
@@ -127,7 +128,7 @@ class Nvhcd:
             if writer is not None:
                 writer.close()
                 with contextlib.suppress(Exception):
-                    await asyncio.wait_for(writer.wait_closed(), 1.0)
+                    await within(writer.wait_closed(), 1.0)
         return reader.ended()
 
 
