@@ -60,3 +60,60 @@ def _names_status(value: ast.expr) -> bool:
     if isinstance(value, ast.Name):
         return value.id == "status"
     return isinstance(value, ast.Attribute) and value.attr in ("status", "_status")
+
+
+def _cycles(package: str) -> list[list[str]]:
+    """The import cycles among `package`'s modules (every import counts: at the top, in a
+    function, under TYPE_CHECKING), each as its strongly connected modules (Tarjan)."""
+    import grimp
+
+    graph = grimp.build_graph(package)
+    modules = graph.modules
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for imported in graph.find_modules_directly_imported_by(module) & modules:
+            if imported not in index:
+                visit(imported)
+                low[module] = min(low[module], low[imported])
+            elif imported in stack:
+                low[module] = min(low[module], index[imported])
+        if low[module] == index[module]:
+            part = []
+            while (member := stack.pop()) != module:
+                part.append(member)
+            if part:
+                found.append(sorted([module, *part]))
+
+    for module in sorted(modules):
+        if module not in index:
+            visit(module)
+    return found
+
+
+def test_no_import_cycles_in_ftd_or_ftd_client() -> None:
+    assert _cycles("ftd") == []
+    assert _cycles("ftd_client") == []
+
+
+def test_the_daemon_never_uses_asyncio_wait_for() -> None:
+    """Python 3.11's `asyncio.wait_for` runs the awaited coroutine in a task of its own; when
+    the waiter is cancelled as that task fails, the failure is never retrieved (a replica push
+    cut by a broken pipe at teardown logged "Task exception was never retrieved"). ftd.tasks'
+    `within` awaits in the caller's own task, under `asyncio.timeout`."""
+    uses = [
+        f"{path.relative_to(ROOT)}:{node.lineno}"
+        for path in SOURCES
+        if path.is_relative_to(ROOT / "ftd")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Attribute)
+        and node.attr == "wait_for"
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "asyncio"
+    ]
+    assert uses == []

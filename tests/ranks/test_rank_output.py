@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 
 from ftd.ranks.output import LineSplitter, OutputDrain, prefixed
 from ftd.ranks.output_writer import PENDING_LIMIT
-from ftd.ranks.spawn.output import RankStream, grow_pipe
+from ftd.ranks.spawn.base import RankStream
+from ftd.ranks.spawn.output import grow_pipe
 from tests.conftest import BIN, ServeFactory, await_api_event
 from tests.support.checks import AS_ROOT, api_session, assert_no_orphans, assert_sound, metric
 from tests.support.fuzzing import fuzz_target

@@ -20,16 +20,11 @@ it costs: docs/checkpoint.md.
 
 from __future__ import annotations
 
-import atexit
-import os
-import sys
-import threading
 from typing import Any
 
-from ftd_client.checkpoint._link import CheckpointLink
+from ftd_client.checkpoint._instance import checkpointer as _get
 from ftd_client.checkpoint._plan import CheckpointError
 from ftd_client.checkpoint._stats import Stats
-from ftd_client.checkpoint._writer import Checkpointer
 
 _DCP = frozenset({"MemoryReader", "MemoryWriter", "newest_dcp"})
 
@@ -54,9 +49,6 @@ __all__ = [
     "stats",
     "wait",
 ]
-
-_lock = threading.Lock()
-_checkpointer: Checkpointer | None = None
 
 
 def save(state_dict: dict[str, Any], step: int) -> bool:
@@ -87,22 +79,3 @@ def wait(timeout_s: float = 60.0, persisted: bool = False) -> None:
 
 def stats() -> Stats:
     return _get().stats
-
-
-def _get() -> Checkpointer:
-    global _checkpointer
-    with _lock:
-        if _checkpointer is None:
-            path = os.environ.get("FTD_SOCKET")
-            if not path:
-                print(
-                    "ftd_client.checkpoint: not under ftd (no FTD_SOCKET): save does nothing",
-                    file=sys.stderr,
-                )
-            _checkpointer = Checkpointer(
-                CheckpointLink(path) if path else None,
-                int(os.environ.get("RANK", "0")),
-                int(os.environ.get("WORLD_SIZE", "1")),
-            )
-            atexit.register(_checkpointer.close)
-        return _checkpointer

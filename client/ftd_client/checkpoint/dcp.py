@@ -23,6 +23,7 @@ from typing import Any
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 
 from ftd_client import protocol
+from ftd_client.checkpoint._instance import checkpointer
 from ftd_client.checkpoint._plan import CheckpointError
 
 METADATA = ".metadata"
@@ -33,9 +34,7 @@ _ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 
 def memory_directory() -> Path:
     """The node's directory for DCP files; CheckpointError outside ftd or without the tier."""
-    from ftd_client.checkpoint import _get
-
-    link = _get().link
+    link = checkpointer().link
     reply = None if link is None else link.request({"t": protocol.CHECKPOINT_PLACE})
     if not reply or not reply.get("ok"):
         raise CheckpointError(

@@ -4,12 +4,29 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from ftd_client.inprocess.monitor import Watchdog
 from ftd_client.inprocess.state import FrozenState
 
-if TYPE_CHECKING:
-    from ftd_client.inprocess.runner import Runner
+
+class Lock(Protocol):
+    def acquire(self, blocking: bool = ..., timeout: float = ...) -> bool: ...
+    def release(self) -> None: ...
+
+
+class Runner(Protocol):
+    """What a CallWrapper reaches of its call's runner (runner.py)."""
+
+    @property
+    def state(self) -> FrozenState: ...
+    @property
+    def watchdog(self) -> Watchdog: ...
+    @property
+    def atomic_lock(self) -> Lock: ...
+
+    def report_fault(self, reason: str) -> None: ...
+
 
 ATOMIC_POLL_S = 0.01
 

@@ -19,34 +19,17 @@ rank_tree_placement.py and is exposed here, as in NVRx.
 
 from __future__ import annotations
 
-import abc
 import dataclasses
 import itertools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
 from ftd_client.inprocess.exceptions import RestartError
+from ftd_client.inprocess.rank_assignment_base import RankAssignment as RankAssignment
+from ftd_client.inprocess.rank_assignment_base import RankAssignmentCtx as RankAssignmentCtx
+from ftd_client.inprocess.rank_assignment_base import RankDiscarded as RankDiscarded
 from ftd_client.inprocess.state import FrozenState, Mode
-
-
-class RankDiscarded(RestartError):
-    """This rank takes no part in the job any more (its process exits)."""
-
-
-@dataclass
-class RankAssignmentCtx:
-    state: FrozenState
-    store: Any = None
-    """The round's store (torch's TCPStore API), for assignments that must talk."""
-    terminated_ranks: set[int] = field(default_factory=set)
-
-
-class RankAssignment(abc.ABC):
-    @abc.abstractmethod
-    def __call__(self, ctx: RankAssignmentCtx) -> RankAssignmentCtx:
-        """Reassign `ctx.state`'s rank and world size, or its mode; return the context."""
 
 
 class RankFilter(RankAssignment):

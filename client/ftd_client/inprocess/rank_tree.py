@@ -43,7 +43,11 @@ from collections.abc import Callable, Mapping, Sequence, Set
 from typing import Any
 
 from ftd_client.inprocess.exceptions import RestartError
-from ftd_client.inprocess.rank_assignment import RankAssignment, RankAssignmentCtx, RankDiscarded
+from ftd_client.inprocess.rank_assignment_base import (
+    RankAssignment,
+    RankAssignmentCtx,
+    RankDiscarded,
+)
 from ftd_client.inprocess.rank_tree_placement import (
     MAX_KEY_CHARS,
     Layer,

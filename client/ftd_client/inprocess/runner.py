@@ -15,7 +15,7 @@ import os
 import threading
 import traceback
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ftd_client.inprocess.abort import release_retired
 from ftd_client.inprocess.call_wrapper import CallWrapper
@@ -24,11 +24,8 @@ from ftd_client.inprocess.exceptions import RestartAbort, RestartError, RestartI
 from ftd_client.inprocess.interrupt import Interrupter
 from ftd_client.inprocess.keys import Fault, Members
 from ftd_client.inprocess.monitor import Watchdog, Watcher
-from ftd_client.inprocess.rank_assignment import assign
+from ftd_client.inprocess.rank_assignment import RankAssignmentCtx, assign
 from ftd_client.inprocess.state import FrozenState, Mode
-
-if TYPE_CHECKING:
-    from ftd_client.inprocess.wrap import Wrapper
 
 log = logging.getLogger("ftd_client.inprocess")
 
@@ -79,10 +76,37 @@ def import_group_capturing_modules() -> None:
             log.debug("ftd: could not import %s: %s", name, error)
 
 
+class Settings(Protocol):
+    """What a Runner reads of its Wrapper (wrap.py)."""
+
+    @property
+    def abort(self) -> Callable[[FrozenState], FrozenState]: ...
+    @property
+    def finalize(self) -> Callable[[FrozenState], object] | None: ...
+    @property
+    def health_check(self) -> Callable[[FrozenState], object] | None: ...
+    @property
+    def initialize(self) -> Callable[[FrozenState], FrozenState] | None: ...
+    @property
+    def rank_assignment(self) -> Callable[[RankAssignmentCtx], RankAssignmentCtx] | None: ...
+    @property
+    def soft_timeout_s(self) -> float: ...
+    @property
+    def hard_timeout_s(self) -> float: ...
+    @property
+    def barrier_timeout_s(self) -> float: ...
+    @property
+    def progress_interval_s(self) -> float: ...
+    @property
+    def max_iterations(self) -> int | None: ...
+    @property
+    def interrupt_signal(self) -> int | None: ...
+
+
 class Runner:
     """One wrapped call: the rounds, the threads, the restored signal handler."""
 
-    def __init__(self, wrapper: Wrapper, call: int) -> None:
+    def __init__(self, wrapper: Settings, call: int) -> None:
         self.wrapper = wrapper
         env = os.environ
         self.slot = int(env.get("RANK", "0"))

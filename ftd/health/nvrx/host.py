@@ -12,26 +12,42 @@ from __future__ import annotations
 import logging
 import signal
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ftd_client.protocol import WorkloadAction
 from pydantic import ValidationError
 
-from ftd.config.ft import RankTimeouts
+from ftd.config.ft import FaultToleranceConfig, RankTimeouts
 from ftd.health.links import RankHealth
+from ftd.health.monitor import Monitor
 from ftd.health.nvrx import wire as nvrx_wire
 from ftd.health.nvrx.session import BEFORE_STEP, BEFORE_STEP_LINK, STEP, ClientSession
 
-if TYPE_CHECKING:
-    from ftd.health.service import HealthService
-
 log = logging.getLogger("ftd.nvrx")
+
+
+class RankHealthKeeper(Protocol):
+    """What of the node's rank health NVRx's messages act on (the HealthService's)."""
+
+    ft: FaultToleranceConfig
+    monitor: Monitor
+
+    @property
+    def timeouts(self) -> RankTimeouts: ...
+
+    def rank_for(self, pid: int) -> RankHealth: ...
+
+    def set_calculated(
+        self, timeouts: RankTimeouts, by: str, learned: set[str], unlearned: set[str]
+    ) -> None: ...
+
+    def workload(self, rank: RankHealth, action: WorkloadAction, description: str) -> None: ...
 
 
 class NvrxRankHost:
     """The NvrxServer's host (ftd/health/nvrx/server.py NvrxHost) for one HealthService."""
 
-    def __init__(self, health: HealthService) -> None:
+    def __init__(self, health: RankHealthKeeper) -> None:
         self._health = health
         self._unknown_said: set[str] = set()
         """The message kinds whose unknown fields were logged (once each, for the daemon)."""

@@ -3,12 +3,28 @@
 from __future__ import annotations
 
 import signal
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import Literal, Protocol
 
-if TYPE_CHECKING:
-    from ftd.ranks.spawn.output import RankStream
+StreamName = Literal["stdout", "stderr"]
+
+
+@dataclass
+class RankStream:
+    """One redirected stream of one rank: the daemon's ends of it."""
+
+    local_rank: int
+    name: StreamName
+    path: str
+    """The log file (stdout.log, stderr.log)."""
+    read_fd: int
+    """The pipe's read end, non-blocking; the daemon's to read and close."""
+    file_fd: int
+    """The log file, opened by the daemon; closed by the writer that owns it."""
+    pipe_size: int
+    tee: bool
+    """Also to the daemon's own stdout/stderr, each line after `prefix` (torchrun's --tee)."""
+    prefix: bytes
 
 
 @dataclass(frozen=True)
@@ -78,25 +94,3 @@ class Spawner(Protocol):
     def close(self) -> None:
         """Blocking: release what the start method keeps across attempts (once, at shutdown)."""
         ...
-
-
-def get_spawner(name: str, preload: Sequence[str] = ()) -> Spawner:
-    """The start method called `name`; `preload` names modules the zygote imports besides
-    torch (other start methods ignore it)."""
-    from ftd.ranks.spawn.pcontext import PContextSpawner
-    from ftd.ranks.spawn.zygote import ZygoteSpawner
-
-    if name == "zygote":
-        return ZygoteSpawner(preload)
-
-    spawners: dict[str, type[Spawner]] = {"subprocess": PContextSpawner}
-    # torchrun's --start-method names choose how *functions* start; a script is always a
-    # subprocess under torchrun, so they all map to the subprocess start method.
-    for alias in ("spawn", "fork", "forkserver"):
-        spawners[alias] = PContextSpawner
-    try:
-        return spawners[name]()
-    except KeyError:
-        raise ValueError(
-            f"start_method: unknown {name!r}; choose from {sorted([*spawners, 'zygote'])}"
-        ) from None

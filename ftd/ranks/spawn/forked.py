@@ -16,8 +16,8 @@ import time
 from collections.abc import Iterator
 from typing import IO
 
-from ftd.ranks.spawn.base import RankHandle
-from ftd.ranks.spawn.output import OutputPlan, RankStream, StreamName
+from ftd.ranks.spawn.base import RankHandle, RankStream, StreamName
+from ftd.ranks.spawn.output import OutputPlan
 
 log = logging.getLogger("ftd.spawn.zygote")
 

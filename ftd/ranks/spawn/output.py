@@ -17,37 +17,15 @@ import contextlib
 import fcntl
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
 
+from ftd.ranks.spawn.base import LaunchSpec, RankStream, StreamName
 from ftd.ranks.spawn.logs import AttemptLogs, lay_out_attempt
 
-if TYPE_CHECKING:
-    from ftd.ranks.spawn.base import LaunchSpec
-
-StreamName = Literal["stdout", "stderr"]
 PIPE_SIZE = 1 << 20
 """What a rank may write while the daemon is not reading (paused, starved) before its write
 waits; raised with F_SETPIPE_SZ up to /proc/sys/fs/pipe-max-size."""
 PIPE_MAX_SIZE = "/proc/sys/fs/pipe-max-size"
 FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW
-
-
-@dataclass
-class RankStream:
-    """One redirected stream of one rank: the daemon's ends of it."""
-
-    local_rank: int
-    name: StreamName
-    path: str
-    """The log file (stdout.log, stderr.log)."""
-    read_fd: int
-    """The pipe's read end, non-blocking; the daemon's to read and close."""
-    file_fd: int
-    """The log file, opened by the daemon; closed by the writer that owns it."""
-    pipe_size: int
-    tee: bool
-    """Also to the daemon's own stdout/stderr, each line after `prefix` (torchrun's --tee)."""
-    prefix: bytes
 
 
 @dataclass

@@ -12,8 +12,8 @@ import os
 import signal
 from typing import TYPE_CHECKING
 
-from ftd.ranks.spawn.base import LaunchSpec, RankHandle
-from ftd.ranks.spawn.output import OutputPlan, RankStream, plan_output
+from ftd.ranks.spawn.base import LaunchSpec, RankHandle, RankStream
+from ftd.ranks.spawn.output import OutputPlan, plan_output
 
 RANK_START_WANTED = (("FTD_PROGRESS", "1"), ("FTD_RESTART_MODE", "inprocess"))
 """ftd_client.rank_start.WANTED (not imported: it would load the rank-side parts)."""
