@@ -4,9 +4,12 @@ the parts down in reverse order, every step bounded and every error reported.
     async with Daemon(config) as daemon:
         code = await daemon.run()
 
-Set-up order: the run directory and its files; the REST API (a taken port is reported before
-anything else starts); the orphan guard; the rank socket; the coordinator (hosting or joining
-the rendezvous store); the workers' stores; the start method (the zygote) last.
+Set-up order: the run directory and its event log; background work and the signal handlers;
+the coordinator (made, not yet connected); the snapshot holder, the rank health service and
+the status board; the orphan guard; the rank socket; the snapshots' memory; the REST API (up
+while the node reaches the rendezvous); the rendezvous (hosting or joining its store); the
+replicas' server; the straggler watch; the workers' stores; the start method (the zygote); the
+supervisor. Teardown (ftd.tasks.Teardown) undoes them in reverse: the event log closes last.
 """
 
 from __future__ import annotations
@@ -19,12 +22,8 @@ import os
 import resource
 import shutil
 import signal
-import sys
 import tempfile
-import threading
-import traceback
 import uuid
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -53,8 +52,9 @@ from ftd.status.events import EventLog
 from ftd.status.model import NodeStatus
 from ftd.status.persist import Persistence
 from ftd.supervision.attempt import AttemptTools, Running
+from ftd.supervision.node_loss import NodeLoss
 from ftd.supervision.supervisor import Supervisor
-from ftd.tasks import Background, first_of, within
+from ftd.tasks import Background, Teardown, first_of
 
 log = logging.getLogger("ftd.daemon")
 
@@ -118,7 +118,7 @@ class Daemon:
         self.stop = asyncio.Event()
         self.force = asyncio.Event()
         self.running = Running()
-        self._teardown: list[tuple[str, Callable[[], Awaitable[object]]]] = []
+        self._teardown = Teardown(TEARDOWN_STEP_TIMEOUT_S)
         self._start_error: CoordinationError | None = None
 
     # -- set-up ------------------------------------------------------------------------------
@@ -131,9 +131,6 @@ class Daemon:
             await self.__aexit__(type(error), error, error.__traceback__)
             raise
         return self
-
-    def _on_teardown(self, what: str, step: Callable[[], Awaitable[object]]) -> None:
-        self._teardown.append((what, step))
 
     async def _set_up(self) -> None:
         config = self.config
@@ -150,14 +147,15 @@ class Daemon:
                 f"cannot open {self.run_dir / 'events.jsonl'}: {error.strerror} (a link or "
                 "another user's file there is refused)"
             ) from None
-        self._on_teardown("closing the event log", lambda: _now(self.events.close))
+        self._teardown.push_now("closing the event log", self.events.close)
+        self._teardown.push_now("saying the daemon stopped", self._say_stopped, first=True)
         self.persist = Persistence(self._persist_failed, self._persist_recovered)
         self.background = Background()
-        self._on_teardown("finishing background work", self.background.close)
+        self._teardown.push("finishing background work", self.background.close)
         loop = asyncio.get_running_loop()
         for sig in DAEMON_HANDLED_SIGNALS:
             loop.add_signal_handler(sig, self._on_signal, sig)
-        self._on_teardown("restoring signal handlers", lambda: _now(self._remove_signals))
+        self._teardown.push_now("restoring signal handlers", self._remove_signals)
         try:
             self.coordinator = create_coordinator(  # takes FTD_RDZV_SECRET out of env
                 config, lambda kind, data: self.events.emit(kind, **data)
@@ -167,13 +165,14 @@ class Daemon:
         rank_socket = socket_path(self.run_dir, self.daemon_id)
         if rank_socket.parent != self.run_dir:  # a private mkdtemp: the run dir's path is long
             private = rank_socket.parent
-            self._on_teardown(
+            self._teardown.push(
                 "removing the sockets' directory",
                 lambda: asyncio.to_thread(shutil.rmtree, private, ignore_errors=True),
             )
         self.replication = replication_for(config, self.coordinator, self.events, self._cluster)
-        self.checkpoints = CheckpointHolder.serving(config, self.run_dir, self.events,
-            self.replication)  # fmt: skip
+        self.checkpoints = CheckpointHolder.serving(
+            config, self.run_dir, self.events, self.replication
+        )
         self.health = HealthService(
             config.ft,
             rank_socket,
@@ -205,11 +204,11 @@ class Daemon:
         _raise_descriptor_limit()
         self.guard = await asyncio.to_thread(GuardKeeper, self.daemon_id, self._guard_restarted)
         self.guard.watch()
-        self._on_teardown("closing the orphan guard", self._close_guard)
+        self._teardown.push("closing the orphan guard", self._close_guard)
         self.health.start()
-        self._on_teardown("closing the rank socket", lambda: _now(self.health.close))
+        self._teardown.push_now("closing the rank socket", self.health.close)
         await asyncio.to_thread(self.checkpoints.start)
-        self._on_teardown(
+        self._teardown.push(
             "freeing the snapshots' memory", lambda: asyncio.to_thread(self.checkpoints.close)
         )
         self.control = NodeControl(
@@ -227,10 +226,11 @@ class Daemon:
         self.api = None
         if config.api_port is not None:  # up while the node reaches the rendezvous
             self.api = await start_api_server(self.control)
-            self._on_teardown("closing the API server", self.api.close)
-        try:  # nodes are only lost once rounds run, by when the supervisor exists
+            self._teardown.push("closing the API server", self.api.close)
+        node_loss = NodeLoss(config, self.coordinator, self.events, self.background, self.running)
+        try:
             start = asyncio.ensure_future(
-                self.coordinator.start(lambda n, r: self.supervisor.on_node_lost(n, r), self.board)
+                self.coordinator.start(node_loss.on_node_lost, self.board)
             )
             if await first_of(start, self.stop.wait()) is not start:  # a signal came first
                 start.cancel()
@@ -240,20 +240,22 @@ class Daemon:
             start.result()
         except CoordinationError as error:
             self._start_error = error
-        self._on_teardown("leaving the rendezvous", self.coordinator.close)
+        self._teardown.push("leaving the rendezvous", self.coordinator.close)
         if self.replication is not None and self._start_error is None:
             await self.replication.start(self.checkpoints, self.coordinator.address, self.board)
-            self._on_teardown("closing the replicas' server", self.replication.close)
+            self._teardown.push("closing the replicas' server", self.replication.close)
         self._start_stragglers()
         address = self.coordinator.address if self._start_error is None else "127.0.0.1"
         self.stores = AttemptStores(address, config.master_port or 0)
-        self._on_teardown("closing the workers' store", self.stores.close)
+        self._teardown.push("closing the workers' store", self.stores.close)
         for name in SECRETS_FROM_ENV:
             os.environ.pop(name, None)
         # Without a rendezvous no rank will start: no zygote to preload torch and wait for.
         method = config.start_method if self._start_error is None else "subprocess"
         self.spawner = get_spawner(method, config.preload)
-        self._on_teardown("closing the start method", lambda: asyncio.to_thread(self.spawner.close))
+        self._teardown.push(
+            "closing the start method", lambda: asyncio.to_thread(self.spawner.close)
+        )
         tools = AttemptTools(
             config=config,
             run_dir=self.run_dir,
@@ -302,7 +304,7 @@ class Daemon:
         )
         self.board.summary_parts.append(timer.summary)
         timer.start()
-        self._on_teardown("closing the straggler watch", lambda: _now(timer.close))
+        self._teardown.push_now("closing the straggler watch", timer.close)
 
     async def _cluster(self) -> dict[str, Any]:
         """The other nodes' summaries, while the rendezvous is there to read them from."""
@@ -319,6 +321,11 @@ class Daemon:
     async def _close_guard(self) -> None:
         self.guard.unwatch()
         await asyncio.to_thread(self.guard.close)
+
+    def _say_stopped(self) -> None:
+        """The daemon's last word (its attempt is over, the node's state final), said while the
+        API still serves it to the event stream's readers."""
+        self.events.emit(EventKind.DAEMON_STOPPED, state=self.status.state.value)
 
     def _guard_restarted(self, old_pid: int, new_pid: int) -> None:
         self.events.emit(EventKind.GUARD_RESTARTED, old_pid=old_pid, pid=new_pid)
@@ -361,40 +368,9 @@ class Daemon:
         tb: TracebackType | None,
     ) -> None:
         """Teardown in reverse order of set-up; every step runs, every error is reported."""
-        attempt = self.running.attempt
-        if attempt is not None:  # not bounded here: its kill escalation bounds it
+        if self.running.attempt is not None:  # not bounded here: its kill escalation bounds it
             try:
-                await attempt.stop(self.force)
+                await self.supervisor.close()
             except Exception:
                 log.exception("error while stopping the workers")
-        if hasattr(self, "events"):
-            self.events.emit(EventKind.DAEMON_STOPPED, state=self.status.state.value)
-        steps, self._teardown = self._teardown, []
-        events_close = [s for s in steps if s[0] == "closing the event log"]
-        for what, step in [*reversed([s for s in steps if s not in events_close]), *events_close]:
-            try:
-                await within(step(), TEARDOWN_STEP_TIMEOUT_S)
-            except TimeoutError:
-                log.error(
-                    "teardown gave up %s after %.0f s; threads:\n%s",
-                    what,
-                    TEARDOWN_STEP_TIMEOUT_S,
-                    _thread_stacks(),
-                )
-            except Exception:
-                log.exception("error while %s", what)
-
-
-async def _now(step: Callable[[], object]) -> None:
-    """A teardown step that must run on the loop's thread (it unregisters readers)."""
-    step()
-
-
-def _thread_stacks() -> str:
-    """Every thread's stack, for a log line that says where teardown is stuck."""
-    frames = sys._current_frames()
-    names = {t.ident: t.name for t in threading.enumerate()}
-    return "\n".join(
-        f"--- {names.get(ident, ident)}\n" + "".join(traceback.format_stack(frame))
-        for ident, frame in frames.items()
-    )
+        await self._teardown.run()  # the event log, the first part up, closes last

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Coroutine
+import sys
+import threading
+import traceback
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 log = logging.getLogger("ftd.tasks")
@@ -82,3 +85,54 @@ async def first_of(*awaitables: Awaitable[Any]) -> asyncio.Future[Any]:
         if future not in done and not isinstance(given, asyncio.Future):
             future.cancel()
     return next(f for f in futures if f in done)
+
+
+class Teardown:
+    """What the parts registered as they came up, undone in reverse when the daemon leaves (an
+    AsyncExitStack whose every step is named and bounded): every step runs, an error is
+    reported with the step's name, a step past `timeout_s` is logged with every thread's
+    stack and left behind."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self._steps: list[tuple[str, Callable[[], Awaitable[object]]]] = []
+        self._first: list[tuple[str, Callable[[], Awaitable[object]]]] = []
+
+    def push(self, what: str, step: Callable[[], Awaitable[object]]) -> None:
+        self._steps.append((what, step))
+
+    def push_now(self, what: str, step: Callable[[], object], first: bool = False) -> None:
+        """A step that must run on the loop's thread (it unregisters readers, say); `first`:
+        before every other step, while every part is still up (the last word to the event
+        stream's readers, say)."""
+
+        async def now() -> None:
+            step()
+
+        (self._first if first else self._steps).append((what, now))
+
+    async def run(self) -> None:
+        steps, self._steps = [*self._first, *reversed(self._steps)], []
+        self._first = []
+        for what, step in steps:
+            try:
+                await within(step(), self.timeout_s)
+            except TimeoutError:
+                log.error(
+                    "teardown gave up %s after %.0f s; threads:\n%s",
+                    what,
+                    self.timeout_s,
+                    _thread_stacks(),
+                )
+            except Exception:
+                log.exception("error while %s", what)
+
+
+def _thread_stacks() -> str:
+    """Every thread's stack, for a log line that says where teardown is stuck."""
+    frames = sys._current_frames()
+    names = {t.ident: t.name for t in threading.enumerate()}
+    return "\n".join(
+        f"--- {names.get(ident, ident)}\n" + "".join(traceback.format_stack(frame))
+        for ident, frame in frames.items()
+    )

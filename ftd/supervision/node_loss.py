@@ -8,9 +8,41 @@ import logging
 from ftd.config.serve import ServeConfig
 from ftd.coordination import Coordinator, Round
 from ftd.coordination.base import new_request
+from ftd.status.event_kind import EventKind
+from ftd.status.events import EventLog
+from ftd.supervision.attempt import Running
 from ftd.supervision.policy import Action, after_node_lost, counts_healthy_nodes
+from ftd.tasks import Background
 
 log = logging.getLogger("ftd.daemon")
+
+
+class NodeLoss:
+    """The coordinator's word that a node was lost (its liveness): said, then acted on for the
+    round running, if any, in the background."""
+
+    def __init__(
+        self,
+        config: ServeConfig,
+        coordinator: Coordinator,
+        events: EventLog,
+        background: Background,
+        running: Running,
+    ) -> None:
+        self._config = config
+        self._coordinator = coordinator
+        self._events = events
+        self._background = background
+        self._running = running
+
+    def on_node_lost(self, node_id: str, reason: str) -> None:
+        self._events.emit(EventKind.NODE_LOST, node_id=node_id, reason=reason)
+        self._background.spawn(self._ask(node_id, reason), f"node-lost-{node_id}")
+
+    async def _ask(self, node_id: str, reason: str) -> None:
+        rnd = self._running.round
+        if rnd is not None:
+            await ask_after_node_lost(self._coordinator, self._config, rnd, node_id, reason)
 
 
 async def ask_after_node_lost(

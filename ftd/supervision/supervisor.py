@@ -28,7 +28,6 @@ from ftd.status.model import DaemonState, Failure
 from ftd.supervision.attempt import Attempt, AttemptTools, Running
 from ftd.supervision.no_progress import ProgressGuard
 from ftd.supervision.node_health import NodeHealth
-from ftd.supervision.node_loss import ask_after_node_lost
 from ftd.supervision.policy import Action, after_attempt, asks_the_healthy_first
 from ftd.supervision.restarts import CrashLoop, RecoveryTimeline
 from ftd.supervision.summary import ending_headline, failure_cause, final_cause
@@ -37,6 +36,14 @@ from ftd.tasks import Background, first_of, within
 log = logging.getLogger("ftd.daemon")
 
 SIGNAL_REQUEST_TIMEOUT_S = 2.0
+CRASHES = frozenset({"exit", "signal", "hang", "fatal", "internal", "start"})
+"""Failures that count toward the crash loop's back-off (not a request, a lost node)."""
+
+
+def _meaning(request: RequestRecord) -> tuple[DaemonState, str]:
+    """What the round's request means for this node while its ranks are being stopped."""
+    state = DaemonState.RESTARTING if request.action == "restart" else DaemonState.STOPPING
+    return state, request.reason
 
 
 class Supervisor:
@@ -221,8 +228,7 @@ class Supervisor:
         first = await first_of(attempt.group.wait(), ended, stop.wait(), lost.wait())
         containment.inject("attempt")
         if stop.is_set():
-            self.board.set_state(DaemonState.STOPPING, "received a signal")
-            await self._end(attempt, recovering=False)
+            await self._end(attempt, (DaemonState.STOPPING, "received a signal"), recovering=False)
             if self.config.multi_node:
                 me = self.config.node_id
                 request = new_request("restart", f"node {me} was stopped by a signal", me)
@@ -242,8 +248,7 @@ class Supervisor:
             self.recovery.begin(request.reason, None)
             if request.action == "restart" and request.counted:  # every node counts it
                 self.no_progress.after_failure(rnd.number, None, health.checkpoints)
-            self._ending(request)
-            await self._end(attempt)
+            await self._end(attempt, _meaning(request))
             return request
         outcome: Failure | None = first.result()
         health.detach(attempt.group)
@@ -258,12 +263,7 @@ class Supervisor:
                     "round %d: every local rank exited 0; waiting for the other nodes", rnd.number
                 )
             return await self._await_end(ended)
-        self.board.attempt_failed(outcome, failure_cause(outcome))
-        self.crash_loop.crashed = outcome.kind in ("exit", "signal", "hang", "fatal", "internal")
-        self.tools.events.emit(
-            EventKind.ATTEMPT_FAILED, attempt=rnd.number, failure=outcome.to_dict()
-        )
-        self.recovery.begin(outcome.reason, outcome)
+        self._record_failure(rnd, outcome)
         workload = health.workload_request
         me = self.config.node_id
         if (
@@ -286,28 +286,47 @@ class Supervisor:
         if asks_the_healthy_first(decision, self.config.restart_policy):
             healthy = await coordinator.unhealthy(rnd, me)
             if healthy >= self.config.nnodes_min:
-                await self._end(attempt)
-                self.board.set_state(
-                    DaemonState.RESTARTING,
-                    f"{outcome.reason}; {healthy} healthy nodes left (min-healthy): "
-                    "waiting for the cluster",
-                )
+                why = f"{healthy} healthy nodes left (min-healthy): waiting for the cluster"
+                await self._end(attempt, (DaemonState.RESTARTING, f"{outcome.reason}; {why}"))
                 return await self._await_end(ended)
         if decision.action is Action.RESTART:
             mine = new_request("restart", decision.reason, me, counted=outcome.counted)
         else:
             mine = new_request("fail", decision.reason, me, exit_code=decision.exit_code)
         request = await coordinator.request(rnd, mine)
-        self._ending(request)
-        await self._end(attempt)
+        await self._end(attempt, _meaning(request))
         return request
 
-    async def _end(self, attempt: Attempt, recovering: bool = True) -> None:
-        """The one way an attempt ends (Attempt.stop: stopped, unwatched, recorded); with
-        `recovering`, the stop is the current recovery's."""
-        await attempt.stop(self.force)
+    async def _end(
+        self,
+        attempt: Attempt | None,
+        state: tuple[DaemonState, str] | None = None,
+        recovering: bool = True,
+    ) -> None:
+        """The one way an attempt ends: what it means said first (the node's `state`), then
+        its ranks stopped and unwatched (Attempt.stop; None: none were started), then, with
+        `recovering`, the current recovery's stop marked."""
+        if state is not None:
+            self.board.set_state(*state)
+        if attempt is not None:
+            await attempt.stop(self.force)
         if recovering:
             self.recovery.stopped()
+
+    async def close(self) -> None:
+        """The daemon's exit: an attempt still running ends as every other does."""
+        if self.running.attempt is not None:
+            await self._end(self.running.attempt, recovering=False)
+
+    def _record_failure(self, rnd: Round, failure: Failure) -> None:
+        """What every failed attempt records, once: the board, the crash loop's count, the
+        event, the recovery's beginning."""
+        self.board.attempt_failed(failure, failure_cause(failure))
+        self.crash_loop.crashed = failure.kind in CRASHES
+        self.tools.events.emit(
+            EventKind.ATTEMPT_FAILED, attempt=rnd.number, failure=failure.to_dict()
+        )
+        self.recovery.begin(failure.reason, failure)
 
     async def _not_started(self, rnd: Round, error: Exception) -> RequestRecord:
         """The ranks could not be started (their log directory on a full disk, fork failing):
@@ -324,13 +343,7 @@ class Supervisor:
     async def _failed(self, rnd: Round, failure: Failure) -> RequestRecord:
         """The attempt failed outside its ranks (they could not start; a part of the daemon
         failed): the policy decides as after any failure."""
-        reason = failure.reason
-        self.board.attempt_failed(failure, failure_cause(failure))
-        self.crash_loop.crashed = True
-        self.tools.events.emit(
-            EventKind.ATTEMPT_FAILED, attempt=rnd.number, failure=failure.to_dict()
-        )
-        self.recovery.begin(reason, failure)
+        self._record_failure(rnd, failure)
         me = self.config.node_id
         used = await self.coordinator.restarts_used(rnd)
         stuck = self.no_progress.after_failure(rnd.number, failure, self.tools.health.checkpoints)
@@ -340,14 +353,8 @@ class Supervisor:
         else:
             mine = new_request("fail", decision.reason, me, exit_code=decision.exit_code)
         request = await self.coordinator.request(rnd, mine)
-        self._ending(request)
-        self.recovery.stopped()
+        await self._end(None, _meaning(request))
         return request
-
-    def _ending(self, request: RequestRecord) -> None:
-        """Say what the round's end means while the ranks are being stopped."""
-        state = DaemonState.RESTARTING if request.action == "restart" else DaemonState.STOPPING
-        self.board.set_state(state, request.reason)
 
     async def _await_end(self, ended: asyncio.Future[RequestRecord]) -> RequestRecord | None:
         """This node is done with the round; the others decide how it ends."""
@@ -359,17 +366,6 @@ class Supervisor:
         if ended.exception() is not None:
             raise CoordinationError(self.coordinator.lost_reason or "store lost", "store_lost")
         return ended.result()
-
-    # -- nodes lost (the coordinator's liveness) ---------------------------------------------
-
-    def on_node_lost(self, node_id: str, reason: str) -> None:
-        self.tools.events.emit(EventKind.NODE_LOST, node_id=node_id, reason=reason)
-        self.background.spawn(self._node_lost(node_id, reason), f"node-lost-{node_id}")
-
-    async def _node_lost(self, node_id: str, reason: str) -> None:
-        rnd = self.running.round
-        if rnd is not None:
-            await ask_after_node_lost(self.coordinator, self.config, rnd, node_id, reason)
 
     # -- endings -----------------------------------------------------------------------------
 
