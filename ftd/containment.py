@@ -36,10 +36,18 @@ FAULT_ENV = "FTD_INTERNAL_FAULT"
 DELAY_ENV = "FTD_INTERNAL_DELAY"
 COMPONENTS = frozenset(
     {
-        "rank_messages", "monitor", "stragglers", "hangs", "learning", "summary",
-        "persistence", "events", "metrics", "attempt",
+        "rank_messages",
+        "monitor",
+        "stragglers",
+        "hangs",
+        "learning",
+        "summary",
+        "persistence",
+        "events",
+        "metrics",
+        "attempt",
     }
-)  # fmt: skip
+)
 
 errors: collections.Counter[str] = collections.Counter()
 """Internal errors by component since the daemon started."""

@@ -62,11 +62,26 @@ LEARN_CALLS = 64
 FORWARD_WINDOW = 16
 MAX_AUTO_SECTIONS = 16
 COLLECTIVES = (
-    "all_reduce", "all_reduce_coalesced", "broadcast", "reduce", "all_gather",
-    "all_gather_into_tensor", "all_gather_coalesced", "gather", "scatter", "reduce_scatter",
-    "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "barrier", "monitored_barrier",
-    "all_gather_object", "gather_object", "broadcast_object_list", "scatter_object_list",
-)  # fmt: skip
+    "all_reduce",
+    "all_reduce_coalesced",
+    "broadcast",
+    "reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_coalesced",
+    "gather",
+    "scatter",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "all_to_all",
+    "all_to_all_single",
+    "barrier",
+    "monitored_barrier",
+    "all_gather_object",
+    "gather_object",
+    "broadcast_object_list",
+    "scatter_object_list",
+)
 AUTO_SECTIONS = {
     "torch": (("save", "auto:torch.save"), ("load", "auto:torch.load")),
     "torch.serialization": (("save", "auto:torch.save"), ("load", "auto:torch.load")),

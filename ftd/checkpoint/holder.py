@@ -128,8 +128,15 @@ class CheckpointHolder:
         """The holder `ftd serve` runs with `config`."""
         directory = config.checkpoint_persist_dir
         persist = Persist(directory, config.checkpoint_persist_every) if directory else None
-        return cls(run_dir, config.checkpoint_memory_bytes, events, config.multi_node, replicas,
-            persist=persist, every=config.checkpoint_every)  # fmt: skip
+        return cls(
+            run_dir,
+            config.checkpoint_memory_bytes,
+            events,
+            config.multi_node,
+            replicas,
+            persist=persist,
+            every=config.checkpoint_every,
+        )
 
     def start(self) -> None:
         """Make the memory directory; where it cannot be made (a full disk), the daemon goes on

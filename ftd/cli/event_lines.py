@@ -10,10 +10,9 @@ import re
 import time
 from typing import Any
 
+from ftd.status.recovery_stages import AFTER_RESTORE, STAGES
 from ftd.text import NO_VALUE, duration, escape
 
-STAGES = ("detect", "stop", "backoff", "rendezvous", "spawn", "init", "restore", "redo")
-AFTER_RESTORE = frozenset({"restore", "redo"})
 """Stages shown only where the ranks restored a snapshot (null otherwise: they do not apply)."""
 MAX_VALUE_CHARS = 120
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ftd.cli.cells import listed, table, value
+from ftd.cli.cluster_lines import cluster_lines, straggler_text
 from ftd.cli.event_lines import MAX_VALUE_CHARS, timeout_text, wall_time
 from ftd.text import NO_VALUE, duration, escape
 
@@ -27,19 +29,6 @@ class Ending:
     """When its daemon stopped (its `daemon_stopped` event), else when the status was written."""
     clean: bool
     """Whether the daemon said it stopped (a `daemon_stopped` event after the status)."""
-
-
-def listed(item: object) -> list[Any]:
-    """`item` if it is a list, else none: a record may hold anything where a list belongs."""
-    return item if isinstance(item, list) else []
-
-
-def value(item: object) -> str:
-    if item is None:
-        return NO_VALUE
-    if isinstance(item, float):
-        return f"{item:.1f}"
-    return escape(str(item), MAX_VALUE_CHARS)
 
 
 def restarts_text(status: dict[str, Any]) -> str:
@@ -91,14 +80,6 @@ def ending_text(ending: Ending) -> str:
     )
 
 
-def table(header: list[str], rows: list[list[str]]) -> list[str]:
-    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-    return [
-        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-        for row in [header, *rows]
-    ]
-
-
 def rank_rows(status: dict[str, Any]) -> list[list[str]]:
     return [
         [
@@ -120,9 +101,19 @@ def rank_rows(status: dict[str, Any]) -> list[list[str]]:
 
 
 RANK_HEADER = [
-    "LOCAL", "RANK", "PID", "STATE", "EXIT", "HEARTBEAT", "SECTION", "FOR", "NO PROGRESS",
-    "STEPS", "STEP TIME", "STRAGGLER",
-]  # fmt: skip
+    "LOCAL",
+    "RANK",
+    "PID",
+    "STATE",
+    "EXIT",
+    "HEARTBEAT",
+    "SECTION",
+    "FOR",
+    "NO PROGRESS",
+    "STEPS",
+    "STEP TIME",
+    "STRAGGLER",
+]
 
 
 def progress_age_text(progress: object) -> str:
@@ -310,89 +301,3 @@ def size_text(size: object) -> str:
         if size >= 1 << shift:
             return f"{size / (1 << shift):.1f} {unit}"
     return f"{size} B"
-
-
-def cluster_lines(status: dict[str, Any], cluster: dict[str, Any]) -> list[str]:
-    nodes = [node for node in listed(cluster.get("nodes")) if isinstance(node, dict)]
-    if not nodes:
-        return []
-    round_ = cluster.get("round") if isinstance(cluster.get("round"), dict) else {}
-    assert isinstance(round_, dict)
-    excluded = [
-        value(e if isinstance(e, str) else e.get("node_id", "?"))
-        for e in listed(cluster.get("excluded"))
-        if isinstance(e, str | dict)
-    ]
-    members = [value(m) for m in listed(round_.get("members"))]
-    policy = status.get("policy") if isinstance(status.get("policy"), dict) else {}
-    assert isinstance(policy, dict)
-    most = value(policy.get("max_restarts", status.get("max_restarts")))
-    rows = [
-        [
-            value(node.get("node_id")),
-            value(node.get("state")),
-            value(node.get("attempt")),
-            f"{value(node.get('restart_count'))}/{value(node.get('max_restarts', most))}",
-            str(len(listed(node.get("ranks")))) if "ranks" in node else NO_VALUE,
-            value(node.get("role", "active")),
-        ]
-        for node in nodes
-    ]
-    return [
-        "",
-        f"cluster: round {value(round_.get('round'))}, members "
-        f"{', '.join(members) or NO_VALUE}; excluded {', '.join(excluded) or 'none'}",
-        *table(["NODE", "STATE", "ATTEMPT", "RESTARTS USED", "RANKS", "ROLE"], rows),
-        *more_nodes_lines(cluster, len(nodes)),
-        *straggler_lines(cluster),
-    ]
-
-
-def more_nodes_lines(cluster: dict[str, Any], shown: int) -> list[str]:
-    """`... and 4032 more nodes (running 4020, restarting 12): GET /v1/cluster?offset=64` where
-    the answer is a page of a larger cluster; none otherwise."""
-    total = cluster.get("total_nodes")
-    if not isinstance(total, int) or isinstance(total, bool) or total <= shown:
-        return []
-    counts = cluster.get("counts") if isinstance(cluster.get("counts"), dict) else {}
-    states = counts.get("state") if isinstance(counts, dict) else None
-    by_state = (
-        ", ".join(f"{value(state)} {value(n)}" for state, n in list(states.items())[:16])
-        if isinstance(states, dict)
-        else NO_VALUE
-    )
-    offset = cluster.get("offset")
-    start = offset if isinstance(offset, int) and not isinstance(offset, bool) else 0
-    return [
-        f"... and {total - shown} more nodes (all {total}: {by_state}): "
-        f"GET /v1/cluster?offset={start + shown}"
-    ]
-
-
-def straggler_lines(cluster: dict[str, Any]) -> list[str]:
-    """`stragglers: rank 1 on b (1.9x the job's median forward, since 08:20:11)`, if any."""
-    named = [
-        f"rank {value(s.get('global_rank'))} on {value(s.get('node_id'))} "
-        f"({value(s.get('ratio'))}x the job's median "
-        f"{SIGNAL_WORDS.get(str(s.get('signal')), 'forward')}, since "
-        f"{wall_time(s.get('since'), millis=False) or NO_VALUE})"
-        for s in listed(cluster.get("stragglers"))[:16]
-        if isinstance(s, dict)
-    ]
-    return [f"stragglers: {'; '.join(named)}"] if named else []
-
-
-SIGNAL_WORDS = {"forward": "forward", "host": "host time"}
-"""What a straggler is slow in (its `signal`), as the tables say it."""
-
-
-def straggler_text(progress: object) -> str:
-    """`1.9x host since 08:20:11`: the rank is a straggler (its time over the job's median, in
-    its forward pass or its host time between steps); NO_VALUE when it is not."""
-    straggler = progress.get("straggler") if isinstance(progress, dict) else None
-    if not isinstance(straggler, dict) or not isinstance(ratio := straggler.get("ratio"), float):
-        return NO_VALUE
-    what = SIGNAL_WORDS.get(str(straggler.get("signal")), NO_VALUE)
-    return (
-        f"{ratio:.1f}x {what} since {wall_time(straggler.get('since'), millis=False) or NO_VALUE}"
-    )

@@ -23,6 +23,7 @@ from typing import IO, Any
 
 from ftd_client.admin import AdminClient, AdminError, DaemonNotFound, read_api_file
 
+from ftd.cli.cells import listed, table
 from ftd.cli.event_lines import MAX_VALUE_CHARS, describe_event, stages_text, timeout_text
 from ftd.cli.run_files import RunDirError, read_run
 from ftd.cli.status_view import (
@@ -31,13 +32,11 @@ from ftd.cli.status_view import (
     backoff_text,
     checkpoint_text,
     ending_text,
-    listed,
     progress_text,
     progress_timeout_text,
     rank_rows,
     restarts_text,
     round_text,
-    table,
     waiting_text,
 )
 from ftd.text import duration, escape, is_decimal

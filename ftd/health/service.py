@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ftd_client import protocol
-from ftd_client.protocol import ProtocolError, WorkloadAction
+from ftd_client.protocol import WorkloadAction
 from pydantic import ValidationError
 
 from ftd import containment
@@ -22,16 +22,14 @@ from ftd.checkpoint.holder import CheckpointHolder
 from ftd.config.ft import FaultToleranceConfig, RankTimeouts
 from ftd.errors import InvalidRequest, format_validation_error
 from ftd.health.accounting import BudgetWatch, LossWatch, send_buffer_bytes
+from ftd.health.calculate import requested_values
 from ftd.health.hangs import HangHandler
 from ftd.health.learning import (
-    OUT_OF_SECTION,
     Base,
     Generations,
     NotReady,
     apply_values,
-    learn_nvrx,
     learn_timeouts,
-    learned_values,
     load_learned,
 )
 from ftd.health.links import Link, RankHealth
@@ -348,43 +346,13 @@ class HealthService:
     def _on_calculate(
         self, rank: RankHealth, message: dict[str, Any], now: float
     ) -> dict[str, Any]:
-        """Learn timeouts for a rank's request: ftd's rule (every observed section, blended
-        with an earlier learned value) or NVRx's (ftd/health/learning.py). Calls of one generation,
-        one per rank, start from the same timeouts (see ftd/health/learning.py)."""
-        raw = message.get("sections")
-        sections = None if raw is None else sorted(names_from(raw, "sections"))
-        out_of_section = bool(message.get("oos", True))
-        rule, kind, generation = (
-            message.get("rule", "ftd"),
-            message.get("kind", "all"),
-            message.get("gen"),
-        )
         current = Base(self.timeouts, self._learned)
-        base = (
-            current
-            if generation is None
-            else self._generations.base((rule, kind, generation), current)
-        )
-        floor = self.ft.min_learned_timeout
-        if rule == "nvrx":
-            if kind == "all":
-                raise ProtocolError("malformed", "NVRx's rule learns hb or sections")
-            if kind == "sections" and not rank.open_sections and rank.out_of_section_since:
-                # NVRx's maybe_bump_oos_time: the rank's current stretch out of any section.
-                self.monitor.observed.see(OUT_OF_SECTION, now - rank.out_of_section_since)
-            try:
-                values = learn_nvrx(
-                    base, self.monitor.observed, self.ft.safety_factor, kind, sections,
-                    out_of_section, floor,
-                )  # fmt: skip
-            except NotReady as error:
-                return {"ok": False, "error": f"not ready: {error}"}
-        else:
-            result, names = learn_timeouts(
-                base.timeouts, base.learned, self.monitor.observed, self.ft.safety_factor,
-                sections, out_of_section, floor=floor,
-            )  # fmt: skip
-            values = learned_values(result, names)
+        try:
+            values = requested_values(
+                message, rank, now, current, self._generations, self.monitor, self.ft
+            )
+        except NotReady as error:
+            return {"ok": False, "error": f"not ready: {error}"}
         self._learned = self._learned | set(values)
         timeouts = apply_values(self.timeouts, values)
         self._apply(timeouts, f"rank {rank.global_rank}", True, rank)

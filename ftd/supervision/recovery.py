@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-STAGES = ("detect", "stop", "backoff", "rendezvous", "spawn", "init", "restore", "redo")
+from ftd.status.recovery_stages import STAGES
 
 
 @dataclass

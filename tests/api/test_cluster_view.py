@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ftd.api.cluster_view import DEFAULT_LIMIT, WORST, bounded
-from ftd.cli.status_view import cluster_lines, more_nodes_lines
+from ftd.cli.cluster_lines import cluster_lines, more_nodes_lines
 from tests.conftest import ServeFactory
 from tests.support.api import api_of, stop
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import time
 
-from ftd.cli.status_view import RANK_HEADER, cluster_lines, rank_rows, straggler_text
+from ftd.cli.cluster_lines import cluster_lines, straggler_text
+from ftd.cli.status_view import RANK_HEADER, rank_rows
 from ftd.text import NO_VALUE
 
 SINCE = time.mktime((2026, 11, 26, 8, 20, 11, 0, 0, -1))

@@ -9,7 +9,7 @@ import re
 import shutil
 from pathlib import Path
 
-from ftd.cli.status_view import SIGNAL_WORDS
+from ftd.cli.cluster_lines import SIGNAL_WORDS
 from ftd.health.stragglers import SUSTAIN_S
 from ftd.text import NO_VALUE
 from tests.conftest import BIN, ServeFactory

@@ -33,9 +33,18 @@ FTD = "ftd_client.inprocess"
 OPT_OUT_ENV = "FTD_NVRX_INPROCESS"
 """`nvrx`: NVRx's in-process restart stays NVRx's own."""
 SHARED = frozenset(
-    {"abort", "compose", "exception", "finalize", "health_check", "initialize",
-     "rank_assignment", "state", "wrap"}
-)  # fmt: skip
+    {
+        "abort",
+        "compose",
+        "exception",
+        "finalize",
+        "health_check",
+        "initialize",
+        "rank_assignment",
+        "state",
+        "wrap",
+    }
+)
 WAY_OUT = (
     f"ftd's in-process restart (ftd serve --restart-mode inprocess) stands in for {NVRX} "
     f"and has no counterpart for it; import ftd_client.inprocess instead, or set "

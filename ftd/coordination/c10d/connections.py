@@ -102,9 +102,12 @@ class StoreConnections:
         return await self._guard(conn.call(fn, *args), None)
 
     async def wait_decided(
-        self, wait: Callable[[RecordStore, int], T], now: Callable[[RecordStore, int], T | None],
-        number: int, what: str,
-    ) -> T:  # fmt: skip
+        self,
+        wait: Callable[[RecordStore, int], T],
+        now: Callable[[RecordStore, int], T | None],
+        number: int,
+        what: str,
+    ) -> T:
         """`wait` for round `number`'s decided record, backed by `now` every BACKUP_CHECK_S."""
         waiting = asyncio.ensure_future(self.wait(wait, number))
         # Its error (a lost store) may come while this is cancelled: retrieved here, always.
