@@ -297,6 +297,8 @@ def _check_progress(message: dict[str, Any]) -> None:
         value = message.get(key)
         if value is None and key in PROGRESS_REQUIRED:
             raise ProtocolError("bad_progress", f"{key} is missing")
+        if value is None:
+            message.pop(key, None)  # a null count is one not sent: its consumers see none
         if value is not None and not (_is_int(value) and 0 <= value <= MAX_SEQUENCE):
             raise ProtocolError("bad_progress", f"{key} {value!r:.40}")
     auto = message.get("auto")
