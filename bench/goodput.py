@@ -1,21 +1,24 @@
-"""Goodput under faults (issue 26): one 2-rank DDP job (gloo, CPU, 107 MB of state per rank,
-bench/goodput_worker.py), a rank SIGKILLed every --kill-every seconds for --duration seconds,
-under each launcher with its way of keeping the state, one after the other in one invocation:
+"""Goodput under faults (issues 26, 41): one 2-rank DDP job (gloo, CPU, 107 MB of state per
+rank, bench/goodput_worker.py), a rank SIGKILLed every --kill-every seconds for --duration
+seconds, under each launcher with its way of keeping the state; --runs runs, each of every
+variant one after the other (the order rotated from run to run):
 
-  ftd          ftd serve --max-restarts N, ftd_client.checkpoint.save every step (node memory)
-  torchrun     torchrun + torch.distributed.checkpoint to a local disk directory every 50 steps
-  ft_launcher  NVRx's ft_launcher + LocalCheckpointManager on /dev/shm every --nvrx-every steps
-  ftd-backoff  (not in the default list) ftd with its default --restart-backoff
+  plain           torchrun, no checkpoint, no fault: the failure-free step time of the run
+  ftd             ftd serve --preload torch._dynamo: checkpoint.save every step, a snapshot of
+                  the node's memory each step (ftd's default, --checkpoint-every 1)
+  ftd-auto        the same with --checkpoint-every auto (Young/Daly's interval, learned)
+  torchrun        torchrun + dcp.save to a local disk directory every k steps
+  torchrun-async  torchrun + dcp.async_save (a gloo group of its own) every k steps
+  ft_launcher     NVRx's ft_launcher + LocalCheckpointManager on /dev/shm every k steps
 
-Before them, two short ftd phases: "cost" (the failure-free step time without checkpointing,
-and the per-step cost of save, alternating blocks in one job) and "restore" (checkpoint.load of
-a --restore-mb MiB state after a rank's death, --restore-rounds times).
+Each baseline's k is Young/Daly's interval at a failure every --kill-every seconds, from what
+one of its saves costs the job (the calibration phase before the runs): k = sqrt(2 C M) / step.
 
-    PYTHONPATH=.:client .venv/bin/python bench/goodput.py                       # 3 x 600 s
-    PYTHONPATH=.:client .venv/bin/python bench/goodput.py --duration 90 --kill-every 30
+    PYTHONPATH=.:client .venv/bin/python bench/goodput.py          # 3 runs x 6 variants
+    PYTHONPATH=.:client .venv/bin/python bench/goodput.py --runs 1 --duration 90 --kill-every 30
 
-goodput = steps kept x failure-free step time / wall time (launch -> the job's last step).
-Definitions and the per-failure split: bench/GOODPUT.md.
+goodput = steps kept x t_ff / wall time (launch -> the job's last step), t_ff the median step
+of the same run's plain variant: one estimator for every row. bench/GOODPUT.md.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import argparse
 import contextlib
 import itertools
 import json
+import math
 import os
 import shlex
 import shutil
@@ -40,9 +44,10 @@ import benchlib
 
 BENCH_DIR = Path(__file__).resolve().parent
 WORKER = BENCH_DIR / "goodput_worker.py"
-VARIANTS = ("ftd", "torchrun", "ft_launcher", "ftd-backoff", "ftd-preload")
-DEFAULT_VARIANTS = ("ftd", "torchrun", "ft_launcher")
+VARIANTS = ("plain", "ftd", "ftd-auto", "torchrun", "torchrun-async", "ft_launcher")
+KEEPERS = {"torchrun": "dcp", "torchrun-async": "dcp-async", "ft_launcher": "nvrx"}
 NPROC = 2
+PLAIN_WARMUP = 5  # the plain job's first steps: DDP's and the allocator's warm-up
 
 
 def env() -> dict[str, str]:
@@ -66,21 +71,27 @@ def command(variant: str, work: Path, out: Path, args: argparse.Namespace, deadl
             restarts: int) -> list[str]:  # fmt: skip
     common = ["--out", str(out), "--deadline", f"{deadline:.3f}"]
     if variant.startswith("ftd"):
-        extra = shlex.split(args.ftd_args) if variant != "ftd-backoff" else []
-        extra += ["--checkpoint-every", args.ftd_every]
-        if variant == "ftd-preload":  # what DDP imports, in the zygote before the first ranks
-            extra += ["--preload", "torch._dynamo"]
+        extra = ["--preload", "torch._dynamo", *shlex.split(args.ftd_args)]
+        if variant == "ftd-auto":
+            extra += ["--checkpoint-every", "auto"]
         return ftd_cmd(work, NPROC, restarts, extra, ["--mode", "ftd", *common])
     bin_dir = Path(sys.executable).parent
-    if variant == "torchrun":
-        script = ["--mode", "dcp", "--ckpt-dir", str(work / "dcp"), "--every", str(args.dcp_every)]
+    if variant == "plain":
+        return [str(bin_dir / "torchrun"), "--standalone", "--nproc-per-node", str(NPROC),
+                str(WORKER), "--mode", "plain", *common]  # fmt: skip
+    every = str(args.every[variant])
+    if variant.startswith("torchrun"):
+        script = ["--mode", KEEPERS[variant], "--ckpt-dir", str(work / "dcp"), "--every", every]
         return [str(bin_dir / "torchrun"), "--standalone", "--nproc-per-node", str(NPROC),
                 "--max-restarts", str(restarts), str(WORKER), *script, *common]  # fmt: skip
-    shm = Path("/dev/shm") / f"ftd-goodput-{os.getpid()}"
-    script = ["--mode", "nvrx", "--ckpt-dir", str(shm), "--every", str(args.nvrx_every)]
+    script = ["--mode", "nvrx", "--ckpt-dir", str(nvrx_dir()), "--every", every]
     return [str(bin_dir / "ft_launcher"), "--standalone", "--nproc-per-node", str(NPROC),
             "--max-restarts", str(restarts), "--ft-param-initial_rank_heartbeat_timeout=300",
             "--ft-param-rank_heartbeat_timeout=120", str(WORKER), *script, *common]  # fmt: skip
+
+
+def nvrx_dir() -> Path:
+    return Path("/dev/shm") / f"ftd-goodput-{os.getpid()}"
 
 
 # -- processes ---------------------------------------------------------------------------------
@@ -169,29 +180,16 @@ class LoadSampler:
         self._thread.join()
 
 
-def baseline(args: argparse.Namespace, root: Path, name: str) -> list[float]:
-    """Rank 0's step times of plain training (no checkpoint, no fault), `--baseline-steps`."""
-    work = benchlib.fresh_dir(root / name)
-    script = ["--mode", "plain", "--out", str(work / "out"), "--steps", str(args.baseline_steps)]
-    cmd = ftd_cmd(work, NPROC, 0, [], script)
-    code = stop(start(cmd, work, "launcher"), args.grace_s + 5 * args.baseline_steps)
-    done = [r for r in records(work / "out")[0] if r["kind"] == "step"]
-    times = [b["t"] - a["t"] for a, b in itertools.pairwise(done[1:])]  # step 1 warms up
-    if code != 0 or not times:
-        raise SystemExit(f"baseline {name} failed (exit {code}); see {work}")
-    return times
-
-
-def run_with_kills(variant: str, args: argparse.Namespace, root: Path) -> dict[str, Any]:
-    plain = baseline(args, root, f"{variant}-baseline")
-    work = benchlib.fresh_dir(root / variant)
+def run_with_kills(variant: str, args: argparse.Namespace, root: Path, run: int) -> dict[str, Any]:
+    work = benchlib.fresh_dir(root / f"run{run}" / variant)
     out = work / "out"
-    kills_planned = int((args.duration - 1e-9) // args.kill_every)
+    duration = args.plain_duration if variant == "plain" else args.duration
+    kills_planned = 0 if variant == "plain" else int((duration - 1e-9) // args.kill_every)
     restarts = kills_planned + 3
     t_launch = time.time()
-    deadline = t_launch + args.duration
+    deadline = t_launch + duration
     cmd = command(variant, work, out, args, deadline, restarts)
-    print(f"## {variant}: {shlex.join(cmd)}", flush=True)
+    print(f"## run {run}, {variant}: {shlex.join(cmd)}", flush=True)
     proc = start(cmd, work, "launcher")
     load = LoadSampler()
     kills: list[dict[str, Any]] = []
@@ -216,28 +214,19 @@ def run_with_kills(variant: str, args: argparse.Namespace, root: Path) -> dict[s
                           "t": t_kill, "late_s": t_kill - target})  # fmt: skip
             print(f"  kill {k}: rank {rank} (pid {found[0]}, attempt {found[1]}) at "
                   f"{t_kill - t_launch:.1f} s", flush=True)  # fmt: skip
-        code = stop(proc, args.duration + args.grace_s - (time.time() - t_launch))
+        code = stop(proc, duration + args.grace_s - (time.time() - t_launch))
     finally:
         load.stop()
         if proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
         if variant == "ft_launcher":
-            shutil.rmtree(Path("/dev/shm") / f"ftd-goodput-{os.getpid()}", ignore_errors=True)
-    result = analyse(out, kills, t_launch, args.t_ff)
-    if "save_call_s" in result:
-        # Young/Daly: the interval that minimises (save time + expected redo) per failure
-        best_s = (2 * result["save_call_s"]["median"] * args.kill_every) ** 0.5
-        result["young_daly_every_steps"] = best_s / statistics.median(plain)
-    if "wall_s" in result:
-        result["t_ff_adjacent_s"] = statistics.median(plain)
-        result["goodput_adjacent"] = (
-            result["steps_kept"] * statistics.median(plain) / result["wall_s"]
-        )
+            shutil.rmtree(nvrx_dir(), ignore_errors=True)
+    result = analyse(out, kills, t_launch)
     result |= {
         "loadavg_1m": benchlib.summary(load.samples) if load.samples else None,
-        "baseline_step_s": plain,
         "variant": variant,
+        "run": run,
         "t_launch": t_launch,
         "out": str(out),
         "command": shlex.join(cmd),
@@ -262,15 +251,7 @@ def records(out: Path) -> list[list[dict[str, Any]]]:
     return logs
 
 
-def checkpointed(step: dict[str, Any]) -> bool:
-    """Whether a checkpoint was taken in this step (a copy then overlaps the next one); logs
-    without `ck` (run 4): a save call of more than 0.8 ms (ftd's that take no snapshot: 0.25)."""
-    if "ck" in step:
-        return bool(step["ck"])
-    return step.get("save_s") is not None and step["save_s"] > 0.0008
-
-
-def analyse(out: Path, kills: list[dict[str, Any]], t_launch: float, t_ff: float) -> dict[str, Any]:
+def analyse(out: Path, kills: list[dict[str, Any]], t_launch: float) -> dict[str, Any]:
     logs = records(out)
     steps = [[r for r in log if r["kind"] == "step"] for log in logs]
     starts = [{r["a"]: r for r in log if r["kind"] == "start"} for log in logs]
@@ -285,19 +266,12 @@ def analyse(out: Path, kills: list[dict[str, Any]], t_launch: float, t_ff: float
         "steps_kept": kept,
         "steps_done": len(done),
         "steps_lost": len(done) - kept,
-        "goodput": kept * t_ff / wall,
         "finished": any(r["kind"] == "end" for r in logs[0]),
     }
     paces = [b["t"] - a["t"] for a, b in itertools.pairwise(done) if a["a"] == b["a"]]
     if paces:
         result["run_step_s"] = statistics.median(paces)
-    # the failure-free step of the same minutes: steps of the run with no checkpoint in them
-    clean = [b["t"] - a["t"] for a, b in itertools.pairwise(done)
-             if a["a"] == b["a"] and not checkpointed(a) and not checkpointed(b)]  # fmt: skip
-    if clean:
-        t_ff_run = statistics.fmean(clean)
-        result["t_ff_run_s"] = benchlib.summary(clean) | {"mean": t_ff_run}
-        result["goodput_run"] = kept * t_ff_run / wall
+        result["paces_s"] = paces
     saves = [r["save_s"] for r in done if r.get("save_s") is not None]
     if saves:
         result["save_call_s"] = benchlib.summary(saves) | {"mean": statistics.fmean(saves)}
@@ -383,26 +357,60 @@ def cost_phase(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     }
 
 
-def restore_phase(args: argparse.Namespace, root: Path) -> dict[str, Any]:
-    work = benchlib.fresh_dir(root / "restore")
-    script = ["--mode", "restore", "--out", str(work / "out"), "--mb", str(args.restore_mb),
-              "--rounds", str(args.restore_rounds)]  # fmt: skip
-    cmd = ftd_cmd(work, 1, args.restore_rounds, shlex.split(args.ftd_args), script)
-    print(f"## restore: {shlex.join(cmd)}", flush=True)
-    code = stop(start(cmd, work, "launcher"), args.grace_s + 30 * args.restore_rounds)
-    path = work / "out" / "log-0.jsonl"
-    found = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-    found = [r for r in found if r["kind"] == "restore"]
-    if not found:
-        return {"command": shlex.join(cmd), "exit": code, "error": f"no restore; see {work}"}
-    return {
-        "command": shlex.join(cmd),
-        "exit": code,
-        "samples": found,
-        "restore_s": benchlib.summary([r["restore_s"] for r in found]),
-        "around_load_s": benchlib.summary([r["around_s"] for r in found]),
-        "all_ok": all(r["ok"] for r in found),
-    }
+def calibrate_phase(args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    """Each baseline keeper's cost per save (C) and the plain step, from alternating blocks
+    under torchrun, without faults; its Young/Daly interval at a failure every --kill-every."""
+    found: dict[str, Any] = {}
+    bin_dir = Path(sys.executable).parent
+    for variant, keeper in KEEPERS.items():
+        if variant not in args.variants:
+            continue
+        work = benchlib.fresh_dir(root / f"calibrate-{keeper}")
+        ckpt = nvrx_dir() if keeper == "nvrx" else work / "ckpt"
+        script = [
+            "--mode",
+            "calibrate",
+            "--keeper",
+            keeper,
+            "--out",
+            str(work / "out"),
+            "--ckpt-dir",
+            str(ckpt),
+            "--every",
+            str(args.calibrate_every),
+            "--blocks",
+            str(args.calibrate_blocks),
+            "--block",
+            str(args.calibrate_block),
+        ]
+        cmd = [str(bin_dir / "torchrun"), "--standalone", "--nproc-per-node", str(NPROC),
+               str(WORKER), *script]  # fmt: skip
+        print(f"## calibrate {keeper}: {shlex.join(cmd)}", flush=True)
+        code = stop(start(cmd, work, "launcher"), args.grace_s + 30 * args.calibrate_blocks)
+        shutil.rmtree(nvrx_dir(), ignore_errors=True)
+        blocks = [r for r in records(work / "out")[0] if r["kind"] == "block"][2:]  # warm-up
+        plain = [b["dt"] / b["steps"] for b in blocks if not b["saving"]]
+        saving = [b for b in blocks if b["saving"]]
+        if code != 0 or not plain or not saving:
+            raise SystemExit(f"calibration of {keeper} failed (exit {code}); see {work}")
+        step_s = statistics.median(plain)
+        per_save = [(b["dt"] - step_s * b["steps"]) / b["saves"] for b in saving]
+        calls = [c for b in saving for c in b["calls"]]
+        # at least what the training waits for (the call): the blocks' difference is noisy
+        cost_s = max(statistics.median(per_save), statistics.median(calls))
+        every = max(1, round(math.sqrt(2 * cost_s * args.kill_every) / step_s))
+        found[variant] = {
+            "keeper": keeper,
+            "command": shlex.join(cmd),
+            "step_s": step_s,
+            "save_cost_s": cost_s,
+            "per_save_s": per_save,
+            "call_s": calls,
+            "every": every,
+        }
+        print(f"   {keeper}: a save costs {cost_s:.3f} s, step {step_s * 1000:.0f} ms: "
+              f"every {every} steps", flush=True)  # fmt: skip
+    return found
 
 
 # -- report ----------------------------------------------------------------------------------------
@@ -414,83 +422,132 @@ def fmt(summary: dict[str, float] | None, scale: float = 1.0, unit: str = "s") -
     return f"{summary['median'] * scale:.2f} / {summary['max'] * scale:.2f} {unit}"
 
 
+def t_ff_of(runs: list[dict[str, Any]], run: int) -> float | None:
+    """The estimator's failure-free step: the median step of run `run`'s plain job."""
+    plain = [r for r in runs if r["variant"] == "plain" and r["run"] == run]
+    paces = plain[0].get("paces_s", [])[PLAIN_WARMUP:] if plain else []
+    return statistics.median(paces) if paces else None
+
+
+def score(results: dict[str, Any]) -> None:
+    """Each run's goodput by the one estimator (t_ff of its own plain job)."""
+    for run in results["variants"]:
+        t_ff = t_ff_of(results["variants"], run["run"])
+        if t_ff is not None and "wall_s" in run:
+            run["t_ff_s"] = t_ff
+            run["goodput"] = run["steps_kept"] * t_ff / run["wall_s"]
+
+
+def aggregate(results: dict[str, Any], variant: str) -> dict[str, Any]:
+    runs = [r for r in results["variants"] if r["variant"] == variant and "goodput" in r]
+    failures = [f for r in runs for f in r["failures"] if f.get("total_s") is not None]
+    lost = [float(f["steps_lost"]) for f in failures]
+    return {
+        "runs": len(runs),
+        "goodput": [r["goodput"] for r in runs],
+        "kills": sum(len(r["kills"]) for r in runs),
+        "failures_measured": len(failures),
+        "total_s": benchlib.summary([f["total_s"] for f in failures]) if failures else None,
+        "launch_s": benchlib.summary([f["launcher_s"] + f["init_s"] for f in failures])
+        if failures
+        else None,
+        "restore_s": benchlib.summary([f["restore_s"] for f in failures]) if failures else None,
+        "redo_s": benchlib.summary([f["redo_s"] for f in failures]) if failures else None,
+        "steps_lost": benchlib.summary(lost) | {"mean": statistics.fmean(lost)} if lost else None,
+        "at_most_one_lost": sum(v <= 1 for v in lost) / len(lost) if lost else None,
+        "steps_kept": [r["steps_kept"] for r in runs],
+        "exits": [r["exit"] for r in runs],
+    }
+
+
+def model(results: dict[str, Any], variant: str, mtbf_s: float) -> dict[str, float] | None:
+    """The share of the wall time a failure every `mtbf_s` costs `variant` (Young/Daly's first
+    order model, from what this invocation measured): C, a checkpoint's cost; tau, the time
+    between checkpoints (every step for ftd, its interval for ftd-auto, at the baselines' best,
+    sqrt(2 C M), for them); R, a restart's launch, init and restore; per failure the redo of
+    tau / 2 and the step in flight. waste = C / tau + (R + tau / 2 + t / 2) / M."""
+    runs = [r for r in results["variants"] if r["variant"] == variant and "t_ff_s" in r]
+    agg = aggregate(results, variant)
+    if not runs or agg["failures_measured"] == 0:
+        return None
+    step = statistics.median(r["t_ff_s"] for r in runs)
+    failures = [f for r in runs for f in r["failures"] if f.get("restore_s") is not None]
+    restart = statistics.median(f["launcher_s"] + f["init_s"] + f["restore_s"] for f in failures)
+    if variant.startswith("ftd"):
+        cost = results["cost"]["save_cost_median"] * results["cost"]["t_ff_s"]
+        tau = step if variant == "ftd" else max(step, math.sqrt(2 * cost * mtbf_s))
+    else:
+        cost = results["calibration"][variant]["save_cost_s"]
+        tau = max(step, math.sqrt(2 * cost * mtbf_s))
+    waste = cost / tau + (restart + tau / 2 + step / 2) / mtbf_s
+    return {"C_s": cost, "tau_s": tau, "R_s": restart, "t_s": step, "waste": waste}
+
+
 def report(results: dict[str, Any]) -> None:
-    cost = results["cost"]
-    print(f"\nfailure-free step (pooled) {results['t_ff_pooled_s'] * 1000:.0f} ms; cost phase "
-          f"{cost['t_ff_s'] * 1000:.0f} ms; with save every step: median "
-          f"{cost['save_cost_median']:+.1%}, mean {cost['save_cost_mean']:+.1%}")  # fmt: skip
-    restore = results.get("restore") or {}
-    if "restore_s" in restore:
-        print(f"restore of {results['args']['restore_mb']} MiB: load's restore_s median / max "
-              f"{fmt(restore['restore_s'], 1000, 'ms')}, around load "
-              f"{fmt(restore['around_load_s'], 1000, 'ms')}, "
-              f"bit-checked {restore['all_ok']}")  # fmt: skip
-    print("\n| variant | goodput | adjacent | wall s | kept | lost | kills | launcher+init |"
-          " restore | redo | per failure (median / max) | load |")  # fmt: skip
-    for run in results["variants"]:
-        if "goodput" not in run:
-            print(f"| {run['variant']} | failed: {run.get('error')} |")
+    cost = results.get("cost") or {}
+    if cost:
+        print(f"\nftd, a snapshot every step (cost phase): median {cost['save_cost_median']:+.1%}, "
+              f"mean {cost['save_cost_mean']:+.1%} per step")  # fmt: skip
+    for variant, cal in (results.get("calibration") or {}).items():
+        print(f"{variant}: a save costs {cal['save_cost_s']:.3f} s (step "
+              f"{cal['step_s'] * 1000:.0f} ms): Young/Daly every {cal['every']} steps")  # fmt: skip
+    print("\n| variant | goodput (median; min-max of runs) | kills | per failure: total "
+          "(median / max) | launch+init | restore | redo | steps lost per failure (median / "
+          "mean / max) | failures with <= 1 lost |")  # fmt: skip
+    for variant in results["args"]["variants"]:
+        agg = aggregate(results, variant)
+        results.setdefault("summary", {})[variant] = agg
+        if not agg["goodput"]:
             continue
-        launch = [f["launcher_s"] + f["init_s"] for f in run["failures"] if "init_s" in f]
-        print(f"| {run['variant']} | {run['goodput']:.3f} | {run['goodput_adjacent']:.3f} | "
-              f"{run['wall_s']:.0f} | "
-              f"{run['steps_kept']} | {run['steps_lost']} | {len(run['kills'])} | "
-              f"{fmt(benchlib.summary(launch) if launch else None)} | "
-              f"{fmt(run.get('per_failure_restore_s'))} | {fmt(run.get('per_failure_redo_s'))} | "
-              f"{fmt(run.get('per_failure_total_s'))} | "
-              f"{fmt(run.get('loadavg_1m'), unit='')} |")  # fmt: skip
-    for run in results["variants"]:
-        if "run_step_s" in run:
-            print(f"{run['variant']}: step in the run {run['run_step_s'] * 1000:.0f} ms (median), "
-                  f"failures cost {run['failures_lost_s']:.1f} s = "
-                  f"{run['failures_lost_share']:.1%} of the wall time")  # fmt: skip
-        if "goodput_run" in run:
-            clean = run["t_ff_run_s"]
-            print(f"{run['variant']}: goodput {run['goodput_run']:.3f} with the run's own "
-                  f"failure-free step ({clean['mean'] * 1000:.1f} ms mean, "
-                  f"{clean['median'] * 1000:.1f} median, of {clean['n']:.0f} steps with no "
-                  "checkpoint in them)")  # fmt: skip
+        good = agg["goodput"]
+        lost = agg["steps_lost"]
+        lost_s = (
+            "-"
+            if lost is None
+            else (f"{lost['median']:.0f} / {lost['mean']:.1f} / {lost['max']:.0f}")
+        )
+        share = "-" if agg["at_most_one_lost"] is None else f"{agg['at_most_one_lost']:.0%}"
+        print(f"| {variant} | {statistics.median(good):.3f} ({min(good):.3f}-{max(good):.3f}) | "
+              f"{agg['kills']} | {fmt(agg['total_s'])} | {fmt(agg['launch_s'])} | "
+              f"{fmt(agg['restore_s'])} | {fmt(agg['redo_s'])} | {lost_s} | {share} |")  # fmt: skip
+    mtbfs = (results["args"]["kill_every"], 600.0, 3600.0, 3 * 3600.0)
+    heads = " | ".join(f"waste at M = {m:.0f} s" for m in mtbfs)
+    print(f"\n| variant | C | R | t | {heads} |")
+    for variant in results["args"]["variants"]:
+        figures = [model(results, variant, m) for m in mtbfs]
+        if variant == "plain" or figures[0] is None:
+            continue
+        first = figures[0]
+        results.setdefault("model", {})[variant] = dict(zip(map(str, mtbfs), figures, strict=True))
+        print(f"| {variant} | {first['C_s']:.3f} s | {first['R_s']:.2f} s | "
+              f"{first['t_s'] * 1000:.0f} ms | "
+              + " | ".join(f"{f['waste']:.1%} (tau {f['tau_s']:.1f} s)" for f in figures if f)
+              + " |")  # fmt: skip
 
 
 def reanalyse(path: Path) -> None:
     results = json.loads(path.read_text())
     for i, run in enumerate(results["variants"]):
-        cmd = shlex.split(run["command"])
-        out = Path(run.get("out") or cmd[cmd.index("--out") + 1])
-        t_launch = run.get("t_launch")
-        if t_launch is None:
-            t_launch = float(cmd[cmd.index("--deadline") + 1]) - results["args"]["duration"]
-        fresh = analyse(out, run["kills"], t_launch, results["t_ff_pooled_s"])
-        if "t_ff_adjacent_s" in run:
-            fresh["goodput_adjacent"] = (
-                fresh["steps_kept"] * run["t_ff_adjacent_s"] / fresh["wall_s"]
-            )
-        results["variants"][i] = run | fresh | {"t_launch": t_launch, "out": str(out)}
-    benchlib.write_atomic(path, json.dumps(results, indent=2))
+        fresh = analyse(Path(run["out"]), run["kills"], run["t_launch"])
+        results["variants"][i] = run | fresh
+    score(results)
     report(results)
+    benchlib.write_atomic(path, json.dumps(results, indent=2))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--duration", type=float, default=600.0, help="seconds per variant")
-    parser.add_argument("--kill-every", type=float, default=60.0)
-    parser.add_argument("--variants", nargs="*", choices=VARIANTS, default=list(DEFAULT_VARIANTS))
-    parser.add_argument("--dcp-every", type=int, default=50)
-    parser.add_argument("--nvrx-every", type=int, default=15, help="see GOODPUT.md: why 15")
-    parser.add_argument("--ftd-args", default="--restart-backoff 0",
-                        help="extra flags of the ftd variant (see GOODPUT.md)")  # fmt: skip
-    parser.add_argument("--ftd-every", default="auto",
-                        help="--checkpoint-every of the ftd variants (cost phase: 1)")  # fmt: skip
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--duration", type=float, default=225.0, help="seconds per variant")
+    parser.add_argument("--kill-every", type=float, default=30.0)
+    parser.add_argument("--plain-duration", type=float, default=90.0)
+    parser.add_argument("--variants", nargs="*", choices=VARIANTS, default=list(VARIANTS))
+    parser.add_argument("--ftd-args", default="", help="extra flags of the ftd variants")
+    parser.add_argument("--calibrate-every", type=int, default=5)
+    parser.add_argument("--calibrate-blocks", type=int, default=8)
+    parser.add_argument("--calibrate-block", type=int, default=20)
     parser.add_argument("--cost-blocks", type=int, default=8)
     parser.add_argument("--cost-block", type=int, default=20)
-    parser.add_argument(
-        "--baseline-steps",
-        type=int,
-        default=40,
-        help="plain steps just before each variant (its adjacent step time)",
-    )
-    parser.add_argument("--restore-mb", type=int, default=256)
-    parser.add_argument("--restore-rounds", type=int, default=5)
     parser.add_argument(
         "--grace-s", type=float, default=240.0, help="a job's end after its deadline"
     )
@@ -502,30 +559,27 @@ def main() -> None:
     if args.reanalyse:
         reanalyse(args.reanalyse)
         return
+    if "plain" not in args.variants:
+        raise SystemExit("the plain variant is the estimator's failure-free step: keep it")
     info = benchlib.machine()
     benchlib.print_machine(info)
     print(f"# command: {shlex.join([sys.executable, *sys.argv])}", flush=True)
     root = benchlib.fresh_dir(args.work_dir)
-    results: dict[str, Any] = {"machine": info, "argv": sys.argv, "args": {}, "variants": []}
-    results["cost"] = cost_phase(args, root)
-    args.t_ff = results["cost"]["t_ff_s"]
-    results["restore"] = restore_phase(args, root)
+    results: dict[str, Any] = {"machine": info, "argv": sys.argv, "variants": []}
+    results["calibration"] = calibrate_phase(args, root)
+    args.every = {v: cal["every"] for v, cal in results["calibration"].items()}
+    if "ftd" in args.variants or "ftd-auto" in args.variants:
+        results["cost"] = cost_phase(args, root)
     results["args"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-    results["t_ff_pooled_s"] = results["cost"]["t_ff_s"]
-    if not args.variants:
-        report(results)
-    for variant in args.variants:
-        results["variants"].append(run_with_kills(variant, args, root))
-        pool = results["cost"]["plain_samples"] + [
-            t for run in results["variants"] for t in run["baseline_step_s"]
-        ]
-        results["t_ff_pooled_s"] = statistics.median(pool)
-        for run in results["variants"]:
-            if "wall_s" in run:
-                run["goodput"] = run["steps_kept"] * results["t_ff_pooled_s"] / run["wall_s"]
-        report(results)
     stamp = time.strftime("%Y-%m-%dT%H%MZ", time.gmtime())
     out = args.json or BENCH_DIR / "results" / f"goodput_{stamp}.json"
+    for run in range(1, args.runs + 1):
+        shift = (run - 1) % len(args.variants)
+        for variant in args.variants[shift:] + args.variants[:shift]:
+            results["variants"].append(run_with_kills(variant, args, root, run))
+            score(results)
+            benchlib.write_atomic(out, json.dumps(results, indent=2))
+        report(results)
     benchlib.write_atomic(out, json.dumps(results, indent=2))
     print(f"\nresults: {out}")
 

@@ -11,10 +11,13 @@ then ends there, at a step boundary.
   --mode ftd       ftd_client.checkpoint.save every step, checkpoint.load at start
   --mode dcp       torch.distributed.checkpoint (dcp.save/dcp.load) to --ckpt-dir every --every
                    steps (the newest complete directory kept, plus the one before it)
+  --mode dcp-async the same with dcp.async_save on a gloo group of its own
   --mode nvrx      NVRx's LocalCheckpointManager (--ckpt-dir on /dev/shm) every --every steps,
                    heartbeats to ft_launcher's rank monitor every step
   --mode cost      under ftd: blocks of --block steps, alternately without and with
                    checkpoint.save every step (the per-step cost of save)
+  --mode calibrate what one save of --keeper (dcp, dcp-async, nvrx) costs: alternating blocks
+                   without and with a save every --every steps
   --mode restore   under ftd, one rank: a state of --mb MiB; each attempt times checkpoint.load,
                    saves, and kills itself until attempt --rounds (the restore time)
 
@@ -123,14 +126,25 @@ class FtdMemory:
 
 
 class Dcp:
-    """torch.distributed.checkpoint to a local disk directory, every `every` steps."""
+    """torch.distributed.checkpoint to a local disk directory, every `every` steps; with
+    `asynchronous`, dcp.async_save (staged to memory, written by a thread) on a gloo group of
+    its own (as DCP advises), a save waiting for the one before it to be written."""
 
-    def __init__(self, ddp: nn.Module, optimizer: torch.optim.Optimizer, root: Path, every: int):
+    def __init__(
+        self,
+        ddp: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        root: Path,
+        every: int,
+        asynchronous: bool = False,
+    ):
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint import state_dict as sd
 
         self.dcp, self.sd = dcp, sd
         self.ddp, self.optimizer, self.root, self.every = ddp, optimizer, root, every
+        self.group = dist.new_group(backend="gloo") if asynchronous else None
+        self.pending: Any = None
 
     def state(self) -> dict[str, Any]:
         model, optim = self.sd.get_state_dict(self.ddp, self.optimizer)
@@ -155,11 +169,23 @@ class Dcp:
         return int(found[0].removeprefix("step_"))
 
     def save(self, step: int) -> None:
-        self.dcp.save(self.state(), checkpoint_id=str(self.root / f"step_{step:08d}"))
+        where = str(self.root / f"step_{step:08d}")
+        if self.group is None:
+            self.dcp.save(self.state(), checkpoint_id=where)
+        else:
+            self.wait()
+            self.pending = self.dcp.async_save(
+                self.state(), checkpoint_id=where, process_group=self.group
+            )
         if dist.get_rank() == 0:
             done = sorted(p for p in self.root.glob("step_*") if (p / ".metadata").exists())
             for old in done[:-2]:
                 shutil.rmtree(old, ignore_errors=True)
+
+    def wait(self) -> None:
+        if self.pending is not None:
+            pending, self.pending = self.pending, None
+            getattr(pending, "upload_completion", pending).result()
 
 
 class Nvrx:
@@ -224,22 +250,31 @@ CpuStateDict: type = object  # set in main() for --mode nvrx (torch.load finds i
 # -- the loops ----------------------------------------------------------------------------------
 
 
+def make_keeper(
+    mode: str,
+    model: nn.Module,
+    ddp: DistributedDataParallel,
+    optimizer: torch.optim.Optimizer,
+    args: argparse.Namespace,
+) -> Any:
+    if mode == "ftd":
+        return FtdMemory(model, optimizer)
+    if mode in ("dcp", "dcp-async"):
+        return Dcp(ddp, optimizer, args.ckpt_dir, args.every, mode == "dcp-async")
+    if mode == "nvrx":
+        return Nvrx(model, optimizer, args.ckpt_dir, args.every)
+    return NoCheckpoint()
+
+
 def train(args: argparse.Namespace, log: Log) -> None:
     model, ddp, optimizer = build()
     monitor = None
-    keeper: Any
-    if args.mode == "ftd":
-        keeper = FtdMemory(model, optimizer)
-    elif args.mode == "dcp":
-        keeper = Dcp(ddp, optimizer, args.ckpt_dir, args.every)
-    elif args.mode == "nvrx":
+    if args.mode == "nvrx":
         from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient  # type: ignore[import-untyped]
 
         monitor = RankMonitorClient()
         monitor.init_workload_monitoring()
-        keeper = Nvrx(model, optimizer, args.ckpt_dir, args.every)
-    else:
-        keeper = NoCheckpoint()
+    keeper = make_keeper(args.mode, model, ddp, optimizer, args)
     t_pg = time.time()
     resumed = keeper.restore()
     t_restored = time.time()
@@ -265,6 +300,8 @@ def train(args: argparse.Namespace, log: Log) -> None:
         log.write("step", s=step, t=time.time(), save_s=saved_s, ck=took)
         if stop[0] > 0:
             break
+    if isinstance(keeper, Dcp):
+        keeper.wait()
     if args.mode == "ftd":
         keeper.checkpoint.wait()
         stats = keeper.checkpoint.stats()
@@ -303,6 +340,34 @@ def cost(args: argparse.Namespace, log: Log) -> None:
               waited_s=stats.waited_s, copy_s=stats.copy_s)  # fmt: skip
 
 
+def calibrate(args: argparse.Namespace, log: Log) -> None:
+    """What one save of `--keeper` costs the job: blocks of --block steps, alternately without
+    and with a save every --every steps; a saving block's time includes waiting, at its end,
+    for its last save to be written (dcp-async), so (saving - plain) / saves is the whole cost
+    of a save, however it is spread over the steps."""
+    model, ddp, optimizer = build()
+    keeper = make_keeper(args.keeper, model, ddp, optimizer, args)
+    log.write("start", t0=T_SCRIPT, t_pg=time.time(), t_restored=time.time(), resumed=0)
+    step = 0
+    for block in range(args.blocks):
+        saving = block % 2 == 1
+        began, calls = time.perf_counter(), []
+        for _ in range(args.block):
+            step += 1
+            train_step(ddp, optimizer, step)
+            stop = torch.zeros(1)
+            dist.all_reduce(stop, op=dist.ReduceOp.MAX)
+            if saving and step % args.every == 0:
+                called = time.perf_counter()
+                keeper.save(step)
+                calls.append(time.perf_counter() - called)
+        if isinstance(keeper, Dcp):
+            keeper.wait()
+        dist.barrier()
+        log.write("block", block=block, saving=saving, saves=len(calls), calls=calls,
+                  steps=args.block, dt=time.perf_counter() - began)  # fmt: skip
+
+
 def restore_probe(args: argparse.Namespace, log: Log, attempt: int) -> None:
     from ftd_client import checkpoint
 
@@ -326,7 +391,8 @@ def main() -> None:
     global CpuStateDict
     parser = argparse.ArgumentParser()
     parser.add_argument("--mode", required=True,
-                        choices=("plain", "ftd", "dcp", "nvrx", "cost", "restore"))  # fmt: skip
+                        choices=("plain", "ftd", "dcp", "dcp-async", "nvrx", "cost", "restore",
+                                 "calibrate"))  # fmt: skip
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--ckpt-dir", type=Path, default=None)
     parser.add_argument("--every", type=int, default=50)
@@ -336,6 +402,7 @@ def main() -> None:
     parser.add_argument("--block", type=int, default=25)
     parser.add_argument("--mb", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--keeper", default="dcp", choices=("dcp", "dcp-async", "nvrx"))
     args = parser.parse_args()
     torch.set_num_threads(1)  # two ranks on two cores
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
@@ -349,12 +416,14 @@ def main() -> None:
     if args.mode == "restore":
         restore_probe(args, log, attempt)
         return
-    if args.mode == "nvrx":
+    if "nvrx" in (args.mode, args.keeper):
         CpuStateDict = cpu_state_dict_class()
     dist.init_process_group("gloo")
     args.t_dist = time.time()
     if args.mode == "cost":
         cost(args, log)
+    elif args.mode == "calibrate":
+        calibrate(args, log)
     else:
         train(args, log)
     dist.destroy_process_group()
