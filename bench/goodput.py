@@ -365,6 +365,9 @@ def calibrate_phase(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     for variant, keeper in KEEPERS.items():
         if variant not in args.variants:
             continue
+        if variant in args.interval:  # given: a run to add to an earlier invocation's
+            found[variant] = {"keeper": keeper, "every": args.interval[variant], "given": True}
+            continue
         work = benchlib.fresh_dir(root / f"calibrate-{keeper}")
         ckpt = nvrx_dir() if keeper == "nvrx" else work / "ckpt"
         script = [
@@ -457,6 +460,8 @@ def aggregate(results: dict[str, Any], variant: str) -> dict[str, Any]:
         "at_most_one_lost": sum(v <= 1 for v in lost) / len(lost) if lost else None,
         "steps_kept": [r["steps_kept"] for r in runs],
         "exits": [r["exit"] for r in runs],
+        # what keeping the state costs a step: its mean step (within attempts) over t_ff
+        "step_overhead": [statistics.fmean(r["paces_s"]) / r["t_ff_s"] - 1 for r in runs],
     }
 
 
@@ -476,6 +481,8 @@ def model(results: dict[str, Any], variant: str, mtbf_s: float) -> dict[str, flo
     if variant.startswith("ftd"):
         cost = results["cost"]["save_cost_median"] * results["cost"]["t_ff_s"]
         tau = step if variant == "ftd" else max(step, math.sqrt(2 * cost * mtbf_s))
+    elif "save_cost_s" not in results["calibration"][variant]:
+        return None
     else:
         cost = results["calibration"][variant]["save_cost_s"]
         tau = max(step, math.sqrt(2 * cost * mtbf_s))
@@ -489,11 +496,14 @@ def report(results: dict[str, Any]) -> None:
         print(f"\nftd, a snapshot every step (cost phase): median {cost['save_cost_median']:+.1%}, "
               f"mean {cost['save_cost_mean']:+.1%} per step")  # fmt: skip
     for variant, cal in (results.get("calibration") or {}).items():
+        if cal.get("given"):
+            print(f"{variant}: every {cal['every']} steps (given)")
+            continue
         print(f"{variant}: a save costs {cal['save_cost_s']:.3f} s (step "
               f"{cal['step_s'] * 1000:.0f} ms): Young/Daly every {cal['every']} steps")  # fmt: skip
     print("\n| variant | goodput (median; min-max of runs) | kills | per failure: total "
           "(median / max) | launch+init | restore | redo | steps lost per failure (median / "
-          "mean / max) | failures with <= 1 lost |")  # fmt: skip
+          "mean / max) | failures with <= 1 lost | cost per step |")  # fmt: skip
     for variant in results["args"]["variants"]:
         agg = aggregate(results, variant)
         results.setdefault("summary", {})[variant] = agg
@@ -509,7 +519,8 @@ def report(results: dict[str, Any]) -> None:
         share = "-" if agg["at_most_one_lost"] is None else f"{agg['at_most_one_lost']:.0%}"
         print(f"| {variant} | {statistics.median(good):.3f} ({min(good):.3f}-{max(good):.3f}) | "
               f"{agg['kills']} | {fmt(agg['total_s'])} | {fmt(agg['launch_s'])} | "
-              f"{fmt(agg['restore_s'])} | {fmt(agg['redo_s'])} | {lost_s} | {share} |")  # fmt: skip
+              f"{fmt(agg['restore_s'])} | {fmt(agg['redo_s'])} | {lost_s} | {share} | "
+              f"{statistics.median(agg['step_overhead']):+.1%} |")  # fmt: skip
     mtbfs = (results["args"]["kill_every"], 600.0, 3600.0, 3 * 3600.0)
     heads = " | ".join(f"waste at M = {m:.0f} s" for m in mtbfs)
     print(f"\n| variant | C | R | t | {heads} |")
@@ -543,6 +554,13 @@ def main() -> None:
     parser.add_argument("--plain-duration", type=float, default=90.0)
     parser.add_argument("--variants", nargs="*", choices=VARIANTS, default=list(VARIANTS))
     parser.add_argument("--ftd-args", default="", help="extra flags of the ftd variants")
+    parser.add_argument(
+        "--interval",
+        nargs="*",
+        default=[],
+        metavar="VARIANT=STEPS",
+        help="a baseline's interval, not calibrated (to add runs to an earlier invocation's)",
+    )
     parser.add_argument("--calibrate-every", type=int, default=5)
     parser.add_argument("--calibrate-blocks", type=int, default=8)
     parser.add_argument("--calibrate-block", type=int, default=20)
@@ -564,6 +582,7 @@ def main() -> None:
     info = benchlib.machine()
     benchlib.print_machine(info)
     print(f"# command: {shlex.join([sys.executable, *sys.argv])}", flush=True)
+    args.interval = {k: int(v) for k, _, v in (item.partition("=") for item in args.interval)}
     root = benchlib.fresh_dir(args.work_dir)
     results: dict[str, Any] = {"machine": info, "argv": sys.argv, "variants": []}
     results["calibration"] = calibrate_phase(args, root)
