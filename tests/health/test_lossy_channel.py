@@ -142,7 +142,9 @@ class World:
             assert deadline.kind == "section", deadline
             assert deadline.section in self.true_open, (deadline, self.true_open)
             opened = self.true_open[deadline.section]
-            assert verdict.at - opened >= TIMEOUTS[deadline.section] - 1e-9, (verdict, opened)
+            # The rank stamps its messages in whole nanoseconds, truncated (the section may
+            # count from up to 1 ns before it opened), and the floats round on top of that.
+            assert verdict.at - opened >= TIMEOUTS[deadline.section] - 2e-9, (verdict, opened)
 
 
 action = st.one_of(
@@ -205,6 +207,8 @@ def test_no_verdict_on_a_section_the_rank_had_closed(
     capacity=st.integers(1, 6),
     hang_in=st.sampled_from(NAMES),
 )
+# Found by hypothesis: `a` opened at 3 x 1.2 s, which the rank's nanosecond stamp truncates.
+@example(steps=[("wait", 1.2), ("wait", 1.2), ("wait", 1.2)], capacity=1, hang_in="a")
 def test_a_real_hang_is_judged_within_its_deadline_and_one_retry(
     steps: list[tuple[str, object]], capacity: int, hang_in: str
 ) -> None:
