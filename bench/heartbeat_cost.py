@@ -235,13 +235,14 @@ class Method:
 
 
 def rank_main(args: argparse.Namespace) -> None:
-    from ftd_client import RankClient, protocol
+    from ftd_client import RankClient, protocol, wire
+    from ftd_client.messages import SectionEnd, SectionStart
 
     work = Path(args.work_dir)
     path = os.environ["FTD_SOCKET"]
     hb_bytes = protocol.HEARTBEAT_BYTES
-    ss_bytes = protocol.section_bytes(protocol.SECTION_START, SECTION)
-    se_bytes = protocol.section_bytes(protocol.SECTION_END, SECTION)
+    ss_bytes = wire.encode(SectionStart(SECTION))
+    se_bytes = wire.encode(SectionEnd(SECTION))
 
     # The real daemon: the client, and a raw packet connection of this rank's own beside it
     # (the daemon knows the pid by SO_PEERCRED, so it dispatches what arrives on it too).

@@ -35,7 +35,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "client")]
 
-from ftd_client import progress, protocol  # noqa: E402
+from ftd_client import progress, wire  # noqa: E402
 from ftd_client._progress_torch import Counters, _counted  # noqa: E402
 
 
@@ -57,7 +57,7 @@ ORDER = Order()
 
 
 def sink(record: progress.Progress) -> None:
-    protocol.encode(record.message())  # what a real send pays before its syscall
+    wire.encode(record.message(), sent_ns=record.sampled_ns)  # what a send pays before its syscall
 
 
 def step_blocks(blocks: int, steps: int) -> list[dict[str, Any]]:

@@ -28,6 +28,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from ftd_client.checkpoint_messages import CHECKPOINT_KINDS
+
 from ftd.api import ApiServer, start_api_server
 from ftd.api.control import NodeControl
 from ftd.checkpoint.holder import CheckpointHolder
@@ -36,6 +38,7 @@ from ftd.config.rundir import prepare_run_dir
 from ftd.config.serve import ServeConfig
 from ftd.coordination import CoordinationError, Coordinator, create_coordinator
 from ftd.errors import StartupError
+from ftd.health.inbox import by_global_rank
 from ftd.health.progress import ProgressWatch
 from ftd.health.service import HealthService
 from ftd.health.straggler_timer import StragglerTimer
@@ -173,14 +176,15 @@ class Daemon:
         self.checkpoints = CheckpointHolder.serving(
             config, self.run_dir, self.events, self.replication
         )
+        self.progress = ProgressWatch(config.progress_timeout_floor_s, enabled=config.progress)
         self.health = HealthService(
             config.ft,
             rank_socket,
             config.ft_state_file or self.run_dir / "ft_state.json",
             self.events,
             self.persist,
-            ProgressWatch(config.progress_timeout_floor_s, enabled=config.progress),
-            self.checkpoints,
+            self.progress,
+            dict.fromkeys(CHECKPOINT_KINDS, by_global_rank(self.checkpoints.answer)),
         )
         publish = self._publish if config.multi_node else None
         self.board = StatusBoard(
@@ -264,6 +268,8 @@ class Daemon:
             cmd=build_command(config),
             spawner=self.spawner,
             health=self.health,
+            progress=self.progress,
+            checkpoints=self.checkpoints,
             guard=self.guard,
             events=self.events,
             status=self.status,
@@ -296,7 +302,7 @@ class Daemon:
         """Judged against the whole job's forward times: the nodes' published summaries."""
         several = self.config.multi_node and self._start_error is None
         timer = StragglerTimer(
-            self.health.progress,
+            self.progress,
             self.events,
             self.config.node_id,
             self._cluster if several else None,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from ftd_client import protocol
+from ftd_client import wire
 
 ROOT = Path(__file__).resolve().parents[1]
 SECURITY = ROOT / "docs" / "security.md"
@@ -85,4 +85,4 @@ def test_every_fuzz_target_and_hostile_test_named_exists() -> None:
 def test_every_rank_message_kind_has_its_row() -> None:
     [rank_socket] = [row for row in table("doors") if row[0].startswith("rank socket messages")]
     listed = set(re.findall(r"`(\w+)`", rank_socket[0]))
-    assert listed == set(protocol.TYPES), set(protocol.TYPES) ^ listed
+    assert listed == set(wire.TYPES), set(wire.TYPES) ^ listed

@@ -139,3 +139,36 @@ def test_the_dashboard_names_the_recovery_stages_as_the_daemon_does() -> None:
 
     assert _js_strings("core.js", "STAGES") == list(STAGES)
     assert set(_js_strings("events.js", "AFTER_RESTORE")) == AFTER_RESTORE
+
+
+DOOR = [
+    ROOT / "client" / "ftd_client" / name
+    for name in ("wire.py", "messages.py", "checkpoint_messages.py", "wire_fields.py")
+] + [
+    ROOT / "ftd" / path
+    for path in (
+        "health/inbox.py",
+        "health/socket.py",
+        "health/service.py",
+        "health/messages.py",
+        "health/calculate.py",
+        "health/progress.py",
+        "checkpoint/holder.py",
+    )
+]
+"""The rank messages' door and the parts its inbox hands records to."""
+
+
+def test_no_untyped_message_passes_the_door() -> None:
+    """No parameter in the door's or its handlers' modules is `Any` or a `dict[str, Any]`: a
+    rank's message travels as its record (ftd_client.messages), never as decoded JSON."""
+    found = []
+    for path in DOOR:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                arguments = node.args.posonlyargs + node.args.args + node.args.kwonlyargs
+                for argument in arguments:
+                    annotation = ast.unparse(argument.annotation) if argument.annotation else ""
+                    if "Any" in annotation:
+                        found.append(f"{path.name}:{node.lineno} {node.name}({argument.arg})")
+    assert not found, found

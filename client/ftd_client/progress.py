@@ -15,7 +15,7 @@ the rank whose count is lowest has not entered the collective the others wait in
 
 The sampler never raises into the program: an error in sampling or in `send` is counted
 (`Observer.failures`) and the next interval tries again. `Progress.message()` is the record on
-the wire (protocol.PROGRESS, validated by protocol.decode):
+the wire (messages.ProgressReport, read by wire.decode):
 
 | field | meaning |
 |---|---|
@@ -39,10 +39,10 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
-from ftd_client import _import_watch, protocol
+from ftd_client import _import_watch
 from ftd_client._progress_torch import Counters, TorchHooks, register_fork_reset
+from ftd_client.messages import ProgressReport
 from ftd_client.rank_setup import keep_stack_signal_off_this_thread
 
 log = logging.getLogger("ftd_client")
@@ -86,25 +86,19 @@ class Progress:
             tuple(name for name, _ in other.auto_sections),
         )
 
-    def message(self) -> dict[str, Any]:
-        message: dict[str, Any] = {
-            "t": protocol.PROGRESS,
-            "m": self.sampled_ns,
-            "steps": self.steps,
-            "called": self.collectives_called,
-            "returned": self.collectives_returned,
-        }
-        if self.last_step_age_s is not None:
-            message["age_ms"] = round(self.last_step_age_s * 1000)
-        if self.collectives_entered is not None:
-            message["entered"] = self.collectives_entered
-        if self.forward_median_s is not None:
-            message["fwd_us"] = round(self.forward_median_s * 1e6)
-        if self.host_median_s is not None:
-            message["host_us"] = round(self.host_median_s * 1e6)
-        if self.auto_sections:
-            message["auto"] = {name: round(age * 1000) for name, age in self.auto_sections}
-        return message
+    def message(self, stack_signal: int | None = None) -> ProgressReport:
+        """This record as the rank sends it (its sample time travels beside: `sampled_ns`)."""
+        return ProgressReport(
+            self.steps,
+            self.collectives_called,
+            self.collectives_returned,
+            None if self.last_step_age_s is None else round(self.last_step_age_s * 1000),
+            self.collectives_entered,
+            None if self.forward_median_s is None else round(self.forward_median_s * 1e6),
+            None if self.host_median_s is None else round(self.host_median_s * 1e6),
+            tuple((name, round(age * 1000)) for name, age in self.auto_sections),
+            stack_signal,
+        )
 
 
 class Observer:

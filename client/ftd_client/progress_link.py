@@ -20,7 +20,7 @@ import socket
 import time
 from collections.abc import Mapping
 
-from ftd_client import protocol
+from ftd_client import wire
 from ftd_client.progress import Observer, Progress, install
 from ftd_client.rank_setup import register_stack_dump
 
@@ -46,11 +46,9 @@ class ProgressLink:
         if sock is None:
             self.dropped += 1
             return
-        message = record.message()
-        if self.stack_signal is not None:
-            message["stack_signal"] = self.stack_signal
+        data = wire.encode(record.message(self.stack_signal), sent_ns=record.sampled_ns)
         try:
-            sock.send(protocol.encode(message), socket.MSG_NOSIGNAL)
+            sock.send(data, socket.MSG_NOSIGNAL)
         except OSError as error:
             self.dropped += 1
             if error.errno not in (errno.EAGAIN, errno.ENOBUFS):

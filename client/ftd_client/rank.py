@@ -20,12 +20,24 @@ import socket
 import time
 import warnings
 from types import TracebackType
-from typing import IO, Any
+from typing import IO, Any, Literal
 
 from ftd_client import faults, protocol
+from ftd_client.messages import (
+    CalculateTimeouts,
+    Fault,
+    Goodbye,
+    Hello,
+    Resumed,
+    SectionEnd,
+    SectionStart,
+    SetTimeouts,
+    WorkloadControl,
+)
 from ftd_client.protocol import WorkloadAction
 from ftd_client.rank_sender import Sender
 from ftd_client.rank_setup import register_stack_dump, size_send_buffer, unregister_stack_dump
+from ftd_client.wire import Message
 
 log = logging.getLogger("ftd_client")
 
@@ -104,7 +116,7 @@ class RankClient:
         """Tell the daemon this rank is training again (say, after its first collective of a
         new attempt): the end of a restart's `init` (or `restore`) stage. A heartbeat or a
         section start counts too; this says it where neither fits."""
-        self._send_message({"t": protocol.RESUMED})
+        self._send_message(Resumed())
 
     def start_section(self, name: str) -> None:
         """Open section `name` (timed against its `rank_section_timeouts` entry)."""
@@ -119,13 +131,13 @@ class RankClient:
                 )
             return
         self._open_sections.append(name)
-        if not self._sender.section(protocol.SECTION_START, name):
+        if not self._sender.section(SectionStart, name):
             self._reconnect()
 
     def end_section(self, name: str) -> None:
         if name in self._open_sections:
             self._open_sections.remove(name)
-        if not self._sender.section(protocol.SECTION_END, name):
+        if not self._sender.section(SectionEnd, name):
             self._reconnect()
 
     def end_all_sections(self) -> None:
@@ -141,7 +153,7 @@ class RankClient:
     def send_workload_control(self, action: WorkloadAction, description: str = "") -> bool:
         """Ask the supervisor to act (exclude this node, shut the workload down, continue);
         whether it acknowledged."""
-        reply = self._request({"t": protocol.WORKLOAD_CONTROL, "a": action.name, "d": description})
+        reply = self._request(WorkloadControl(action, description[: protocol.MAX_DESCRIPTION]))
         return bool(reply and reply.get("ok"))
 
     def calculate_and_set_timeouts(
@@ -149,24 +161,16 @@ class RankClient:
         sections: list[str] | None = None,
         out_of_section: bool = True,
         *,
-        rule: str = "ftd",
-        kind: str = "all",
+        rule: Literal["ftd", "nvrx"] = "ftd",
+        kind: Literal["all", "hb", "sections"] = "all",
     ) -> dict[str, Any] | None:
         """Ask the daemon to learn timeouts from what it observed; the new timeouts, or None
         (`last_error` says why). Every rank's n-th call of a rule and kind is one generation:
         the daemon starts them all from the same timeouts, so the result does not depend on
         which rank called last. `rule="nvrx"` learns `kind` "hb" or "sections" by NVRx's rule."""
         generation = self._generations[rule, kind] = self._generations.get((rule, kind), 0) + 1
-        reply = self._request(
-            {
-                "t": protocol.CALCULATE_TIMEOUTS,
-                "sections": sections,
-                "oos": out_of_section,
-                "rule": rule,
-                "kind": kind,
-                "gen": generation,
-            }
-        )
+        names = None if sections is None else tuple(sections)
+        reply = self._request(CalculateTimeouts(names, out_of_section, rule, kind, generation))
         return self._apply_timeouts(reply)
 
     def state_dict(self) -> dict[str, Any]:
@@ -180,10 +184,8 @@ class RankClient:
         timeouts = state.get("timeouts")
         learned = state.get("learned", [])
         if isinstance(timeouts, dict) and timeouts:
-            message = {"t": protocol.SET_TIMEOUTS, "timeouts": timeouts}
-            if isinstance(learned, list) and learned:
-                message["learned"] = [str(name) for name in learned]
-            self._apply_timeouts(self._request(message))
+            names = tuple(str(name) for name in learned) if isinstance(learned, list) else ()
+            self._apply_timeouts(self._request(SetTimeouts(timeouts, names)))
 
     def wait_for_handshake(self) -> dict[str, Any]:
         """Block (up to request_timeout_s) for the daemon's answer to the handshake; the
@@ -200,7 +202,7 @@ class RankClient:
 
     def _announce_fault(self, kind: str) -> None:
         sections = list(self._open_sections)  # what the daemon should charge the hang to
-        message = {"t": protocol.FAULT, "kind": kind, "sections": sections}
+        message = Fault(kind, tuple(sections))
         # Called in a signal handler of the main thread, which may have been interrupted in
         # the middle of a send, holding the sender's lock.
         if not self._sender.message(message, from_signal_handler=True):
@@ -208,7 +210,7 @@ class RankClient:
 
     def close(self) -> None:
         if self._sock is not None:
-            self._send_message({"t": protocol.GOODBYE})
+            self._send_message(Goodbye())
             self._sender.detach()
             self._sock.close()
             self._sock = None
@@ -225,8 +227,8 @@ class RankClient:
 
     # -- internals ---------------------------------------------------------------------------
 
-    def _send_message(self, message: dict[str, Any]) -> None:
-        if not self._sender.message(message):
+    def _send_message(self, message: Message, request_id: int | None = None) -> None:
+        if not self._sender.message(message, request_id):
             self._reconnect()
 
     def _reconnect(self) -> None:
@@ -255,15 +257,14 @@ class RankClient:
             self.connect_failures += 1
             return
         self._hello_id = next(self._ids)
-        hello = {"t": protocol.HELLO, "id": self._hello_id, "stack_signal": self._stack_signal}
-        self._send_message(hello)
+        self._send_message(Hello(self._stack_signal), self._hello_id)
 
-    def _request(self, message: dict[str, Any]) -> dict[str, Any] | None:
+    def _request(self, message: Message) -> dict[str, Any] | None:
         self.last_error = ""
         if self._sock is None:
             return None
         request_id = next(self._ids)
-        self._send_message({**message, "id": request_id})
+        self._send_message(message, request_id)
         deadline = time.monotonic() + self.request_timeout_s
         while (remaining := deadline - time.monotonic()) > 0:
             readable, _, _ = select.select([self._sock], [], [], remaining)
@@ -272,7 +273,7 @@ class RankClient:
             for reply in self._receive():
                 if reply.get("id") == request_id:
                     return reply
-        log.warning("ftd: no answer to %s within %.1fs", message["t"], self.request_timeout_s)
+        log.warning("ftd: no answer to %s within %.1fs", message.KIND, self.request_timeout_s)
         return None
 
     def _receive(self) -> list[dict[str, Any]]:

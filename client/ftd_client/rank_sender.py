@@ -17,10 +17,11 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import Any
 
-from ftd_client import protocol
+from ftd_client import protocol, wire
+from ftd_client.messages import Heartbeat, SectionEnd, SectionStart, State
 from ftd_client.rank_setup import keep_stack_signal_off_this_thread
+from ftd_client.wire_fields import Names
 
 _NO_SIGNAL = socket.MSG_NOSIGNAL  # a daemon that went away must not SIGPIPE the rank
 MAX_TEMPLATES = 1024
@@ -29,7 +30,6 @@ RETRY_SLOW_S = 0.1
 RETRY_FAST_FOR_S = 1.0
 """The retry runs every RETRY_S for this long, then every RETRY_SLOW_S (a daemon paused for
 long is not polled at 200 Hz)."""
-STATE = protocol.STATE
 HEARTBEAT_TEMPLATE = protocol.HEARTBEAT_TEMPLATE
 
 _senders: weakref.WeakSet[Sender] = weakref.WeakSet()
@@ -53,7 +53,7 @@ class Sender:
         """The number of the last message tried on this connection (sent or dropped)."""
         self._resync = False
         """A message was dropped: the next one carries the whole state."""
-        self._templates: dict[tuple[str, str, tuple[str, ...]], bytes] = {}
+        self._templates: dict[tuple[type[SectionStart | SectionEnd], str, Names], bytes] = {}
         self._reset_threads()
         _senders.add(self)
 
@@ -87,7 +87,7 @@ class Sender:
                 return True
             self._seq = seq = self._seq + 1
             if self._resync:
-                return self._send(sock, self._state({"t": protocol.HEARTBEAT}))
+                return self._send(sock, self._state(Heartbeat()))
             try:
                 sock.send(HEARTBEAT_TEMPLATE % seq, _NO_SIGNAL)
             except OSError as error:
@@ -96,17 +96,16 @@ class Sender:
         finally:
             self._release()
 
-    def section(self, kind: str, name: str) -> bool:
+    def section(self, event: type[SectionStart | SectionEnd], name: str) -> bool:
         """A section event with the sections open after it (`open_sections`, already changed
         by the caller) and its send time: a template per (event, state), so the hot path is
         one lookup, one %-format and one send."""
-        key = (kind, name, tuple(self.open_sections))
+        key = (event, name, tuple(self.open_sections))
         template = self._templates.get(key)
         if template is None:
             if len(self._templates) >= MAX_TEMPLATES:
                 self._templates.clear()
-            event: dict[str, Any] = {"t": kind, "n": name, "o": list(key[2])}
-            template = self._templates[key] = protocol.sequenced_template(event, timed=True)
+            template = self._templates[key] = wire.section_template(event(name), key[2])
         self._acquire()
         try:
             sock = self.sock
@@ -114,12 +113,18 @@ class Sender:
                 return True
             self._seq = seq = self._seq + 1
             if self._resync:
-                return self._send(sock, self._state({"t": kind, "n": name}))
+                return self._send(sock, self._state(event(name)))
             return self._send(sock, template % (seq, self._clock_ns()))
         finally:
             self._release()
 
-    def message(self, message: dict[str, Any], *, from_signal_handler: bool = False) -> bool:
+    def message(
+        self,
+        message: wire.Message,
+        request_id: int | None = None,
+        *,
+        from_signal_handler: bool = False,
+    ) -> bool:
         """Any other message, numbered (and with the state after a drop). From a signal
         handler that never returns to what it interrupted (a simulated fault), the lock may be
         held by that very code, in this thread: it is waited for at most SIGNAL_LOCK_WAIT_S (the
@@ -132,22 +137,23 @@ class Sender:
                 return True
             self._seq += 1
             if self._resync:
-                return self._send(sock, self._state(message))
-            return self._send(sock, protocol.encode({**message, "s": self._seq}))
+                return self._send(sock, self._state(message, request_id))
+            return self._send(sock, wire.encode(message, id=request_id, seq=self._seq))
         finally:
             if held:
                 self._lock.release()
 
     # -- internals (under the lock) ---------------------------------------------------------
 
-    def _state(self, message: dict[str, Any]) -> bytes:
-        state = {
-            "s": self._seq,
-            "o": list(self.open_sections),
-            "dropped": self.dropped,
-            "m": self._clock_ns(),
-        }
-        return protocol.encode({**message, **state})
+    def _state(self, message: wire.Message, request_id: int | None = None) -> bytes:
+        return wire.encode(
+            message,
+            id=request_id,
+            seq=self._seq,
+            open=self.open_sections,
+            dropped=self.dropped,
+            sent_ns=self._clock_ns(),
+        )
 
     def _send(self, sock: socket.socket, data: bytes) -> bool:
         try:
@@ -184,7 +190,7 @@ class Sender:
                 self._retry_wanted.clear()
                 return False
             self._seq += 1
-            if not self._send(sock, self._state({"t": STATE})):
+            if not self._send(sock, self._state(State())):
                 self._retry_wanted.clear()  # the daemon is gone: the next call reconnects
                 return False
             if not self._resync:

@@ -24,8 +24,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from ftd_client import protocol
+from ftd_client.checkpoint_messages import (
+    CheckpointBegin,
+    CheckpointDone,
+    CheckpointPlace,
+    CheckpointRestore,
+    CheckpointSeen,
+)
 from ftd_client.snapshot_format import HEADER, SnapshotFormatError, decode_header
+from ftd_client.wire import Message
 
 from ftd.checkpoint.ledger import Grant, Ledger
 from ftd.checkpoint.memory_dir import (
@@ -181,28 +188,29 @@ class CheckpointHolder:
                 (self.run_dir / DIRECTORY_RECORD).unlink(missing_ok=True)
             self.directory = None
 
-    def answer(self, global_rank: int, message: dict[str, Any]) -> dict[str, Any] | None:
-        """The reply to one of a rank's checkpoint messages (already decoded by protocol); None
-        for one that has none."""
-        kind = message["t"]
-        if kind == protocol.CHECKPOINT_SEEN:
-            if message.get("restored"):
-                self._from_disk(global_rank, message["step"])
+    def answer(self, global_rank: int, message: Message) -> dict[str, Any] | None:
+        """The reply to one of a rank's checkpoint messages; None for one that has none."""
+        if isinstance(message, CheckpointSeen):
+            if message.restored:
+                self._from_disk(global_rank, message.step)
             else:
-                self.restores.reached(global_rank, message["step"])
+                self.restores.reached(global_rank, message.step)
             return None
         if self.directory is None:
             return {"ok": False, "error": "the daemon holds no snapshots"}
-        if self.multi_node and kind == protocol.CHECKPOINT_PLACE:
-            return {"ok": False, "refused": "unsupported", "error": MULTI_NODE}
-        if kind == protocol.CHECKPOINT_BEGIN:
-            self.spacing.reported(global_rank, message.get("every"))
-            return self._begin(global_rank, message["step"], message["bytes"], message["world"])
-        if kind == protocol.CHECKPOINT_DONE:
-            return self._done(global_rank, message["slot"], message["step"])
-        if kind == protocol.CHECKPOINT_PLACE:
-            return {"ok": True, "path": str(self.directory / DCP_DIRECTORY)}
-        return self._restore(global_rank, message["world"], message.get("step"))
+        match message:
+            case CheckpointPlace() if self.multi_node:
+                return {"ok": False, "refused": "unsupported", "error": MULTI_NODE}
+            case CheckpointPlace():
+                return {"ok": True, "path": str(self.directory / DCP_DIRECTORY)}
+            case CheckpointBegin(step=step, bytes=size, world=world, every=every):
+                self.spacing.reported(global_rank, every)
+                return self._begin(global_rank, step, size, world)
+            case CheckpointDone(step=step, slot=slot):
+                return self._done(global_rank, slot, step)
+            case CheckpointRestore(world=world, step=step):
+                return self._restore(global_rank, world, step)
+        return None
 
     def view(self) -> dict[str, Any] | None:
         """The status' `checkpoint` (openapi.yaml NodeCheckpoint); None until a rank used it."""

@@ -4,9 +4,7 @@ per rank, start from the same timeouts (learning.Generations)."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from ftd_client.protocol import ProtocolError
+from ftd_client.messages import CalculateTimeouts
 
 from ftd.config.ft import FaultToleranceConfig
 from ftd.health.learning import (
@@ -19,11 +17,10 @@ from ftd.health.learning import (
 )
 from ftd.health.links import RankHealth
 from ftd.health.monitor import Monitor
-from ftd.health.sync import names_from
 
 
 def requested_values(
-    message: dict[str, Any],
+    message: CalculateTimeouts,
     rank: RankHealth,
     now: float,
     current: Base,
@@ -33,19 +30,13 @@ def requested_values(
 ) -> dict[str, float]:
     """The timeouts (by name) that `rank`'s `calc` message learns from what `monitor` observed,
     starting from `current` (or its generation's base); NotReady when NVRx's rule has too few
-    observations, ProtocolError for a request it cannot serve."""
-    raw = message.get("sections")
-    sections = None if raw is None else sorted(names_from(raw, "sections"))
-    out_of_section = bool(message.get("oos", True))
-    rule, kind, generation = (
-        message.get("rule", "ftd"),
-        message.get("kind", "all"),
-        message.get("gen"),
-    )
+    observations."""
+    sections = None if message.sections is None else sorted(set(message.sections))
+    out_of_section, rule, kind = message.out_of_section, message.rule, message.kind
+    generation = message.generation
     base = current if generation is None else generations.base((rule, kind, generation), current)
     if rule == "nvrx":
-        if kind == "all":
-            raise ProtocolError("malformed", "NVRx's rule learns hb or sections")
+        assert kind != "all"  # refused by the door (wire.decode)
         if kind == "sections" and not rank.open_sections and rank.out_of_section_since:
             # NVRx's maybe_bump_oos_time: the rank's current stretch out of any section.
             monitor.observed.see(OUT_OF_SECTION, now - rank.out_of_section_since)

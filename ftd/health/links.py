@@ -7,13 +7,10 @@ the nearest of those that the timeouts set; the monitor keeps one timer on it.
 
 from __future__ import annotations
 
-import signal
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ftd.config.ft import RankTimeouts
-
-UNREGISTRABLE_SIGNALS = frozenset({signal.SIGKILL, signal.SIGSTOP})
 
 
 class Cancellable(Protocol):
@@ -111,20 +108,6 @@ class Deadline:
             f"rank {rank.global_rank} (local {rank.local_rank}, pid {rank.pid}) hung: {what} "
             f"({self.timeout:g}s; overdue by {overdue_ms:.1f} ms)"
         )
-
-
-def valid_stack_signal(value: object) -> int | None:
-    """A signal number a rank may ask to be sent for its stack dump, else None: a real,
-    catchable signal (never SIGKILL or SIGSTOP, never a huge or negative integer)."""
-    if not isinstance(value, int) or isinstance(value, bool):
-        return None
-    try:
-        sig = signal.Signals(value)
-    except ValueError:
-        return None
-    if sig in UNREGISTRABLE_SIGNALS or sig not in signal.valid_signals():
-        return None
-    return int(sig)
 
 
 RESYNC_GRACE_S = 0.25

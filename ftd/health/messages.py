@@ -1,6 +1,6 @@
 """What one decoded rank message does to its rank's health: the lossy path's part of it.
 
-`deliver` takes a message of ftd's rank protocol (ftd_client/protocol.py) as it arrived on a
+`deliver` takes a rank's message as the door read it (ftd_client.wire.Envelope) on a
 connection, checks its sequence number, applies its event (heartbeat, section start or end,
 resumed, goodbye) and then its state (the sections open on that connection), and says what
 was lost and what a budget refused. Requests that are answered (hello, workload control,
@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any
 
 from ftd_client import protocol
+from ftd_client.messages import Fault, Goodbye, Heartbeat, Resumed, SectionEnd, SectionStart
 from ftd_client.protocol import ProtocolError, WorkloadAction
+from ftd_client.wire import Envelope
 
 from ftd.health.links import Link, RankHealth
 from ftd.health.monitor import STALL_THRESHOLD_S, Monitor
@@ -41,61 +42,53 @@ def deliver(
     monitor: Monitor,
     rank: RankHealth,
     link: Link,
-    message: dict[str, Any],
+    envelope: Envelope,
     now: float,
     reading_since: float | None = None,
 ) -> Delivery:
-    """Apply `message` (decoded, received on `link` at `now`; the daemon has been reading
-    without a pause since `reading_since`). A budget's refusal of its event is in `refused`,
-    never raised: the state it carries is applied all the same."""
-    delivery = Delivery(monitor.on_sequence(rank, link, message.get("s"), message.get("dropped")))
-    at = sent_at(message.get("m"), now, reading_since)
-    state = message.get("o")
+    """Apply `envelope` (received on `link` at `now`; the daemon has been reading without a
+    pause since `reading_since`). A budget's refusal of its event is in `refused`, never
+    raised: the state it carries is applied all the same."""
+    delivery = Delivery(monitor.on_sequence(rank, link, envelope.seq, envelope.dropped))
+    at = sent_at(envelope.sent_ns, now, reading_since)
     try:
-        _apply_event(monitor, rank, link, message, now, at)
+        _apply_event(monitor, rank, link, envelope, now, at)
     except BudgetExceeded as error:
         delivery.refused.append(error)
-    if state is not None:
-        # After a drop ("dropped" rides along) what stayed open may have closed and opened
+    if envelope.open is not None:
+        # After a drop (`dropped` rides along) what stayed open may have closed and opened
         # again unseen: its clock restarts when the rank said so.
-        fresh = "dropped" in message
-        for refusal in monitor.on_state(rank, link.id, state, now, fresh, at):
+        fresh = envelope.dropped is not None
+        for refusal in monitor.on_state(rank, link.id, envelope.open, now, fresh, at):
             if all(refusal.budget != seen.budget for seen in delivery.refused):
                 delivery.refused.append(refusal)  # one refusal per budget and message
     return delivery
 
 
 def _apply_event(
-    monitor: Monitor,
-    rank: RankHealth,
-    link: Link,
-    message: dict[str, Any],
-    now: float,
-    at: float,
+    monitor: Monitor, rank: RankHealth, link: Link, envelope: Envelope, now: float, at: float
 ) -> None:
-    match message["t"]:
-        case protocol.HEARTBEAT:
+    match envelope.message:
+        case Heartbeat():
             monitor.on_heartbeat(rank, now)
-        case protocol.SECTION_START:
-            monitor.on_section_start(rank, message["n"], now, link.id, at)
-        case protocol.SECTION_END:
-            monitor.on_section_end(rank, message["n"], now, link.id, "o" in message, at)
-        case protocol.RESUMED:
+        case SectionStart(name=name):
+            monitor.on_section_start(rank, name, now, link.id, at)
+        case SectionEnd(name=name):
+            monitor.on_section_end(rank, name, now, link.id, envelope.open is not None, at)
+        case Resumed():
             monitor.on_resumed(rank, now)
-        case protocol.GOODBYE:
+        case Goodbye():
             monitor.on_goodbye(rank)
-        case protocol.PROGRESS:  # observed progress: not judged yet (issue 25)
-            pass
-        case _:  # STATE, and the answered kinds: their state only, here
+        case _:  # the state, and the answered kinds: their state only, here
             pass
 
 
-def sent_at(sent_ns: object, now: float, reading_since: float | None = None) -> float:
+def sent_at(sent_ns: int | None, now: float, reading_since: float | None = None) -> float:
     """When the rank sent a message (its CLOCK_MONOTONIC, the daemon's too), as far back as
     the daemon has been reading without a pause (`reading_since`, at most MAX_BACKLOG_S ago;
     else STALL_THRESHOLD_S): a backlog does not delay a section's clock, and a daemon, or a
     machine, that was not running gives a grace instead of deadlines in the past."""
-    if not isinstance(sent_ns, int):
+    if sent_ns is None:
         return now
     earliest = now - STALL_THRESHOLD_S if reading_since is None else reading_since
     return min(now, max(sent_ns / 1e9, earliest, now - MAX_BACKLOG_S))
@@ -133,15 +126,14 @@ def workload_requested(
     return request
 
 
-def fault_injected(events: EventLog, rank: RankHealth, message: dict[str, Any]) -> None:
+def fault_injected(events: EventLog, rank: RankHealth, fault: Fault) -> None:
     """A rank says it carries out a simulated fault (ftd_client.faults)."""
-    fault = str(message.get("kind"))[:16]
-    rank.simulated_hang = rank.simulated_hang or fault == "hang"
-    log.warning("rank %d is carrying out a simulated %s fault", rank.global_rank, fault)
+    rank.simulated_hang = rank.simulated_hang or fault.kind == "hang"
+    log.warning("rank %d is carrying out a simulated %s fault", rank.global_rank, fault.kind)
     events.emit_for_rank(
         rank.global_rank,
         EventKind.FAULT_INJECTED,
-        kind=fault,
+        kind=fault.kind,
         global_rank=rank.global_rank,
         pid=rank.pid,
         open_sections=sorted(rank.open_sections),

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import EllipsisType
 
 from ftd_client.protocol import ProtocolError
@@ -32,7 +32,6 @@ from ftd.health.links import (
     Link,
     RankHealth,
     next_deadline,
-    valid_stack_signal,
 )
 from ftd.health.sync import (
     NO_LINK,
@@ -145,20 +144,20 @@ class Monitor:
 
     # -- messages ----------------------------------------------------------------------------
 
-    def on_hello(self, rank: RankHealth, stack_signal: object, now: float) -> None:
+    def on_hello(self, rank: RankHealth, stack_signal: int | None, now: float) -> None:
         if rank.connected_at is None:
             rank.connected_at = now
             rank.out_of_section_since = now
         rank.done = False
         rank.last_seen = now
-        rank.stack_signal = valid_stack_signal(stack_signal)
+        rank.stack_signal = stack_signal  # a catchable one (wire.decode)
         self._rearm_if_earlier(rank, now)
 
-    def on_progress_link(self, rank: RankHealth, stack_signal: object) -> None:
+    def on_progress_link(self, rank: RankHealth, stack_signal: int | None) -> None:
         """The rank's progress observer (no sign of life: its own thread) registered its
         stack dump, where the script's own client has not."""
         if rank.stack_signal is None:
-            rank.stack_signal = valid_stack_signal(stack_signal)
+            rank.stack_signal = stack_signal
 
     def on_heartbeat(self, rank: RankHealth, now: float) -> None:
         self._ensure_connected(rank, now)
@@ -235,7 +234,7 @@ class Monitor:
         self,
         rank: RankHealth,
         link: int,
-        state: list[str],
+        state: Sequence[str],
         now: float,
         fresh: bool,
         at: float | None = None,

@@ -31,11 +31,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ftd_client.messages import ProgressReport
 from ftd_client.protocol import MAX_SECTIONS
 
 from ftd.health.links import RankHealth
 from ftd.health.progress_node import NodeProgress, RankPace
-from ftd.health.stragglers import REPORTED, SIGNALS, Signal, Stragglers
+from ftd.health.stragglers import SIGNALS, Signal, Stragglers
 from ftd.health.sync import BudgetExceeded
 
 PROGRESS_FACTOR = 3.0
@@ -166,23 +167,17 @@ class ProgressWatch:
     # -- reports -----------------------------------------------------------------------------
 
     def observe(
-        self, rank: RankHealth, link: int, message: dict[str, Any], at: float
+        self, rank: RankHealth, link: int, report: ProgressReport, at: float
     ) -> BudgetExceeded | None:
-        """A `pg` report (decoded by protocol.decode) sampled at `at` (daemon clock); the
-        refusal of what it asked the node to learn past a budget (the rest is taken)."""
-        counts = (
-            int(message["steps"]),
-            message.get("entered"),
-            int(message["called"]),
-            int(message["returned"]),
-        )
-        raw_auto: dict[str, int] = message.get("auto") or {}
+        """A rank's report sampled at `at` (daemon clock); the refusal of what it asked the
+        node to learn past a budget (the rest is taken)."""
+        counts = (report.steps, report.entered, report.called, report.returned)
         previous = self._ranks.get(rank.local_rank)
         if previous is None or previous.rank is not rank:
             previous = self._ranks[rank.local_rank] = RankProgress(
                 rank, link, (0, None, 0, 0), {}, advanced_at=at, sampled_at=at
             )
-        auto = {name: previous.auto.get(name, at - ms / 1000) for name, ms in raw_auto.items()}
+        auto = {name: previous.auto.get(name, at - ms / 1000) for name, ms in report.auto}
         changed = counts != previous.counts or auto.keys() != previous.auto.keys()
         refused = None
         for name, opened in previous.auto.items():
@@ -200,23 +195,25 @@ class ProgressWatch:
             if previous.steps > 0 and not previous.auto and not auto:
                 interval = at - previous.advanced_at
                 self._longest_interval = max(self._longest_interval, interval)
-            self._steps_advanced(previous, counts[0], message, at)
+            self._steps_advanced(previous, report, at)
             previous.advanced_at = at
         previous.counts, previous.auto, previous.sampled_at = counts, auto, at
         self.node.reported(rank.local_rank, counts[0])
         if self._armed_at is None and counts[0] > 0:
             self._armed_at = at
         previous.link = link
-        for signal, wire in REPORTED.items():
-            if wire in message:
-                previous.own_s[signal] = message[wire] / 1e6
+        medians: tuple[tuple[Signal, int | None], ...] = (
+            ("forward", report.fwd_us),
+            ("host", report.host_us),
+        )
+        for signal, median_us in medians:
+            if median_us is not None:
+                previous.own_s[signal] = median_us / 1e6
         return refused
 
-    def _steps_advanced(
-        self, progress: RankProgress, steps: int, message: dict[str, Any], at: float
-    ) -> None:
-        age_ms = message.get("age_ms")
-        last_step_at = at - age_ms / 1000 if isinstance(age_ms, int) else at
+    def _steps_advanced(self, progress: RankProgress, report: ProgressReport, at: float) -> None:
+        last_step_at = at if report.age_ms is None else at - report.age_ms / 1000
+        steps = report.steps
         made = steps - progress.steps
         if made > 0 and progress.last_step_at is not None:
             progress.step_times.append(max(last_step_at - progress.last_step_at, 0.0) / made)

@@ -10,20 +10,36 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ftd_client import protocol
+from ftd_client.messages import (
+    CalculateTimeouts,
+    Fault,
+    Goodbye,
+    Heartbeat,
+    Hello,
+    ProgressReport,
+    Resumed,
+    SectionEnd,
+    SectionStart,
+    SetTimeouts,
+    State,
+    TimeoutValue,
+    WorkloadControl,
+)
 from ftd_client.protocol import WorkloadAction
+from ftd_client.wire import Envelope, Message
 from pydantic import ValidationError
 
-from ftd import containment
-from ftd.checkpoint.holder import CheckpointHolder
 from ftd.config.ft import FaultToleranceConfig, RankTimeouts
 from ftd.errors import InvalidRequest, format_validation_error
 from ftd.health.accounting import BudgetWatch, LossWatch, send_buffer_bytes
 from ftd.health.calculate import requested_values
+from ftd.health.first_steps import FirstSteps
 from ftd.health.hangs import HangHandler
+from ftd.health.inbox import Handler, Inbox
 from ftd.health.learning import (
     Base,
     Generations,
@@ -46,8 +62,8 @@ from ftd.health.nvrx.host import NvrxRankHost
 from ftd.health.nvrx.server import NvrxServer
 from ftd.health.progress import DEFAULT_FLOOR_S, ProgressWatch
 from ftd.health.progress_timer import ProgressTimer
-from ftd.health.socket import RankSocketServer
-from ftd.health.sync import names_from, patched_sections
+from ftd.health.socket import RankSocketServer, Reply
+from ftd.health.sync import BudgetExceeded, patched_sections
 from ftd.ranks.workers import WorkerGroup
 from ftd.status.event_kind import EventKind
 from ftd.status.events import EventLog
@@ -66,8 +82,9 @@ class HealthService:
         events: EventLog,
         persist: Persistence | None = None,
         progress: ProgressWatch | None = None,
-        checkpoints: CheckpointHolder | None = None,
+        handlers: Mapping[type[Message], Handler] | None = None,
     ) -> None:
+        """`handlers`: the other parts' (the checkpoint holder's), by kind, for the inbox."""
         self.ft = ft
         self.state_file = state_file
         self.events = events
@@ -83,15 +100,14 @@ class HealthService:
             lambda verdict: self.hangs.on_hang(verdict),
             drain=lambda: self.server.drain(),
             on_error=lambda reason: self.hangs.fail(reason),
-            on_first_step=lambda rank, now: self._on_first_step(rank, now),
+            on_first_step=lambda rank, now: self.first_steps.stepped(rank.local_rank, now),
             connect_timeout=ft.initial_rank_heartbeat_timeout,  # as configured, never learned
         )
         self.progress = progress or ProgressWatch(DEFAULT_FLOOR_S)
-        self.checkpoints = checkpoints
+        self.first_steps = FirstSteps(self.progress.node)
         self.hangs = HangHandler(self.monitor, events, ft.rank_termination_signal, self.progress)
-        self.server = RankSocketServer(
-            socket_path, self._dispatch, self.rank_for, self._link_closed
-        )
+        self.inbox = Inbox(self.monitor, self.losses, {**self._handlers(), **(handlers or {})})
+        self.server = RankSocketServer(socket_path, self.inbox, self.rank_for, self._link_closed)
         self.nvrx = NvrxServer(
             socket_path, NvrxRankHost(self), self.server.dropped, self.server.previous_pids
         )
@@ -104,8 +120,6 @@ class HealthService:
             self.monitor.section_timed,
         )
         self._group: WorkerGroup | None = None
-        self._first_steps: asyncio.Future[float | None] | None = None
-        self._not_stepped: set[int] = set()
 
     @property
     def timeouts(self) -> RankTimeouts:
@@ -140,8 +154,7 @@ class HealthService:
         self.monitor.attach(
             [(s.local_rank, s.global_rank, s.pid) for s in statuses if s.pid is not None]
         )
-        self._first_steps = asyncio.get_running_loop().create_future()
-        self._not_stepped = {s.local_rank for s in statuses}
+        self.first_steps.attach(group, {s.local_rank for s in statuses})
 
     def respawned(self, status: RankStatus, old_pid: int | None) -> None:
         """The rank's process was replaced (in-process mode): watch the new one."""
@@ -163,8 +176,7 @@ class HealthService:
         previous.update(self.monitor.pids())
         self.server.forget_connections()
         self.monitor.detach()
-        if self._first_steps is not None and not self._first_steps.done():
-            self._first_steps.set_result(None)
+        self.first_steps.detach()
 
     def send_buffer(self, local_ranks: int) -> int:
         """The send buffer each rank's socket should have (FTD_SOCKET_SNDBUF)."""
@@ -190,21 +202,6 @@ class HealthService:
             "budget_refusals": {**self.budgets.refused, **self.events.rank_budget.counts()},
         }
 
-    async def first_steps(self, group: WorkerGroup) -> float | None:
-        """When every rank of `group` took its first step (wall clock): its first optimizer
-        step where an earlier attempt made some, else its first sign of life; None: it ended."""
-        if group is not self._group or self._first_steps is None:
-            return None
-        return await asyncio.shield(self._first_steps)
-
-    def _on_first_step(self, rank: RankHealth, now: float, step: bool = False) -> None:
-        if not step and self.progress.node.stepped_before:  # a sign of life is no step
-            return
-        self._not_stepped.discard(rank.local_rank)
-        stepped = self._first_steps
-        if not self._not_stepped and stepped is not None and not stepped.done():
-            stepped.set_result(time.time() - (time.monotonic() - now))
-
     # -- timeouts ----------------------------------------------------------------------------
 
     def learn(
@@ -224,7 +221,7 @@ class HealthService:
 
     def update(
         self,
-        patch: dict[str, Any],
+        patch: Mapping[str, object],
         by: str,
         learned: frozenset[str] = frozenset(),
         rank: RankHealth | None = None,
@@ -278,37 +275,59 @@ class HealthService:
     def rank_for(self, pid: int) -> RankHealth:
         return rank_of_process(self.monitor, pid)
 
-    def _dispatch(self, link: Link, message: dict[str, Any], now: float) -> dict[str, Any] | None:
-        rank = self.rank_for(link.pid)
-        containment.inject("rank_messages")
-        self.losses.received(rank, now)
-        if message["t"] == protocol.PROGRESS:  # an observation only: no sign of life
-            at = sent_at(message.get("m"), now, self.server.reading_since)
-            refused = self.progress.observe(rank, link.id, message, at)
-            self.monitor.on_progress_link(rank, message.get("stack_signal"))
-            if message.get("steps") and rank.local_rank in self._not_stepped:  # the restart's end
-                self._on_first_step(rank, at - message.get("age_ms", 0) / 1000, step=True)
-            if refused is not None:
-                self.budgets.exceeded(rank, refused)
-                raise refused  # counted by the socket as a dropped message
-            return None
-        if message["t"] in protocol.CHECKPOINT:  # the memory tier's: no sign of life either
-            if self.checkpoints is None:
-                return {"ok": False, "error": "this daemon holds no snapshots"}
-            return self.checkpoints.answer(rank.global_rank, message)
-        if message["t"] == protocol.HELLO:  # before its state: the rank is connected
-            self.monitor.on_hello(rank, message.get("stack_signal"), now)
+    def _handlers(self) -> dict[type[Message], Handler]:
+        """The kinds this service handles (the inbox's table, with the other parts')."""
+        events = (Heartbeat, SectionStart, SectionEnd, Goodbye, Resumed, State)
+        requests = (Hello, Fault, WorkloadControl, CalculateTimeouts, SetTimeouts)
+        return {
+            **dict.fromkeys(events, self._on_event),
+            **dict.fromkeys(requests, self._on_request),
+            ProgressReport: self._on_progress,
+        }
+
+    def _on_progress(self, rank: RankHealth, link: Link, envelope: Envelope, now: float) -> None:
+        """An observation only: no sign of life."""
+        report = envelope.message
+        assert isinstance(report, ProgressReport)
+        at = sent_at(envelope.sent_ns, now, self.server.reading_since)
+        refused = self.progress.observe(rank, link.id, report, at)
+        self.monitor.on_progress_link(rank, report.stack_signal)
+        if report.steps and self.first_steps.waiting_for(rank.local_rank):  # the restart's end
+            self.first_steps.stepped(rank.local_rank, at - (report.age_ms or 0) / 1000, step=True)
+        if refused is not None:
+            self.budgets.exceeded(rank, refused)
+            raise refused  # counted by the socket as a dropped message
+
+    def _on_event(self, rank: RankHealth, link: Link, envelope: Envelope, now: float) -> None:
+        refused = self._deliver(rank, link, envelope, now)
+        if refused:
+            raise refused[0]  # counted by the socket as a dropped message
+
+    def _on_request(
+        self, rank: RankHealth, link: Link, envelope: Envelope, now: float
+    ) -> Reply | None:
+        """A message that asks more of the daemon than its health: answered after its state."""
+        message = envelope.message
+        if isinstance(message, Hello):  # before its state: the rank is connected
+            self.monitor.on_hello(rank, message.stack_signal, now)
+        refused = self._deliver(rank, link, envelope, now)
+        reply = self._answer(rank, message, now)
+        if refused:
+            raise refused[0]  # counted by the socket as a dropped message
+        return reply
+
+    def _deliver(
+        self, rank: RankHealth, link: Link, envelope: Envelope, now: float
+    ) -> list[BudgetExceeded]:
+        """Its sequence, event and state (messages.deliver); what a budget refused."""
         if link.backlog_at is not None and (rank.backlog_at or 0.0) < link.backlog_at:
             self.monitor.on_backlog(rank, link.backlog_at)
-        delivery = deliver(self.monitor, rank, link, message, now, self.server.reading_since)
+        delivery = deliver(self.monitor, rank, link, envelope, now, self.server.reading_since)
         if delivery.lost:
             self.losses.lost(rank, delivery.lost, now)
         for refusal in delivery.refused:
             self.budgets.exceeded(rank, refusal)
-        reply = self._answer(rank, message, now)
-        if delivery.refused:
-            raise delivery.refused[0]  # counted by the socket as a dropped message
-        return reply
+        return delivery.refused
 
     def _link_closed(self, link: Link) -> None:
         """A rank's connection ended: nothing can close its sections any more."""
@@ -317,35 +336,34 @@ class HealthService:
             self.monitor.on_state(rank, link.id, [], time.monotonic(), fresh=False)
             self.progress.forget(rank, link.id)
 
-    def _answer(
-        self, rank: RankHealth, message: dict[str, Any], now: float
-    ) -> dict[str, Any] | None:
-        """The requests a rank's message makes beyond its health (rank_messages.deliver)."""
-        kind = message["t"]
-        if kind == protocol.HELLO:
-            return self._timeouts_reply(self.timeouts)
-        elif kind == protocol.FAULT:
-            fault_injected(self.events, rank, message)
-        elif kind == protocol.WORKLOAD_CONTROL:
-            return self._on_workload_control(rank, message)
-        elif kind == protocol.CALCULATE_TIMEOUTS:
-            return self._on_calculate(rank, message, now)
-        elif kind == protocol.SET_TIMEOUTS:
-            patch = message["timeouts"]  # an object: protocol.decode
-            learned = names_from(message.get("learned", []), "learned")
-            try:
-                applied = self.update(patch, f"rank {rank.global_rank}", learned, rank)
-            except InvalidRequest as error:
-                return {"ok": False, "error": error.detail}
-            return self._timeouts_reply(applied)
+    def _answer(self, rank: RankHealth, message: Message, now: float) -> Reply | None:
+        match message:
+            case Hello():
+                return self._timeouts_reply(self.timeouts)
+            case Fault():
+                fault_injected(self.events, rank, message)
+            case WorkloadControl(action=action, description=description):
+                self.workload(rank, action, description)
+                return {"ok": True}
+            case CalculateTimeouts():
+                return self._on_calculate(rank, message, now)
+            case SetTimeouts(timeouts=patch, learned=learned):
+                try:
+                    applied = self.update(
+                        {key: _plain(value) for key, value in patch.items()},
+                        f"rank {rank.global_rank}",
+                        frozenset(learned),
+                        rank,
+                    )
+                except InvalidRequest as error:
+                    return {"ok": False, "error": error.detail}
+                return self._timeouts_reply(applied)
         return None
 
-    def _timeouts_reply(self, timeouts: RankTimeouts) -> dict[str, Any]:
+    def _timeouts_reply(self, timeouts: RankTimeouts) -> Reply:
         return {"ok": True, "timeouts": timeouts.model_dump(), "learned": sorted(self._learned)}
 
-    def _on_calculate(
-        self, rank: RankHealth, message: dict[str, Any], now: float
-    ) -> dict[str, Any]:
+    def _on_calculate(self, rank: RankHealth, message: CalculateTimeouts, now: float) -> Reply:
         current = Base(self.timeouts, self._learned)
         try:
             values = requested_values(
@@ -358,11 +376,12 @@ class HealthService:
         self._apply(timeouts, f"rank {rank.global_rank}", True, rank)
         return self._timeouts_reply(timeouts)
 
-    def _on_workload_control(self, rank: RankHealth, message: dict[str, Any]) -> dict[str, Any]:
-        self.workload(rank, WorkloadAction[message["a"]], str(message.get("d", "")))
-        return {"ok": True}
-
     def workload(self, rank: RankHealth, action: WorkloadAction, description: str) -> None:
         request = workload_requested(self.events, rank.global_rank, action, description)
         if request is not None:
             self.workload_request = request
+
+
+def _plain(value: TimeoutValue) -> object:
+    """A `set`'s value as the timeouts' model reads it."""
+    return dict(value) if isinstance(value, Mapping) else value

@@ -1,4 +1,4 @@
-"""The daemon's unix packet socket for ranks (wire format: ftd_client.protocol).
+"""The daemon's unix packet socket for ranks (wire format: ftd_client.protocol, read by wire).
 
 The socket is mode 0600; each rank connects once, and the kernel's SO_PEERCRED tells the pid and
 uid of the process that connected. A connection is kept only when it comes from this user's
@@ -22,10 +22,12 @@ import struct
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
-from ftd_client import protocol
+from ftd_client import protocol, wire
+from ftd_client.messages import Hello
 from ftd_client.protocol import ProtocolError
+from ftd_client.wire import Envelope
 
 from ftd import containment
 from ftd.health.links import Link
@@ -63,7 +65,9 @@ _TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
 _TIMESTAMP = struct.Struct("qq")
 _ANCILLARY = socket.CMSG_SPACE(_TIMESTAMP.size)
 
-Dispatch = Callable[[Link, dict[str, Any], float], dict[str, Any] | None]
+Reply = dict[str, object]
+"""A request's answer: `ok`, and what the request asked for (protocol.py)."""
+Dispatch = Callable[[Link, Envelope, float], Reply | None]
 """(sender's connection, message, receipt time) -> reply for answered messages; raises
 ProtocolError."""
 
@@ -269,11 +273,11 @@ class RankSocketServer:
             try:
                 if flags & socket.MSG_TRUNC or len(data) > protocol.MAX_MESSAGE_BYTES:
                     raise ProtocolError("oversized", f"more than {protocol.MAX_MESSAGE_BYTES} B")
-                message = protocol.decode(data)
-                if "id" in message:  # a request: its answer is awaited
+                envelope = wire.decode(data)
+                if envelope.id is not None:  # a request: its answer is awaited
                     connection.eager_until = now + EAGER_S
-                    connection.paceable |= message["t"] == protocol.HELLO
-                reply = self._dispatch(link, message, self._sent(connection, ancillary, now))
+                    connection.paceable |= isinstance(envelope.message, Hello)
+                reply = self._dispatch(link, envelope, self._sent(connection, ancillary, now))
             except ProtocolError as error:
                 self._drop(error.cause, pid, str(error))
                 self._reply_error(conn, data, str(error))
@@ -284,10 +288,12 @@ class RankSocketServer:
                 self._reply_error(conn, data, "internal error in the daemon")
                 continue
             if reply is not None:
-                self._send(conn, {"t": protocol.REPLY, "id": message.get("id"), **reply})
+                self._send(conn, {"t": protocol.REPLY, "id": envelope.id, **reply})
         return READ_BATCH
 
-    def _sent(self, connection: _Connection, ancillary: list[Any], now: float) -> float:
+    def _sent(
+        self, connection: _Connection, ancillary: list[tuple[int, int, bytes]], now: float
+    ) -> float:
         """When a paced connection's message was sent (the kernel's stamp, on the monotonic
         clock, never before the connection was accepted); `now` for an eager one."""
         if not connection.paceable or now < connection.eager_until:
@@ -318,7 +324,7 @@ class RankSocketServer:
                 conn, {"t": protocol.REPLY, "id": request["id"], "ok": False, "error": error}
             )
 
-    def _send(self, conn: socket.socket, reply: dict[str, Any]) -> None:
+    def _send(self, conn: socket.socket, reply: Reply) -> None:
         payload = json.dumps({"v": protocol.PROTOCOL_VERSION, **reply}).encode()
         try:
             conn.send(payload, socket.MSG_NOSIGNAL)

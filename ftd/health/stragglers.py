@@ -50,8 +50,6 @@ MIN_MEDIAN_S = 1e-6
 
 Signal = Literal["forward", "host"]
 SIGNALS: tuple[Signal, ...] = ("forward", "host")
-REPORTED: dict[Signal, str] = {"forward": "fwd_us", "host": "host_us"}
-"""Each signal's field in a rank's progress message (ftd_client/progress.py)."""
 WHAT = {
     "forward": "forward pass takes",
     "host": "time between steps outside its forward (data loading, host work) is",

@@ -19,10 +19,9 @@ rank socket.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
 
-from ftd_client.protocol import MAX_OPEN_SECTIONS, MAX_SECTION_NAME, MAX_SECTIONS, ProtocolError
+from ftd_client.protocol import MAX_OPEN_SECTIONS, MAX_SECTIONS, ProtocolError
 
 from ftd.health.links import RankHealth
 
@@ -98,7 +97,7 @@ def close_section(
 def apply_state(
     rank: RankHealth,
     link: int,
-    state: list[str],
+    state: Sequence[str],
     now: float,
     names: SectionNames,
     fresh: bool = False,
@@ -139,18 +138,7 @@ def lose(rank: RankHealth, link: int, lost: int) -> None:
         rank.unknown_links.add(link)
 
 
-def names_from(value: object, what: str) -> frozenset[str]:
-    """A rank's list of section names (a request's `learned` or `sections`), or a refusal."""
-    if (
-        not isinstance(value, list)
-        or len(value) > MAX_SECTIONS
-        or not all(isinstance(n, str) and 0 < len(n) <= MAX_SECTION_NAME for n in value)
-    ):
-        raise ProtocolError("malformed", f"{what} must be a list of names")
-    return frozenset(value)
-
-
-def patched_sections(patch: dict[str, Any]) -> list[str]:
+def patched_sections(patch: Mapping[str, object]) -> list[str]:
     """The section names a timeouts patch sets."""
     sections = patch.get("rank_section_timeouts")
     return list(sections) if isinstance(sections, dict) else []

@@ -21,11 +21,13 @@ from string import Template
 from ftd_client import faults
 from ftd_client.inprocess.keys import ENV_KEY_FILE, Seal, prefix_for
 
+from ftd.checkpoint.holder import CheckpointHolder
 from ftd.config.ft import parse_simulated_fault
 from ftd.config.restart import RestartMode
 from ftd.config.serve import ServeConfig
 from ftd.coordination import Coordinator, Round
 from ftd.coordination.base import Placement
+from ftd.health.progress import ProgressWatch
 from ftd.health.service import HealthService
 from ftd.ranks.guard import GuardKeeper
 from ftd.ranks.inprocess import InprocessRounds, rank_env
@@ -54,6 +56,9 @@ class AttemptTools:
     cmd: tuple[str, ...]
     spawner: Spawner
     health: HealthService
+    progress: ProgressWatch
+    """The ranks' progress (the health service's)."""
+    checkpoints: CheckpointHolder
     guard: GuardKeeper
     events: EventLog
     status: NodeStatus

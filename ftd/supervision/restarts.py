@@ -46,8 +46,8 @@ class RecoveryTimeline:
         origin = failure.origin if failure is not None and failure.origin else decided
         self._recovery = Recovery(cause=cause, origin=min(origin, decided), decided=decided)
         self._next_fault.set()
-        if (holder := self._tools.health.checkpoints) is not None:
-            holder.spacing.failed()  # how often the job fails: the ranks' snapshot interval
+        # How often the job fails: the ranks' snapshot interval.
+        self._tools.checkpoints.spacing.failed()
 
     def stopped(self) -> None:
         if self._recovery is not None:
@@ -77,13 +77,12 @@ class RecoveryTimeline:
         they restored a snapshot, the job is back at the step it had reached (or the next fault
         came, or the daemon stops: then without its `redo`)."""
         try:
-            resumed = await self._tools.health.first_steps(attempt.group)
+            resumed = await self._tools.health.first_steps.wait(attempt.group)
             if resumed is not None:
                 recovery.resumed = resumed
-            holder = self._tools.health.checkpoints
-            if holder is None or recovery.spawned is None:
+            if recovery.spawned is None:
                 return
-            restores = holder.restores
+            restores = self._tools.checkpoints.restores
             recovery.restore_asked = restores.restore_asked_at
             if restores.restored_at is None or restores.restored_at < recovery.spawned:
                 return
@@ -124,11 +123,10 @@ class CrashLoop:
         ranks made optimizer steps is no crash loop however short it was: waiting would only
         add to the time a failure costs (it made progress, and the next attempt resumes it)."""
         config = self._tools.config
-        health = self._tools.health
-        holder = health.checkpoints
+        restores = self._tools.checkpoints.restores
         started = time.monotonic() - ran_s
-        saved = holder is not None and (holder.restores.stepped_at or float("-inf")) >= started
-        progressed = health.progress.node.attempt_made_steps or saved  # the sampler's report
+        saved = (restores.stepped_at or float("-inf")) >= started
+        progressed = self._tools.progress.node.attempt_made_steps or saved  # the sampler's report
         # may not have come before a rank that stepped for a moment died (SIGKILL: no last one)
         if ran_s >= config.restart_backoff_reset_s or not self.crashed or progressed:
             self.fast_failures = 0

@@ -247,7 +247,7 @@ class Supervisor:
             )
             self.recovery.begin(request.reason, None)
             if request.action == "restart" and request.counted:  # every node counts it
-                self.no_progress.after_failure(rnd.number, None, health.checkpoints)
+                self.no_progress.after_failure(rnd.number, None, self.tools.checkpoints)
             await self._end(attempt, _meaning(request))
             return request
         outcome: Failure | None = first.result()
@@ -281,7 +281,7 @@ class Supervisor:
             used,
             self.config.max_restarts,
             workload.reason() if workload else None,
-            self.no_progress.after_failure(rnd.number, outcome, health.checkpoints),
+            self.no_progress.after_failure(rnd.number, outcome, self.tools.checkpoints),
         )
         if asks_the_healthy_first(decision, self.config.restart_policy):
             healthy = await coordinator.unhealthy(rnd, me)
@@ -346,7 +346,7 @@ class Supervisor:
         self._record_failure(rnd, failure)
         me = self.config.node_id
         used = await self.coordinator.restarts_used(rnd)
-        stuck = self.no_progress.after_failure(rnd.number, failure, self.tools.health.checkpoints)
+        stuck = self.no_progress.after_failure(rnd.number, failure, self.tools.checkpoints)
         decision = after_attempt(failure, used, self.config.max_restarts, stuck=stuck)
         if decision.action is Action.RESTART:
             mine = new_request("restart", decision.reason, me, counted=failure.counted)

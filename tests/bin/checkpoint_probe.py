@@ -25,8 +25,13 @@ import torch
 from ftd_client import checkpoint, protocol
 
 
+def packet(message: dict[str, Any]) -> bytes:
+    """`message` as one raw packet (written here as a rank may, not through ftd_client.wire)."""
+    return json.dumps({"v": protocol.PROTOCOL_VERSION, **message}).encode()
+
+
 def ask(sock: socket.socket, message: dict[str, Any]) -> dict[str, Any] | None:
-    sock.send(protocol.encode(message))
+    sock.send(packet(message))
     try:
         reply: dict[str, Any] = json.loads(sock.recv(65536))
     except TimeoutError:

@@ -23,6 +23,12 @@ from typing import Any
 
 from ftd_client import RankClient, protocol
 
+
+def packet(message: dict[str, Any]) -> bytes:
+    """`message` as a raw packet, written by hand as a hostile rank may."""
+    return json.dumps({"v": protocol.PROTOCOL_VERSION, **message}).encode()
+
+
 ID = iter(range(1, 10**9))
 
 
@@ -34,7 +40,7 @@ def connect() -> socket.socket:
 
 
 def ask(sock: socket.socket, message: dict[str, Any]) -> dict[str, Any]:
-    sock.send(protocol.encode({**message, "id": next(ID)}))
+    sock.send(packet({**message, "id": next(ID)}))
     reply: dict[str, Any] = json.loads(sock.recv(1 << 16))
     return reply
 
@@ -56,8 +62,8 @@ def fifo_slot(sock: socket.socket) -> dict[str, Any]:
 
 def auto_names(sock: socket.socket, n: int) -> dict[str, Any]:
     for i in range(n):
-        sock.send(protocol.encode({**counts(1), "auto": {f"auto:n{i}": 1}}))
-        sock.send(protocol.encode(counts(1)))
+        sock.send(packet({**counts(1), "auto": {f"auto:n{i}": 1}}))
+        sock.send(packet(counts(1)))
         if i % 64 == 63:
             time.sleep(0.01)  # the socket's queue: let the daemon read
     return {"sent": n}
@@ -70,8 +76,8 @@ def ckr_flood(sock: socket.socket, n: int) -> dict[str, Any]:
 
 def cks_alternate(sock: socket.socket, n: int) -> dict[str, Any]:
     for _ in range(n):
-        sock.send(protocol.encode({"t": protocol.CHECKPOINT_SEEN, "step": 2**53}))
-        sock.send(protocol.encode({"t": protocol.CHECKPOINT_SEEN, "step": 0, "restored": 1}))
+        sock.send(packet({"t": protocol.CHECKPOINT_SEEN, "step": 2**53}))
+        sock.send(packet({"t": protocol.CHECKPOINT_SEEN, "step": 0, "restored": 1}))
     return {"sent": n}
 
 

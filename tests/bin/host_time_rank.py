@@ -10,8 +10,15 @@ import os
 import socket
 import time
 from pathlib import Path
+from typing import Any
 
 from ftd_client import RankClient, protocol
+
+
+def packet(message: dict[str, Any]) -> bytes:
+    """`message` as a raw packet, written by hand as a hostile rank may."""
+    return json.dumps({"v": protocol.PROTOCOL_VERSION, **message}).encode()
+
 
 HOSTILE = (-1, 1.5, 2**60, True, "80000", [1], {"us": 1})
 """Each refused by the decoder as `bad_progress`, as the same `fwd_us` is."""
@@ -27,9 +34,9 @@ def main() -> None:
     counts = {"t": protocol.PROGRESS, "steps": 1, "called": 0, "returned": 0}
     with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
         sock.connect(os.environ["FTD_SOCKET"])
-        sock.send(protocol.encode({**counts, "fwd_us": 5000, "host_us": 80_000}))
+        sock.send(packet({**counts, "fwd_us": 5000, "host_us": 80_000}))
         for value in HOSTILE:
-            sock.send(protocol.encode({**counts, "host_us": value}))
+            sock.send(packet({**counts, "host_us": value}))
         sent = args.out / "sent.json"
         sent.with_suffix(".tmp").write_text(json.dumps({"sent": 1 + len(HOSTILE)}))
         sent.with_suffix(".tmp").rename(sent)

@@ -28,7 +28,7 @@ def main() -> None:
 
     def send(record: progress.Progress) -> None:
         with lock:
-            print(json.dumps({"rank": args.rank, **record.message()}), flush=True)
+            print(json.dumps({"rank": args.rank, **record.message().wire()}), flush=True)
 
     progress.install(send, interval_s=0.05, keepalive_s=0.1)
     import torch

@@ -15,6 +15,11 @@ from pathlib import Path
 from ftd_client import protocol
 
 
+def packet(message: dict[str, object]) -> bytes:
+    """`message` as one raw packet (written here as a rank may, not through ftd_client.wire)."""
+    return json.dumps({"v": protocol.PROTOCOL_VERSION, **message}).encode()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
@@ -27,7 +32,7 @@ def main() -> None:
         sock.settimeout(10.0)
         for world in range(1, args.worlds + 1):
             ask = {"t": protocol.CHECKPOINT_RESTORE, "id": world, "world": world}
-            sock.send(protocol.encode(ask))
+            sock.send(packet(ask))
             reply = json.loads(sock.recv(65536))
             kind = "pending" if reply.get("pending") else "agree" if reply.get("agree") else "other"
             answers[kind] = answers.get(kind, 0) + 1

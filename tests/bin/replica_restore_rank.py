@@ -26,8 +26,13 @@ DATA_BYTES = 8 << 20
 """Big enough that a peer's answers to ten pulls overlap (the old cap of eight met)."""
 
 
+def packet(message: dict[str, Any]) -> bytes:
+    """`message` as one raw packet (written here as a rank may, not through ftd_client.wire)."""
+    return json.dumps({"v": protocol.PROTOCOL_VERSION, **message}).encode()
+
+
 def ask(sock: socket.socket, message: dict[str, Any]) -> dict[str, Any]:
-    sock.send(protocol.encode({**message, "id": next(IDS)}))
+    sock.send(packet({**message, "id": next(IDS)}))
     reply: dict[str, Any] = json.loads(sock.recv(65536))
     return reply
 

@@ -9,7 +9,8 @@ import json
 import tempfile
 from pathlib import Path
 
-from ftd_client import protocol
+from ftd_client import protocol, wire
+from ftd_client.checkpoint_messages import CHECKPOINT_KINDS
 from ftd_client.protocol import ProtocolError
 from ftd_client.snapshot_format import (
     HEADER,
@@ -69,7 +70,11 @@ def test_any_header_is_a_snapshot_or_refused(data: bytes, file_bytes: int) -> No
 
 values = st.one_of(st.none(), st.booleans(), big, st.floats(), st.text(max_size=20))
 requests = st.fixed_dictionaries(
-    {"v": st.just(1), "t": st.sampled_from(sorted(protocol.CHECKPOINT)), "id": st.integers(0, 9)},
+    {
+        "v": st.just(1),
+        "t": st.sampled_from(sorted(kind.KIND for kind in CHECKPOINT_KINDS)),
+        "id": st.integers(0, 9),
+    },
     optional={
         key: st.one_of(values, st.integers(0, 4))
         for key in ("step", "bytes", "world", "slot", "every")
@@ -89,13 +94,13 @@ def test_checkpoint_requests_are_answered_or_refused(
         try:
             for rank, raw in batch:
                 with contextlib.suppress(ProtocolError):
-                    message = protocol.decode(json.dumps(raw).encode())
+                    message = wire.decode(json.dumps(raw).encode()).message
                     with budget(BUDGET_S):
                         reply = holder.answer(rank, message)
                     assert reply is None or isinstance(reply.get("ok"), bool)
             assert holder.ledger.reserved_bytes <= 64 << 20
             interval = holder.spacing.view()["interval_steps"]
-            assert interval is None or 1 <= interval <= protocol.CHECKPOINT_OPTIONAL["ckb"]["every"]
+            assert interval is None or 1 <= interval <= protocol.MAX_EVERY
         finally:
             holder.close()
 

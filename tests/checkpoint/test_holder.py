@@ -15,6 +15,7 @@ from ftd_client.snapshot_format import layout
 from ftd.checkpoint.holder import MULTI_NODE, CheckpointHolder
 from ftd.checkpoint.memory_dir import pid_namespace
 from ftd.status.events import EventLog
+from tests.support.wire import message
 
 
 def begin(step: int, world: int = 1) -> dict[str, object]:
@@ -54,17 +55,17 @@ def test_a_job_of_several_nodes_tells_its_ranks_what_they_hold_to_agree_on(
     holder.start()
     try:
         for step in (1, 2, 3, 4):  # three slots: the newest two complete and one being written
-            grant = holder.answer(1, begin(step, world=2))
+            grant = holder.answer(1, message(begin(step, world=2)))
             done = {"v": 1, "t": protocol.CHECKPOINT_DONE, "id": 2, "step": step}
             assert grant["ok"] is True
             Path(str(grant["path"])).write_bytes(layout(step, 2, 1, 0, 0).pack().ljust(4096, b"\0"))
-            assert holder.answer(1, {**done, "slot": grant["slot"]})["ok"] is True
+            assert holder.answer(1, message({**done, "slot": grant["slot"]}))["ok"] is True
         restore = {"v": 1, "t": protocol.CHECKPOINT_RESTORE, "id": 3, "world": 2}
-        assert holder.answer(1, restore) == {"ok": True, "agree": True, "steps": [2, 3, 4]}
-        agreed = holder.answer(1, {**restore, "step": 3})
+        assert holder.answer(1, message(restore)) == {"ok": True, "agree": True, "steps": [2, 3, 4]}
+        agreed = holder.answer(1, message({**restore, "step": 3}))
         assert agreed["step"] == 3 and str(agreed["path"]).startswith(str(holder.directory))
-        assert holder.answer(1, {**restore, "step": 1})["step"] is None  # no longer held
-        place = holder.answer(0, {"v": 1, "t": protocol.CHECKPOINT_PLACE, "id": 4})
+        assert holder.answer(1, message({**restore, "step": 1}))["step"] is None  # no longer held
+        place = holder.answer(0, message({"v": 1, "t": protocol.CHECKPOINT_PLACE, "id": 4}))
         assert place == {"ok": False, "refused": "unsupported", "error": MULTI_NODE}
     finally:
         holder.close()
@@ -106,4 +107,4 @@ def test_no_memory_no_directory(tmp_path: Path) -> None:
     holder = CheckpointHolder(tmp_path, 0, EventLog(None), base=tmp_path)
     holder.start()
     assert holder.directory is None and not (tmp_path / "checkpoint.json").exists()
-    assert holder.answer(0, begin(1))["ok"] is False
+    assert holder.answer(0, message(begin(1)))["ok"] is False

@@ -26,6 +26,7 @@ from ftd.config.resolve import UsageError, serve_config_from_args
 from ftd.status.events import EventLog
 from tests.conftest import MEMORY_TRAIN, MEMORY_TRAIN_STEPS, ServeFactory
 from tests.support.snapshots import assert_identical
+from tests.support.wire import message
 
 FLAGS = ("--nproc-per-node", "2", "--api-port", "off", "--preload", "torch._dynamo")
 PAUSE = 35
@@ -78,14 +79,14 @@ def test_the_grant_of_every_nth_step_and_each_restore_name_the_directory(
     try:
         for made in (persist, persist.parent):
             assert made.is_dir() and oct(made.stat().st_mode & 0o777) == "0o700"
-        reply = holder.answer(0, restore())
+        reply = holder.answer(0, message(restore()))
         assert reply is not None and reply["persist_every"] == 10  # the ranks take those steps
         assert {k: reply[k] for k in ("ok", "step", "persist")} == {
             "ok": True,
             "step": None,
             "persist": str(persist),
         }
-        grants = {step: holder.answer(0, begin(step)) for step in (9, 10, 11, 20)}
+        grants = {step: holder.answer(0, message(begin(step))) for step in (9, 10, 11, 20)}
         assert [s for s, g in grants.items() if g and g.get("persist") == str(persist)] == [10, 20]
         assert all(g and g["ok"] for g in grants.values())
         view = holder.view()
@@ -111,9 +112,9 @@ def test_a_directory_that_cannot_be_made_is_one_error_and_memory_goes_on(
     try:
         errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
         assert len(errors) == 1 and "no persistence (--checkpoint-persist)" in errors[0].message
-        grant = holder.answer(0, begin(1))
+        grant = holder.answer(0, message(begin(1)))
         assert grant["ok"] is True and "persist" not in grant
-        assert "persist" not in holder.answer(0, restore())
+        assert "persist" not in holder.answer(0, message(restore()))
     finally:
         holder.close()
 

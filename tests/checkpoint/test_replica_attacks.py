@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 from ftd_client import protocol
+from ftd_client.wire import Message
 
 from ftd.checkpoint import replica_pull, replica_server, replica_wire, replication
 from ftd.checkpoint.holder import CheckpointHolder
@@ -37,6 +38,7 @@ from ftd.checkpoint.replica_wire import client_handshake, read_header
 from ftd.checkpoint.replication import Replication
 from ftd.status.events import EventLog
 from tests.checkpoint.test_replica_server import KEY, frame, snapshot
+from tests.support.wire import message
 
 BUDGET = 64 << 20
 pytestmark = pytest.mark.timeout(60)
@@ -122,8 +124,8 @@ async def node(
         holder.close()
 
 
-def restore(world: int, request: int = 1) -> dict[str, Any]:
-    return {"v": 1, "t": protocol.CHECKPOINT_RESTORE, "id": request, "world": world}
+def restore(world: int, request: int = 1) -> Message:
+    return message({"v": 1, "t": protocol.CHECKPOINT_RESTORE, "id": request, "world": world})
 
 
 def save(holder: CheckpointHolder, rank: int, step: int, world: int) -> Path:
@@ -137,11 +139,11 @@ def save(holder: CheckpointHolder, rank: int, step: int, world: int) -> Path:
         "bytes": len(data),
         "world": world,
     }
-    grant = holder.answer(rank, begin)
+    grant = holder.answer(rank, message(begin))
     assert grant is not None and grant.get("path"), grant
     Path(grant["path"]).write_bytes(data)
     done = {"v": 1, "t": protocol.CHECKPOINT_DONE, "id": 2, "step": step, "slot": grant["slot"]}
-    answer = holder.answer(rank, done)
+    answer = holder.answer(rank, message(done))
     assert answer is not None and answer["ok"] is True, answer
     return Path(grant["path"])
 

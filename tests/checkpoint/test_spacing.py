@@ -26,6 +26,7 @@ from tests.checkpoint.test_memory_tier import PRELOAD, STEPS, TRAIN, ftd_status,
 from tests.conftest import ServeFactory
 from tests.support.clock import FakeClock
 from tests.support.snapshots import assert_identical
+from tests.support.wire import message
 
 known = st.floats(1e-6, 1e6)
 unknown = st.one_of(st.none(), st.just(0.0))
@@ -140,27 +141,28 @@ def test_the_daemon_counts_the_steps_done_between_snapshots_as_lost(tmp_path: Pa
     holder.start()
     try:
         for rank in (0, 1):
-            grant = holder.answer(rank, {"t": protocol.CHECKPOINT_BEGIN, "step": 8, "bytes": 1,
-                                         "world": 2, "every": 8})  # fmt: skip
+            grant = holder.answer(rank, message({"t": protocol.CHECKPOINT_BEGIN, "step": 8,
+                                                 "bytes": 1, "world": 2, "every": 8}))  # fmt: skip
             assert grant is not None and grant["every"] == 8 and "mtbf_s" in grant
             Path(str(grant["path"])).write_bytes(layout(8, 2, rank, 0, 0).pack().ljust(4096, b"\0"))
             done = {"t": protocol.CHECKPOINT_DONE, "step": 8, "slot": grant["slot"]}
-            assert holder.answer(rank, done) == {"ok": True}
+            assert holder.answer(rank, message(done)) == {"ok": True}
             for step in (9, 10, 11):
-                assert holder.answer(rank, {"t": protocol.CHECKPOINT_SEEN, "step": step}) is None
+                seen = message({"t": protocol.CHECKPOINT_SEEN, "step": step})
+                assert holder.answer(rank, seen) is None
         holder.spacing.failed()
-        restore = holder.answer(0, {"t": protocol.CHECKPOINT_RESTORE, "world": 2})
+        restore = holder.answer(0, message({"t": protocol.CHECKPOINT_RESTORE, "world": 2}))
         assert restore is not None and restore["step"] == 8 and restore["every"] == 8
         restores = holder.restores
         assert restores.last_restore is not None and restores.last_restore["steps_lost"] == 3
         assert restores.last_restore["source"] == "memory" and not restores.caught_up.is_set()
-        holder.answer(1, {"t": protocol.CHECKPOINT_SEEN, "step": 10})
+        holder.answer(1, message({"t": protocol.CHECKPOINT_SEEN, "step": 10}))
         assert not holder.restores.caught_up.is_set()
-        holder.answer(1, {"t": protocol.CHECKPOINT_SEEN, "step": 11})
+        holder.answer(1, message({"t": protocol.CHECKPOINT_SEEN, "step": 11}))
         assert holder.restores.caught_up.is_set()
-        holder.answer(0, {"t": protocol.CHECKPOINT_SEEN, "step": 13})
+        holder.answer(0, message({"t": protocol.CHECKPOINT_SEEN, "step": 13}))
         holder.spacing.failed()
-        disk = {"t": protocol.CHECKPOINT_SEEN, "step": 10, "restored": 1}
+        disk = message({"t": protocol.CHECKPOINT_SEEN, "step": 10, "restored": 1})
         assert holder.answer(0, disk) is None and holder.answer(1, disk) is None
         assert restores.last_restore == {**restores.last_restore, "source": "disk", "steps_lost": 3}
         assert holder.restores.steps_lost == 6

@@ -16,13 +16,15 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from ftd_client import progress, protocol
+from ftd_client import progress, protocol, wire
 from ftd_client._progress_torch import LEARN_CALLS, LEARN_STEPS
+from ftd_client.messages import ProgressReport
 from ftd_client.progress import Observer, Progress
 from ftd_client.progress_link import ProgressLink, install_from_env
 from ftd_client.protocol import ProtocolError
 
 from tests.conftest import ROOT
+from tests.support.wire import fields, read
 
 
 @pytest.fixture
@@ -288,8 +290,8 @@ def test_the_record_on_the_wire_is_what_the_decoder_accepts() -> None:
         forward_median_s=0.0123,
         auto_sections=(("auto:torch.save", 1.5),),
     )
-    message = protocol.decode(protocol.encode({**record.message(), "s": 1}))
-    assert message == {
+    envelope = wire.decode(wire.encode(record.message(), seq=1, sent_ns=record.sampled_ns))
+    assert fields(envelope) == {
         "v": 1, "t": "pg", "m": 123, "s": 1, "steps": 7, "age_ms": 250, "entered": 40,
         "called": 3, "returned": 2, "fwd_us": 12300, "auto": {"auto:torch.save": 1500},
     }  # fmt: skip
@@ -312,11 +314,11 @@ def test_the_record_on_the_wire_is_what_the_decoder_accepts() -> None:
 def test_bad_progress_fields_are_refused(fields: dict[str, Any], cause: str) -> None:
     counts = {"steps": 0, "called": 0, "returned": 0}
     with pytest.raises(ProtocolError) as refused:
-        protocol.decode(protocol.encode({"t": protocol.PROGRESS, **counts, **fields}))
+        read({"t": protocol.PROGRESS, **counts, **fields})
     assert refused.value.cause == cause
 
 
-@pytest.mark.parametrize("missing", sorted(protocol.PROGRESS_REQUIRED))
+@pytest.mark.parametrize("missing", sorted(ProgressReport.REQUIRED))
 def test_a_progress_report_without_its_counts_is_refused_at_the_door(missing: str) -> None:
     """Issue 39 row 10: `{"v":1,"t":"pg"}` passed the decoder and raised KeyError in the
     daemon's progress watch; the decoder now refuses what its consumer cannot use."""
@@ -324,7 +326,7 @@ def test_a_progress_report_without_its_counts_is_refused_at_the_door(missing: st
     del counts[missing]
     for message in ({"t": protocol.PROGRESS}, {"t": protocol.PROGRESS, **counts}):
         with pytest.raises(ProtocolError) as refused:
-            protocol.decode(protocol.encode(message))
+            read(message)
         assert refused.value.cause == "bad_progress"
 
 
@@ -340,9 +342,9 @@ def test_the_link_sends_records_the_daemon_can_decode(tmp_path: Path) -> None:
         daemon_side, _ = listener.accept()
         with daemon_side:
             daemon_side.settimeout(30)
-            message = protocol.decode(daemon_side.recv(protocol.MAX_MESSAGE_BYTES))
-        assert message["t"] == protocol.PROGRESS and message["steps"] == 0
-        assert "s" not in message and "o" not in message  # no sequence, no section state
+            envelope = wire.decode(daemon_side.recv(protocol.MAX_MESSAGE_BYTES))
+        assert isinstance(envelope.message, ProgressReport) and envelope.message.steps == 0
+        assert envelope.seq is None and envelope.open is None  # no sequence, no section state
     finally:
         link.close()
         listener.close()

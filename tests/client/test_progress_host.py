@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from ftd_client import _progress_torch, protocol
+from ftd_client import _progress_torch, protocol, wire
 from ftd_client._progress_torch import (
     FORWARD_WINDOW,
     LEARN_STEPS,
@@ -22,12 +22,14 @@ from ftd_client._progress_torch import (
     _counted,
     _timed_forward,
 )
+from ftd_client.messages import ProgressReport
 from ftd_client.progress import Observer
 from ftd_client.protocol import ProtocolError
 from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.client.test_progress import mlp, world  # noqa: F401  (world: the fixture)
+from tests.support.wire import read
 
 LOADING_S = 0.05
 """What a slow batch costs: far above a step of the tiny model, small enough for many steps."""
@@ -51,7 +53,7 @@ def test_host_time_is_the_wait_between_a_step_and_the_next_forward(observer: Obs
     assert record.host_median_s is not None
     assert LOADING_S <= record.host_median_s < LOADING_S + 2.0, record
     assert len(observer.counters.host_window) == LEARN_STEPS + 4  # one per step
-    assert record.message()["host_us"] >= LOADING_S * 1e6
+    assert (record.message().host_us or 0) >= LOADING_S * 1e6
     assert record.forward_median_s is not None and record.forward_median_s < LOADING_S
 
 
@@ -80,14 +82,14 @@ def test_time_inside_a_collective_is_not_host_time(observer: Observer) -> None:
 def test_no_host_time_until_a_forward_follows_a_step(observer: Observer) -> None:
     model = mlp()
     model(torch.randn(4, 8))  # a forward with no step before it
-    assert "host_us" not in observer.sample().message()
+    assert observer.sample().message().host_us is None
     train(model, 1, lambda: None)
-    assert "host_us" not in observer.sample().message()  # a step, no forward after it yet
+    assert observer.sample().message().host_us is None  # a step, no forward after it yet
     with torch.no_grad():
         model(torch.randn(4, 8))  # evaluation: not the training forward that ends the wait
-    assert "host_us" not in observer.sample().message()
+    assert observer.sample().message().host_us is None
     model(torch.randn(4, 8))
-    assert observer.sample().message()["host_us"] >= 0
+    assert (observer.sample().message().host_us or -1) >= 0
 
 
 def test_only_a_steps_first_forward_ends_its_host_time(observer: Observer) -> None:
@@ -162,16 +164,17 @@ def test_host_time_on_the_wire_is_refused_as_forward_time_is(value: object) -> N
     causes = []
     for field in ("fwd_us", "host_us"):
         with pytest.raises(ProtocolError) as refused:
-            protocol.decode(protocol.encode({**counts, field: value}))
+            read({**counts, field: value})
         causes.append(refused.value.cause)
     assert causes == ["bad_progress", "bad_progress"]
 
 
 def test_host_time_on_the_wire_is_accepted() -> None:
     record = Observer(lambda record: None).sample()
-    assert "host_us" not in record.message()  # no step yet: absent
+    assert record.message().host_us is None  # no step yet: absent
     sampled = replace(record, forward_median_s=0.0123, host_median_s=0.0805)
-    message = protocol.decode(protocol.encode(sampled.message()))
-    assert (message["fwd_us"], message["host_us"]) == (12300, 80500)
-    largest = {**record.message(), "host_us": protocol.MAX_SEQUENCE}
-    assert protocol.decode(protocol.encode(largest))["host_us"] == protocol.MAX_SEQUENCE
+    message = wire.decode(wire.encode(sampled.message())).message
+    assert isinstance(message, ProgressReport)
+    assert (message.fwd_us, message.host_us) == (12300, 80500)
+    largest = replace(record.message(), host_us=protocol.MAX_SEQUENCE)
+    assert wire.decode(wire.encode(largest)).message == largest

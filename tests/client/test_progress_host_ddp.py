@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ftd_client import protocol
+from ftd_client import protocol, wire
 
 from tests.conftest import BIN, ROOT
+from tests.support.wire import fields
 
 SLOW_DATA_MS = 80
 STEPS = 30
@@ -69,7 +70,7 @@ def last_reports(
                 sock.close()
                 open_connections -= 1
                 continue
-            last[key.data] = protocol.decode(data)
+            last[key.data] = fields(wire.decode(data))
     selector.close()
     return last
 

@@ -9,7 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ftd_client import protocol
+from ftd_client import protocol, wire
+from ftd_client.messages import ProgressReport
 
 from tests.conftest import ROOT
 
@@ -39,10 +40,10 @@ def test_the_progress_connection_closes_when_the_script_is_done(tmp_path: Path) 
         conn.settimeout(20)  # without the close at exit it ends only with the process
         records = []
         while data := conn.recv(protocol.MAX_MESSAGE_BYTES):
-            records.append(protocol.decode(data))
+            records.append(wire.decode(data).message)
         assert rank.poll() is None, "the connection closed before the process ended"
         conn.close()
-        assert records and all(r["t"] == protocol.PROGRESS for r in records)
+        assert records and all(isinstance(r, ProgressReport) for r in records)
         assert rank.stdout is not None and rank.stdout.readline() == b"ready\n"
     finally:
         rank.kill()

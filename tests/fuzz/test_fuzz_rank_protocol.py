@@ -8,7 +8,8 @@ import contextlib
 import json
 from pathlib import Path
 
-from ftd_client import protocol
+from ftd_client import protocol, wire
+from ftd_client.messages import ProgressReport
 from ftd_client.protocol import ProtocolError
 from hypothesis import given
 from hypothesis import strategies as st
@@ -29,9 +30,9 @@ values = st.one_of(
     st.dictionaries(names, st.one_of(st.integers(-5, 2**54), names), max_size=70),
 )  # fmt: skip
 FIELDS = ("n", "s", "o", "dropped", "m", "id", "a", "d", "stack_signal")
-PROGRESS_FIELDS = (*protocol.PROGRESS_COUNTS, "auto")
+PROGRESS_FIELDS = (*ProgressReport.REQUIRED, *ProgressReport.COUNTS, "auto")
 messages = st.fixed_dictionaries(
-    {"v": st.sampled_from([1, 1, 1, 2, "1", None]), "t": st.sampled_from(sorted(protocol.TYPES))},
+    {"v": st.sampled_from([1, 1, 1, 2, "1", None]), "t": st.sampled_from(sorted(wire.TYPES))},
     optional={key: values for key in (*FIELDS, *PROGRESS_FIELDS)},
 )
 
@@ -40,16 +41,16 @@ messages = st.fixed_dictionaries(
 @given(st.binary(max_size=2048))
 def test_any_bytes_decode_or_are_refused_quickly(data: bytes) -> None:
     with budget(BUDGET_S), contextlib.suppress(ProtocolError):
-        protocol.decode(data)
+        wire.decode(data)
 
 
 def test_deep_and_oversized_packets_are_refused_before_parsing() -> None:
     for data in (b"[" * 100_000, b'{"v":1,"t":"hb","o":' + b"[" * 300 + b"]" * 300 + b"}"):
         with budget(BUDGET_S), contextlib.suppress(ProtocolError):
-            protocol.decode(data)
+            wire.decode(data)
     huge = json.dumps({"v": 1, "t": "st", "o": ["x"] * 100_000}).encode()
     try:
-        protocol.decode(huge)
+        wire.decode(huge)
     except ProtocolError as error:
         assert error.cause == "oversized"
 
@@ -66,13 +67,13 @@ def test_decoded_messages_are_applied_or_refused(batch: list[dict[str, object]])
     link = Link(1, 7)
     for raw in batch:
         try:
-            message = protocol.decode(json.dumps(raw).encode())
+            envelope = wire.decode(json.dumps(raw).encode())
         except ProtocolError:
             continue
         clock.advance_to(clock.now() + 0.01)
         # ProtocolError: the end of a section that is not open, from a client without state.
         with contextlib.suppress(ProtocolError):
-            deliver(monitor, rank, link, message, clock.now(), reading_since=0.0)
+            deliver(monitor, rank, link, envelope, clock.now(), reading_since=0.0)
         assert len(rank.open_sections) <= protocol.MAX_OPEN_SECTIONS
     clock.advance_to(clock.now() + 100)
 

@@ -1,8 +1,9 @@
-"""The door decides for every message (issue 39 item 7): whatever ftd_client.protocol.decode
-accepts, the daemon's handlers (the health service, the progress watch, the checkpoint holder)
-can use — a refusal there is a ProtocolError (a budget's too), never another exception. Each
-kind is drawn with what the door requires of it (issue 42): so drawn, a progress report with a
-null `fwd_us` was found passing the door and raising TypeError in the progress watch."""
+"""The door decides for every message (issue 39 item 7, issue 42): whatever
+ftd_client.wire.decode accepts, the daemon's handlers (the health service, the progress watch,
+the checkpoint holder, reached through the inbox as the daemon assembles it) can use; a refusal
+there is a ProtocolError (a budget's too), never another exception. Each kind is drawn with what
+the door requires of it: so drawn, a progress report with a null `fwd_us` was found passing the
+door and raising TypeError in the progress watch."""
 
 from __future__ import annotations
 
@@ -15,17 +16,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ftd_client import protocol
+from ftd_client import protocol, wire
+from ftd_client.checkpoint_messages import CHECKPOINT_KINDS
+from ftd_client.messages import ProgressReport
 from ftd_client.protocol import ProtocolError
 from hypothesis import example, given
 from hypothesis import strategies as st
 
 from ftd.checkpoint.holder import CheckpointHolder
 from ftd.config.ft import FaultToleranceConfig
+from ftd.health.inbox import by_global_rank
 from ftd.health.links import Link
 from ftd.health.service import HealthService
 from ftd.status.events import EventLog
-from ftd.status.persist import Persistence
 from tests.support.fuzzing import budget, fuzz_target
 
 small = st.integers(0, 2**20)
@@ -55,7 +58,7 @@ TYPED: dict[str, dict[str, st.SearchStrategy[Any]]] = {
     },
     "fault": {"kind": st.sampled_from(["hang", "crash", "x"]), "sections": names},
     "pg": {
-        **{key: small for key in protocol.PROGRESS_COUNTS},
+        **{key: small for key in (*ProgressReport.REQUIRED, *ProgressReport.COUNTS)},
         "auto": st.dictionaries(name, small, max_size=3),
     },
     "ck": {
@@ -75,7 +78,7 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     protocol.WORKLOAD_CONTROL: ("a",),
     protocol.SET_TIMEOUTS: ("timeouts",),
     protocol.FAULT: ("kind",),
-    protocol.PROGRESS: tuple(sorted(protocol.PROGRESS_REQUIRED)),
+    protocol.PROGRESS: ProgressReport.REQUIRED,
     protocol.CHECKPOINT_BEGIN: ("step", "bytes", "world"),
     protocol.CHECKPOINT_DONE: ("step", "slot"),
     protocol.CHECKPOINT_RESTORE: ("world",),
@@ -98,7 +101,7 @@ messages = st.one_of(
             if key not in REQUIRED.get(kind, ())
         },
     )
-    for kind in sorted(protocol.TYPES)
+    for kind in sorted(wire.TYPES)
 )
 
 
@@ -110,21 +113,22 @@ def dispatched(directory: Path, batch: list[dict[str, Any]]) -> None:
         events = EventLog(None)
         holder = CheckpointHolder(directory, 1 << 30, events, base=directory)
         holder.start()
+        handlers = dict.fromkeys(CHECKPOINT_KINDS, by_global_rank(holder.answer))
+        state = directory / "state.json"
         service = HealthService(
-            FaultToleranceConfig(), directory / "ftd.sock", directory / "state.json", events,
-            Persistence(), checkpoints=holder,
-        )  # fmt: skip
+            FaultToleranceConfig(), directory / "ftd.sock", state, events, handlers=handlers
+        )
         service.monitor.attach([(0, 0, os.getpid())])  # this process plays the rank
         link = Link(1, os.getpid())
         try:
             for raw in batch:
                 try:
-                    message = protocol.decode(json.dumps(raw).encode())
+                    envelope = wire.decode(json.dumps(raw).encode())
                 except ProtocolError:
                     continue
                 with budget(), contextlib.suppress(ProtocolError):
-                    reply = service._dispatch(link, message, 1.0)
-                    if message["t"] in protocol.ANSWERED:
+                    reply = service.inbox(link, envelope, 1.0)
+                    if envelope.message.KIND in wire.ANSWERED:
                         assert isinstance(reply, dict) and isinstance(reply.get("ok"), bool)
         finally:
             service.monitor.detach()
@@ -153,9 +157,14 @@ def test_the_decoder_refuses_the_requests_handlers_cannot_use() -> None:
         ({"t": "wc", "id": 1, "a": "CONTINUE", "d": 5}, "bad_request"),
         ({"t": "wc", "id": 1, "a": "CONTINUE", "d": "x" * 1001}, "bad_request"),
         ({"t": "fault", "kind": None}, "bad_request"),
+        ({"t": "fault", "kind": "hang", "sections": [""]}, "bad_request"),
+        ({"t": "calc", "id": 1, "rule": "nvrx", "kind": "all"}, "bad_request"),
+        ({"t": "set", "id": 1, "timeouts": {"bogus": 1}}, "bad_request"),
+        ({"t": "set", "id": 1, "timeouts": {"rank_heartbeat_timeout": [1]}}, "bad_request"),
+        ({"t": "set", "id": 1, "timeouts": {"rank_section_timeouts": {"": 1}}}, "bad_request"),
     ]:
         with pytest.raises(ProtocolError) as refused:
-            protocol.decode(json.dumps({"v": 1, **message}).encode())
+            wire.decode(json.dumps({"v": 1, **message}).encode())
         assert refused.value.cause == cause, message
 
 

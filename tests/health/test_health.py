@@ -277,7 +277,7 @@ async def test_fuzzed_socket_leaves_supervision_intact(serve: ServeFactory) -> N
     os.kill(rank0["pid"], signal.SIGUSR1)  # type: ignore[index]
     await run.stderr.expect(r"rank 0 \(local 0, pid \d+\) hung: sent no heartbeat", timeout=10)
     run.signal(signal.SIGTERM)
-    assert await run.wait() == 128 + signal.SIGTERM
+    assert await run.wait() == 128 + signal.SIGTERM, run.stderr.text[-6000:]
     dropped = run.status()["ipc"]["dropped"]  # type: ignore[index]
     assert dropped.get("malformed", 0) > 0 and dropped.get("not_a_rank", 0) > 0, dropped
     assert "Traceback" not in run.stderr.text

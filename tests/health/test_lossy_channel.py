@@ -14,7 +14,8 @@ from __future__ import annotations
 import errno
 from dataclasses import dataclass, field
 
-from ftd_client import protocol
+from ftd_client import wire
+from ftd_client.messages import Fault, SectionEnd, SectionStart
 from ftd_client.rank_sender import Sender
 from hypothesis import HealthCheck, example, given, note, settings
 from hypothesis import strategies as st
@@ -97,8 +98,8 @@ class World:
             if packet is None:
                 self.monitor.on_state(self.rank, link_id, [], now, fresh=False)
                 continue
-            message = protocol.decode(packet)
-            deliver(self.monitor, self.rank, self.links[link_id], message, now)
+            envelope = wire.decode(packet)
+            deliver(self.monitor, self.rank, self.links[link_id], envelope, now)
 
     def read_all(self, order: list[int] | None = None) -> None:
         """The daemon reads the queues; one it finds full is a backlog (ipc: BACKLOG_MESSAGES)."""
@@ -128,12 +129,12 @@ class World:
     def open(self, name: str) -> None:
         self.sender.open_sections.append(name)
         self.true_open[name] = self.clock.now()
-        self.sender.section(protocol.SECTION_START, name)
+        self.sender.section(SectionStart, name)
 
     def close(self, name: str) -> None:
         self.sender.open_sections.remove(name)
         del self.true_open[name]
-        self.sender.section(protocol.SECTION_END, name)
+        self.sender.section(SectionEnd, name)
 
     def check_verdicts(self) -> None:
         """No verdict on a section the rank had not really had open for its timeout."""
@@ -244,9 +245,7 @@ def test_a_fault_announced_from_a_signal_handler_mid_send_is_sent() -> None:
     announced: list[bool] = []
 
     def handler(signum: int, frame: object) -> None:
-        announced.append(
-            sender.message({"t": protocol.FAULT, "kind": "hang"}, from_signal_handler=True)
-        )
+        announced.append(sender.message(Fault("hang"), from_signal_handler=True))
 
     previous = signal.signal(signal.SIGUSR2, handler)
     try:
@@ -256,7 +255,7 @@ def test_a_fault_announced_from_a_signal_handler_mid_send_is_sent() -> None:
     finally:
         signal.signal(signal.SIGUSR2, previous)
         sender.detach()
-    message = protocol.decode(daemons.recv(65536))
-    assert message["t"] == protocol.FAULT and message["kind"] == "hang"
+    message = wire.decode(daemons.recv(65536)).message
+    assert isinstance(message, Fault) and message.kind == "hang"
     ours.close()
     daemons.close()

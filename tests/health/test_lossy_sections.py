@@ -19,6 +19,7 @@ from ftd.health.monitor import Monitor
 from ftd.health.verdict import Verdict
 from tests.conftest import BIN, Serve, ServeFactory
 from tests.support.clock import FakeClock
+from tests.support.wire import read
 
 BURST = BIN / "burst_rank.py"
 TIMEOUTS = ("--ft-param-rank_heartbeat_timeout=30", "--ft-param-rank_section_timeouts=step:3")
@@ -116,7 +117,7 @@ def test_a_section_read_late_is_timed_from_its_send(
     clock.advance_to(read_at)
     monitor.on_hello(rank, None, read_at)
     sent = read_at - backlog_s
-    start = {"v": 1, "t": protocol.SECTION_START, "n": "step", "m": int(sent * 1e9)}
+    start = read({"t": protocol.SECTION_START, "n": "step", "m": int(sent * 1e9)})
     deliver(monitor, rank, Link(1, 7), start, read_at, reading_since=read_at - paused_for_s)
     opened = max(sent, read_at - paused_for_s, read_at - MAX_BACKLOG_S)
     due = opened + timeout_s

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import socket
 import time
 from collections.abc import AsyncIterator
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ftd_client import protocol
+from ftd_client.wire import Envelope
 
 from ftd.health.links import Link
 from ftd.health.socket import EAGER_S, PACE_S, RankSocketServer
@@ -26,10 +28,10 @@ class Heard:
         """(kind, the time dispatch was given, when it was dispatched)."""
         self.arrived = asyncio.Event()
 
-    def dispatch(self, link: Link, message: dict[str, Any], at: float) -> dict[str, Any] | None:
-        self.messages.append((message["t"], at, time.monotonic()))
+    def dispatch(self, link: Link, envelope: Envelope, at: float) -> dict[str, object] | None:
+        self.messages.append((envelope.message.KIND, at, time.monotonic()))
         self.arrived.set()
-        return {"ok": True} if "id" in message else None
+        return {"ok": True} if envelope.id is not None else None
 
     async def until(self, count: int) -> None:
         while len(self.messages) < count:
@@ -37,8 +39,13 @@ class Heard:
             await asyncio.wait_for(self.arrived.wait(), 30)
 
 
+def packet(message: dict[str, Any]) -> bytes:
+    """`message` as a raw packet, written by hand as any sender may."""
+    return json.dumps({"v": protocol.PROTOCOL_VERSION, **message}).encode()
+
+
 def send(sock: socket.socket, message: dict[str, Any]) -> float:
-    sock.send(protocol.encode(message))
+    sock.send(packet(message))
     return time.monotonic()
 
 

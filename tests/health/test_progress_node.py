@@ -4,12 +4,15 @@ clock."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
+from ftd_client.messages import ProgressReport
 
 from ftd.health.links import RankHealth
 from ftd.health.progress import ProgressWatch
+from tests.support.wire import progress
 
 WALL = 1_800_000_000.0
 """The wall clock at monotonic 0."""
@@ -19,8 +22,8 @@ def ranks(n: int) -> list[RankHealth]:
     return [RankHealth(i, i, 1000 + i, attached_at=0.0) for i in range(n)]
 
 
-def report(steps: int) -> dict[str, Any]:
-    return {"t": "pg", "steps": steps, "entered": 2 * steps, "called": 0, "returned": 0}
+def report(steps: int) -> ProgressReport:
+    return progress({"steps": steps, "entered": 2 * steps, "called": 0, "returned": 0})
 
 
 def view(watch: ProgressWatch, now: float) -> dict[str, Any]:
@@ -84,8 +87,8 @@ def test_a_report_of_steps_made_earlier_dates_them_by_their_age() -> None:
     """A rank's report says how long ago its last step was (`age_ms`): the span ends there."""
     watch, [rank] = ProgressWatch(), ranks(1)
     watch.attach(now=0.0)
-    watch.observe(rank, 0, {**report(1), "age_ms": 0}, 1.0)
-    watch.observe(rank, 0, {**report(3), "age_ms": 500}, 3.0)
+    watch.observe(rank, 0, replace(report(1), age_ms=0), 1.0)
+    watch.observe(rank, 0, replace(report(3), age_ms=500), 3.0)
     node = view(watch, 3.0)
     assert node["making_steps_s"] == pytest.approx(1.5)
     assert node["time_lost_s"] == pytest.approx(1.5)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ftd_client.messages import ProgressReport
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -15,6 +16,7 @@ from ftd.health.progress import (
     STALLED_AFTER_S,
     ProgressWatch,
 )
+from tests.support.wire import progress
 
 FLOOR = 5.0
 
@@ -23,12 +25,11 @@ def ranks(n: int) -> list[RankHealth]:
     return [RankHealth(i, i, 1000 + i, attached_at=0.0) for i in range(n)]
 
 
-def report(steps: int, entered: int, auto: dict[str, int] | None = None) -> dict[str, Any]:
-    message: dict[str, Any] = {"t": "pg", "steps": steps, "entered": entered, "called": 0}
-    message["returned"] = 0
+def report(steps: int, entered: int, auto: dict[str, int] | None = None) -> ProgressReport:
+    fields: dict[str, Any] = {"steps": steps, "entered": entered, "called": 0, "returned": 0}
     if auto:
-        message["auto"] = auto
-    return message
+        fields["auto"] = auto
+    return progress(fields)
 
 
 def train(watch: ProgressWatch, group: list[RankHealth], steps: int, dt: float) -> float:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ftd_client.messages import ProgressReport
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -149,8 +150,8 @@ def test_equal_forward_times_never_make_a_straggler(forward: dict[int, float], t
 def reporting(watch: ProgressWatch, forward_us: dict[int, int]) -> None:
     for rank, micros in forward_us.items():
         health = RankHealth(rank, rank, 1000 + rank, attached_at=0.0)
-        message: dict[str, Any] = {"t": "pg", "steps": 5, "entered": 10, "called": 0}
-        watch.observe(health, rank, {**message, "returned": 0, "fwd_us": micros}, 0.0)
+        report = ProgressReport(steps=5, entered=10, called=0, returned=0, fwd_us=micros)
+        watch.observe(health, rank, report, 0.0)
 
 
 def tick_until_named(timer: StragglerTimer, events: EventLog) -> float:
@@ -226,8 +227,8 @@ def test_a_rank_slow_between_steps_is_a_straggler_by_its_host_time() -> None:
     timer = StragglerTimer(progress, events, "a")
     for rank, host_us in {0: 1500, 1: 81500}.items():
         health = RankHealth(rank, rank, 1000 + rank, attached_at=0.0)
-        message: dict[str, Any] = {"t": "pg", "steps": 5, "called": 0, "returned": 0}
-        progress.observe(health, rank, {**message, "fwd_us": 9000, "host_us": host_us}, 0.0)
+        report = ProgressReport(steps=5, called=0, returned=0, fwd_us=9000, host_us=host_us)
+        progress.observe(health, rank, report, 0.0)
     assert timer.summary()["forward"] == (
         {"global_rank": 0, "forward_us": 9000, "host_us": 1500},
         {"global_rank": 1, "forward_us": 9000, "host_us": 81500},

@@ -14,7 +14,8 @@ import threading
 import time
 from typing import Any
 
-from ftd_client import protocol
+from ftd_client import protocol, wire
+from ftd_client.checkpoint_messages import CheckpointMessage
 
 REPLY_TIMEOUT_S = 5.0
 
@@ -27,14 +28,14 @@ class CheckpointLink:
         self._lock = threading.Lock()
 
     def request(
-        self, message: dict[str, Any], timeout_s: float = REPLY_TIMEOUT_S
+        self, message: CheckpointMessage, timeout_s: float = REPLY_TIMEOUT_S
     ) -> dict[str, Any] | None:
         with self._lock:
             request_id = next(self._ids)
             try:
                 sock = self._sock or self._connect()
                 sock.settimeout(timeout_s)
-                sock.send(protocol.encode({**message, "id": request_id}), socket.MSG_NOSIGNAL)
+                sock.send(wire.encode(message, id=request_id), socket.MSG_NOSIGNAL)
                 deadline = time.monotonic() + timeout_s
                 while True:
                     sock.settimeout(max(deadline - time.monotonic(), 0.001))
@@ -48,14 +49,14 @@ class CheckpointLink:
                 self.close()
                 return None
 
-    def notify(self, message: dict[str, Any]) -> None:
+    def notify(self, message: CheckpointMessage) -> None:
         """Send a message that has no answer, if the connection is free and the daemon keeps up;
         else drop it (the next one says more)."""
         if not self._lock.acquire(blocking=False):
             return
         try:
             sock = self._sock or self._connect()
-            sock.send(protocol.encode(message), socket.MSG_NOSIGNAL | socket.MSG_DONTWAIT)
+            sock.send(wire.encode(message), socket.MSG_NOSIGNAL | socket.MSG_DONTWAIT)
         except BlockingIOError:
             pass
         except OSError:

@@ -29,7 +29,6 @@ from typing import Any
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from ftd_client import protocol
 from ftd_client.checkpoint._agree import agreed_step
 from ftd_client.checkpoint._link import CheckpointLink
 from ftd_client.checkpoint._persist import Persister, Work
@@ -44,6 +43,12 @@ from ftd_client.checkpoint._plan import (
 )
 from ftd_client.checkpoint._spacing import Spacing
 from ftd_client.checkpoint._stats import Stats
+from ftd_client.checkpoint_messages import (
+    CheckpointBegin,
+    CheckpointDone,
+    CheckpointRestore,
+    CheckpointSeen,
+)
 from ftd_client.rank_setup import keep_stack_signal_off_this_thread
 from ftd_client.snapshot_format import HEADER, HEADER_BYTES, Header, decode_header, layout
 
@@ -104,7 +109,7 @@ class Checkpointer:
         if not self.spacing.due(step):
             self.stats.spaced += 1
             if self.link is not None and not self.disabled:  # the daemon's steps lost, redo
-                self.link.notify({"t": protocol.CHECKPOINT_SEEN, "step": step})
+                self.link.notify(CheckpointSeen(step))
             return False
         started = time.perf_counter()
         self.settle()
@@ -138,7 +143,7 @@ class Checkpointer:
         self.settle()
         if self.link is None:
             return None
-        reply = self._ask_restore({"t": protocol.CHECKPOINT_RESTORE, "world": self.world})
+        reply = self._ask_restore(CheckpointRestore(self.world))
         if reply.get("ok") and reply.get("agree"):
             steps = reply.get("steps")
             held = [s for s in steps if isinstance(s, int)] if isinstance(steps, list) else []
@@ -146,9 +151,7 @@ class Checkpointer:
             step = agreed_step(held, self.rank, self.world, self._loads)
             if step is None:  # in no rank's memory: every rank looks in --checkpoint-persist
                 return self._load_persisted(state, reply)
-            reply = self._ask_restore(
-                {"t": protocol.CHECKPOINT_RESTORE, "world": self.world, "step": step}
-            )
+            reply = self._ask_restore(CheckpointRestore(self.world, step))
             reply.pop("persist", None)  # the ranks agreed on a step in memory: none looks on disk
         self.spacing.learn(reply)
         if not reply.get("ok") or reply.get("step") is None:
@@ -185,10 +188,10 @@ class Checkpointer:
         if step is not None:
             self.stats.restore_s = time.perf_counter() - started
             if self.link is not None:  # the daemon's restore, steps lost and redo
-                self.link.notify({"t": protocol.CHECKPOINT_SEEN, "step": step, "restored": 1})
+                self.link.notify(CheckpointSeen(step, restored=True))
         return step
 
-    def _ask_restore(self, message: dict[str, Any]) -> dict[str, Any]:
+    def _ask_restore(self, message: CheckpointRestore) -> dict[str, Any]:
         """The daemon's answer, waited for: a rank that went on without it (from step 0 while
         its peers restore) would train apart from them, silently."""
         assert self.link is not None
@@ -280,13 +283,7 @@ class Checkpointer:
         again from the thread), failed or canceled."""
         assert self.link is not None
         reply = self.link.request(
-            {
-                "t": protocol.CHECKPOINT_BEGIN,
-                "step": job.step,
-                "bytes": job.size,
-                "world": self.world,
-                "every": self.stats.interval_steps,
-            }
+            CheckpointBegin(job.step, job.size, self.world, self.stats.interval_steps)
         )
         if reply is None:
             job.state = "canceled"
@@ -370,9 +367,7 @@ class Checkpointer:
         self.stats.copy_cpu_s = time.thread_time() - cpu
         self.spacing.spent(self.stats.copy_cpu_s + job.save_s)
         assert self.link is not None
-        reply = self.link.request(
-            {"t": protocol.CHECKPOINT_DONE, "step": job.step, "slot": job.slot}
-        )
+        reply = self.link.request(CheckpointDone(job.step, job.slot))
         if not reply or not reply.get("ok"):
             raise CheckpointError(f"the daemon did not take the snapshot: {reply}")
         job.state = "done"

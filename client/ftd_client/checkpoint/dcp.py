@@ -22,9 +22,9 @@ from typing import Any
 
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 
-from ftd_client import protocol
 from ftd_client.checkpoint._instance import checkpointer
 from ftd_client.checkpoint._plan import CheckpointError
+from ftd_client.checkpoint_messages import CheckpointPlace
 
 METADATA = ".metadata"
 """DCP's metadata file, written last by the coordinator: a checkpoint id with it is complete."""
@@ -35,7 +35,7 @@ _ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 def memory_directory() -> Path:
     """The node's directory for DCP files; CheckpointError outside ftd or without the tier."""
     link = checkpointer().link
-    reply = None if link is None else link.request({"t": protocol.CHECKPOINT_PLACE})
+    reply = None if link is None else link.request(CheckpointPlace())
     if not reply or not reply.get("ok"):
         raise CheckpointError(
             "no node memory for torch.distributed.checkpoint: "

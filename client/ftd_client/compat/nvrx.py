@@ -14,7 +14,7 @@ import enum
 import logging
 from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from ftd_client import protocol
 from ftd_client.rank import RankClient
@@ -212,7 +212,11 @@ class RankMonitorClient:
         return self._client
 
     def _calculate(
-        self, kind: str, sections: list[str] | None, out_of_section: bool, skip_if_not_ready: bool
+        self,
+        kind: Literal["hb", "sections"],
+        sections: list[str] | None,
+        out_of_section: bool,
+        skip_if_not_ready: bool,
     ) -> bool:
         client = self._ready()
         if not client.is_supervised:
