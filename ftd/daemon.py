@@ -186,7 +186,18 @@ class Daemon:
             self.progress,
             dict.fromkeys(CHECKPOINT_KINDS, by_global_rank(self.checkpoints.answer)),
         )
-        publish = self._publish if config.multi_node else None
+        several = config.multi_node
+        # Judged against the whole job's forward times: the nodes' published summaries.
+        stragglers = StragglerTimer(
+            self.progress,
+            self.events,
+            config.node_id,
+            self._cluster if several else None,
+            (lambda: self._publish(self.board.summary())) if several else None,
+        )
+        parts = [stragglers.summary]
+        if self.replication is not None:
+            parts.append(self.replication.summary)
         self.board = StatusBoard(
             config,
             self.status,
@@ -194,8 +205,9 @@ class Daemon:
             self.persist,
             self.run_dir,
             self.health,
-            publish,
+            self._publish if several else None,
             self.checkpoints.view,
+            parts,
         )
         self.events.emit(
             EventKind.DAEMON_STARTED,
@@ -248,7 +260,8 @@ class Daemon:
         if self.replication is not None and self._start_error is None:
             await self.replication.start(self.checkpoints, self.coordinator.address, self.board)
             self._teardown.push("closing the replicas' server", self.replication.close)
-        self._start_stragglers()
+        stragglers.start()
+        self._teardown.push_now("closing the straggler watch", stragglers.close)
         address = self.coordinator.address if self._start_error is None else "127.0.0.1"
         self.stores = AttemptStores(address, config.master_port or 0)
         self._teardown.push("closing the workers' store", self.stores.close)
@@ -298,23 +311,11 @@ class Daemon:
             self.run_dir,
         )
 
-    def _start_stragglers(self) -> None:
-        """Judged against the whole job's forward times: the nodes' published summaries."""
-        several = self.config.multi_node and self._start_error is None
-        timer = StragglerTimer(
-            self.progress,
-            self.events,
-            self.config.node_id,
-            self._cluster if several else None,
-            (lambda: self._publish(self.board.summary())) if several else None,
-        )
-        self.board.summary_parts.append(timer.summary)
-        timer.start()
-        self._teardown.push_now("closing the straggler watch", timer.close)
-
     async def _cluster(self) -> dict[str, Any]:
         """The other nodes' summaries, while the rendezvous is there to read them from."""
-        return {} if self.coordinator.lost.is_set() else await self.coordinator.cluster()
+        if self._start_error is not None or self.coordinator.lost.is_set():
+            return {}
+        return await self.coordinator.cluster()
 
     def _publish(self, summary: dict[str, object]) -> None:
         if self._start_error is None and not self.coordinator.lost.is_set():
@@ -354,7 +355,7 @@ class Daemon:
         # Record only; the loop acts.
         if not self.stop.is_set():
             log.warning("received %s: stopping the workers (again to force)", sig.name)
-            self.running.stop_signal = sig
+            self.running.stop_asked(sig)
             self.stop.set()
         else:
             log.warning("received %s again: killing the workers now", sig.name)

@@ -172,3 +172,48 @@ def test_no_untyped_message_passes_the_door() -> None:
                     if "Any" in annotation:
                         found.append(f"{path.name}:{node.lineno} {node.name}({argument.arg})")
     assert not found, found
+
+
+PARTS = {
+    "board", "checkpoints", "control", "coordinator", "group", "guard", "hangs", "health",
+    "holder", "ledger", "monitor", "nvrx", "progress", "replication", "running", "server",
+    "spawner", "supervisor", "tools",
+}  # fmt: skip
+"""Names the daemon's parts go by where another part holds them."""
+GROWING = {"append", "extend", "insert", "add", "update", "setdefault"}
+
+
+def _reached(node: ast.expr) -> str | None:
+    """The part an attribute or call reaches into: `part.x` or `self.part.x`."""
+    if isinstance(node, ast.Name) and node.id in PARTS:
+        return node.id
+    if (
+        isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "self"
+        and node.attr.lstrip("_") in PARTS
+    ):
+        return node.attr
+    return None
+
+
+def test_no_part_writes_into_another() -> None:
+    """Parts are built whole and change through their own methods: no `part.x = ...`, no
+    `self.part.x = ...`, no `part.items.append(...)` from outside the part (issue 42)."""
+    found = []
+    for path in (ROOT / "ftd").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            written: list[ast.expr] = []
+            if isinstance(node, ast.Assign):
+                written = node.targets
+            elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+                written = [node.target]
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                grown = node.func.value
+                growing = node.func.attr in GROWING and isinstance(grown, ast.Attribute)
+                if growing and _reached(grown.value):  # type: ignore[attr-defined]
+                    found.append(f"{path.name}:{node.lineno} {ast.unparse(node.func)}")
+            for target in written:
+                if isinstance(target, ast.Attribute) and _reached(target.value):
+                    found.append(f"{path.name}:{node.lineno} {ast.unparse(target)} = ...")
+    assert not found, found

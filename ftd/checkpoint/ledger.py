@@ -114,6 +114,15 @@ class Ledger:
     def reserved_bytes(self) -> int:
         return sum(s.reserved for r in self._ranks.values() for s in r.slots if s is not None)
 
+    def hold_replicas(self, nbytes: int) -> None:
+        """The peers' replicas now take `nbytes` of the same memory (replica_store.py)."""
+        self.replica_bytes = nbytes
+
+    def keep_replicated(self, pinned: bool, keep_from: int | None = None) -> None:
+        """Replicas are kept on a peer (`pinned`): complete snapshots from `keep_from` on stay
+        (None: every one), the replication's word on what its peers acknowledged."""
+        self.pinned, self.keep_from = pinned, keep_from
+
     def keeps(self, step: int) -> bool:
         """Whether a complete snapshot of `step` stays for the replicas' sake."""
         return self.pinned and (self.keep_from is None or step >= self.keep_from)

@@ -214,4 +214,4 @@ class ReplicaStore:
 
     def _account(self) -> None:
         dropped_open = sum(self._dropped_open.values())
-        self.ledger.replica_bytes = self.held_bytes + self._incoming_bytes + dropped_open
+        self.ledger.hold_replicas(self.held_bytes + self._incoming_bytes + dropped_open)

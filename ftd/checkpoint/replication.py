@@ -90,21 +90,20 @@ class Replication:
 
     async def start(self, holder: CheckpointHolder, host: str, board: StatusBoard) -> None:
         """Serve replicas on `host` (this node's own address), start the pusher and the reads of
-        the peers' summaries, publish the server's address in the node's summary (`board`'s);
-        nothing when the holder has no memory directory."""
+        the peers' summaries, publish the server's address in the node's summary (`board`'s,
+        whose parts include `summary`); nothing when the holder has no memory directory."""
         if holder.directory is None:
             return
         self._board = board
-        board.summary_parts.append(self.summary)
         self.holder = holder
-        holder.ledger.pinned = True  # until the peers said what they replicated: keep all
+        holder.ledger.keep_replicated(True)  # until the peers said what they replicated: all
         try:
             self.store = ReplicaStore(holder.directory, holder.ledger)
             server = ReplicaServer(self.key, self.node_id, self.store, self.events)
             await server.start(host)
         except OSError as error:  # the node's own tier goes on without replicas
             log.error("snapshots are not replicated: no replica server on %s: %s", host, error)
-            holder.ledger.pinned = False
+            holder.ledger.keep_replicated(False)
             return
         self.server, self.host = server, host
         log.info("snapshots are replicated to the next node; replicas served at %s", self.address)
@@ -129,7 +128,9 @@ class Replication:
         return f"{self.host}:{self.server.port}" if self.server is not None else None
 
     def summary(self) -> dict[str, Any]:
-        """This node's part of its published summary."""
+        """This node's part of its published summary (none until its server is up)."""
+        if self.server is None:
+            return {}
         return {
             "replica_addr": self.address,
             "replicated_steps": tuple(self.acked),
@@ -205,8 +206,8 @@ class Replication:
             self._publish()
         others = [self.ring.replicated.get(n, ()) for n in self.ring.members if n != self.node_id]
         assert self.holder is not None
-        self.holder.ledger.pinned = bool(others)  # alone: nobody's replica to wait for
-        self.holder.ledger.keep_from = replica_floor(others)
+        # Alone: nobody's replica to wait for.
+        self.holder.ledger.keep_replicated(bool(others), replica_floor(others))
         self._wake.set()
 
     def _newest_complete(self) -> int | None:

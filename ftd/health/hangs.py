@@ -54,9 +54,15 @@ class HangHandler:
         self.events = events
         self.termination_signal = termination_signal
         self.group: WorkerGroup | None = None
-        """The attempt's group (set by the health service when it attaches one)."""
+        """The attempt's group, while the health service watches it (`attach`)."""
         self._judged: WorkerGroup | None = None
         self._background = Background()
+
+    def attach(self, group: WorkerGroup) -> None:
+        self.group = group
+
+    def detach(self) -> None:
+        self.group = None
 
     def close(self) -> None:
         self._background.cancel()
@@ -124,14 +130,16 @@ class HangHandler:
             return
         # A rank may die while its stacks are written (faulthandler reads other threads'
         # frames unlocked: a thread that runs meanwhile can crash it): still this hang.
-        group.verdict = Failure(
-            kind="hang",
-            reason=f"{reason}; the rank died while its stacks were written",
-            local_rank=rank.local_rank,
-            global_rank=rank.global_rank,
-            pid=rank.pid,
-            timestamp=time.time(),
-            origin=origin,
+        group.judged(
+            Failure(
+                kind="hang",
+                reason=f"{reason}; the rank died while its stacks were written",
+                local_rank=rank.local_rank,
+                global_rank=rank.global_rank,
+                pid=rank.pid,
+                timestamp=time.time(),
+                origin=origin,
+            )
         )
         section = max(rank.open_sections, key=rank.open_sections.__getitem__, default=None)
         # The victims' stacks are written beside the culprit's, and never delay its kill.

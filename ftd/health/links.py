@@ -74,6 +74,21 @@ class RankHealth:
             "dropped_messages": self.dropped_messages,
         }
 
+    def timed_afresh(self, now: float) -> None:
+        """Every clock of the rank starts again at `now` (the daemon did not run for a while:
+        nobody can say who was silent then)."""
+        self.attached_at = now
+        if self.connected_at is None:
+            return
+        if self.last_heartbeat is None:
+            self.connected_at = now
+        else:
+            self.last_heartbeat = now
+        self.open_sections = dict.fromkeys(self.open_sections, now)
+        self.section_seen = dict.fromkeys(self.open_sections, now)
+        if self.out_of_section_since is not None:
+            self.out_of_section_since = self.out_of_section_seen = now
+
     @property
     def dropped_messages(self) -> int:
         """Messages of this rank that never reached the daemon: the rank's count where it told

@@ -134,8 +134,13 @@ class Monitor:
         """Messages from `pid` (a descendant of the rank) count as the rank's own."""
         self._by_pid[pid] = rank
 
-    def set_timeouts(self, timeouts: RankTimeouts) -> None:
+    def set_timeouts(
+        self, timeouts: RankTimeouts, connect: float | EllipsisType | None = ...
+    ) -> None:
+        """`connect`: a new connect_timeout (set by hand, never learned); `...`: as it was."""
         self.timeouts = timeouts
+        if not isinstance(connect, EllipsisType):
+            self.connect_timeout = connect
         self.section_names.include(timeouts.rank_section_timeouts)
         now = self._clock.now()
         for rank in self.ranks():
@@ -360,18 +365,7 @@ class Monitor:
         for rank in self.ranks():
             if rank.hung or rank.done:
                 continue
-            rank.attached_at = now
-            if rank.connected_at is None:
-                self._disarm(rank)
-                self._arm(rank, now)
-                continue
-            rank.connected_at = now if rank.last_heartbeat is None else rank.connected_at
-            if rank.last_heartbeat is not None:
-                rank.last_heartbeat = now
-            rank.open_sections = dict.fromkeys(rank.open_sections, now)
-            rank.section_seen = dict.fromkeys(rank.open_sections, now)
-            if rank.out_of_section_since is not None:
-                rank.out_of_section_since = rank.out_of_section_seen = now
+            rank.timed_afresh(now)
             self._disarm(rank)
             self._arm(rank, now)
 

@@ -211,30 +211,30 @@ class ProgressWatch:
                 previous.own_s[signal] = median_us / 1e6
         return refused
 
-    def _steps_advanced(self, progress: RankProgress, report: ProgressReport, at: float) -> None:
+    def _steps_advanced(self, entry: RankProgress, report: ProgressReport, at: float) -> None:
         last_step_at = at if report.age_ms is None else at - report.age_ms / 1000
         steps = report.steps
-        made = steps - progress.steps
-        if made > 0 and progress.last_step_at is not None:
-            progress.step_times.append(max(last_step_at - progress.last_step_at, 0.0) / made)
-        if made > 0 or (progress.last_step_at is None and steps > 0):
-            progress.last_step_at = last_step_at
+        made = steps - entry.steps
+        if made > 0 and entry.last_step_at is not None:
+            entry.step_times.append(max(last_step_at - entry.last_step_at, 0.0) / made)
+        if made > 0 or (entry.last_step_at is None and steps > 0):
+            entry.last_step_at = last_step_at
             self.node.stepped(last_step_at)
 
     def forget(self, rank: RankHealth, link: int) -> None:
         """The connection that carried this rank's reports closed: the rank ended (or its
         observer did), so it stops no one."""
-        progress = self._ranks.get(rank.local_rank)
-        if progress is not None and progress.rank is rank and progress.link == link:
+        entry = self._ranks.get(rank.local_rank)
+        if entry is not None and entry.rank is rank and entry.link == link:
             del self._ranks[rank.local_rank]
 
     def paused(self, lost_s: float) -> None:
         """The daemon did not run for `lost_s` (a stall): no rank is blamed for that time."""
         if self._armed_at is not None:
             self._armed_at += lost_s
-        for progress in self._ranks.values():
-            progress.advanced_at += lost_s
-            progress.auto = {name: opened + lost_s for name, opened in progress.auto.items()}
+        for entry in self._ranks.values():
+            entry.advanced_at += lost_s
+            entry.auto = {name: opened + lost_s for name, opened in entry.auto.items()}
 
     # -- verdicts ----------------------------------------------------------------------------
 

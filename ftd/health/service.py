@@ -62,7 +62,7 @@ from ftd.health.nvrx.host import NvrxRankHost
 from ftd.health.nvrx.server import NvrxServer
 from ftd.health.progress import DEFAULT_FLOOR_S, ProgressWatch
 from ftd.health.progress_timer import ProgressTimer
-from ftd.health.socket import RankSocketServer, Reply
+from ftd.health.socket import RankSocketServer, Reply, rank_socket_refusals
 from ftd.health.sync import BudgetExceeded, patched_sections
 from ftd.ranks.workers import WorkerGroup
 from ftd.status.event_kind import EventKind
@@ -107,11 +107,17 @@ class HealthService:
         self.first_steps = FirstSteps(self.progress.node)
         self.hangs = HangHandler(self.monitor, events, ft.rank_termination_signal, self.progress)
         self.inbox = Inbox(self.monitor, self.losses, {**self._handlers(), **(handlers or {})})
-        self.server = RankSocketServer(socket_path, self.inbox, self.rank_for, self._link_closed)
-        self.nvrx = NvrxServer(
-            socket_path, NvrxRankHost(self), self.server.dropped, self.server.previous_pids
+        dropped, previous_pids = rank_socket_refusals(), set[int]()
+        self.nvrx = NvrxServer(socket_path, NvrxRankHost(self), dropped, previous_pids)
+        self.server = RankSocketServer(
+            socket_path,
+            self.inbox,
+            self.rank_for,
+            self._link_closed,
+            (self.nvrx,),
+            dropped,
+            previous_pids,
         )
-        self.server.followers.append(self.nvrx)
         self._progress_timer = ProgressTimer(
             self.progress,
             self.server.drain,
@@ -146,7 +152,8 @@ class HealthService:
 
     def attach(self, group: WorkerGroup, statuses: list[RankStatus]) -> None:
         """Watch this attempt's ranks (the previous attempt's are forgotten)."""
-        self._group = self.hangs.group = group
+        self._group = group
+        self.hangs.attach(group)
         self._generations.reset()  # a new attempt's ranks count their calls from 1
         self.losses.forget()
         self.budgets.forget()
@@ -169,7 +176,8 @@ class HealthService:
         # What the ranks sent before they exited (their resumed(), a last section) is read
         # before their connections are forgotten: the exit may be seen before the messages.
         self.server.drain()
-        self._group = self.hangs.group = None
+        self._group = None
+        self.hangs.detach()
         # In place: NVRx's sockets share the set (a new one left them refusing as not_a_rank).
         previous = self.server.previous_pids
         previous.clear()
@@ -238,7 +246,7 @@ class HealthService:
         self._learned = (self._learned - keys) | (learned & keys)
         if "initial_rank_heartbeat_timeout" in set(patch) - learned:
             # Set by hand, it bounds a rank's time to connect too (a learned one does not).
-            self.monitor.connect_timeout = timeouts.initial_rank_heartbeat_timeout
+            self.monitor.set_timeouts(self.timeouts, timeouts.initial_rank_heartbeat_timeout)
         self._apply(timeouts, by, bool(learned & keys), rank)
         return timeouts
 

@@ -20,7 +20,7 @@ import logging
 import socket
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -93,6 +93,11 @@ class _Connection:
     """A rank client's connection (it said hello): paced once it asks nothing (PACE_S)."""
 
 
+def rank_socket_refusals() -> collections.Counter[str]:
+    """The messages the ranks' sockets dropped, by cause (NVRx's: `nvrx_`...)."""
+    return Refusals("rank_socket", {"nvrx_": "nvrx_socket"})
+
+
 class RankSocketServer:
     def __init__(
         self,
@@ -100,15 +105,20 @@ class RankSocketServer:
         dispatch: Dispatch,
         authorize: Authorize,
         closed: Callable[[Link], None] = lambda link: None,
+        followers: Sequence[Follower] = (),
+        dropped: collections.Counter[str] | None = None,
+        previous_pids: set[int] | None = None,
     ) -> None:
+        """`followers`: other rank sockets (NVRx's) paused, resumed and drained with this one,
+        sharing its `dropped` counts and `previous_pids`."""
         self.path = path
         self._dispatch = dispatch
         self._authorize = authorize
         self._closed = closed
         """Told when a rank's connection ends (after its last message was dispatched)."""
-        self.dropped: collections.Counter[str] = Refusals("rank_socket", {"nvrx_": "nvrx_socket"})
+        self.dropped = dropped if dropped is not None else rank_socket_refusals()
         self.received = 0
-        self.previous_pids: set[int] = set()
+        self.previous_pids = previous_pids if previous_pids is not None else set()
         """Ranks of earlier attempts: connections from them are refused without a word."""
         self._logged: set[tuple[str, int]] = set()
         self._listener: socket.socket | None = None
@@ -123,8 +133,7 @@ class RankSocketServer:
         """Paced connections not read until the pace timer wakes them (PACE_S)."""
         self._pace_timer: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.followers: list[Follower] = []
-        """Other rank sockets (NVRx's) paused, resumed and drained with this one."""
+        self.followers = tuple(followers)
 
     def start(self) -> None:
         listener = self._listener = listen_unix(self.path, socket.SOCK_SEQPACKET)

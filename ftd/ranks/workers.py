@@ -84,9 +84,7 @@ class WorkerGroup:
         self.respawns: dict[int, int] = {}
         self.on_exit = on_exit
         self.failure_handler = failure_handler
-        self.verdict: Failure | None = None
-        """A hang verdict being carried out (stacks first): a rank's failing exit meanwhile
-        ends the attempt with it, not as a crash of its own (health/hangs.py)."""
+        self._verdict: Failure | None = None
         """When given, a failed rank is handed to it and the attempt goes on (in-process mode)."""
         self.output = output if output is not None else OutputDrain(0)
         self.output.attach(started.streams)
@@ -177,8 +175,8 @@ class WorkerGroup:
         """A rank's exit decides the attempt's outcome (the first failure, or every rank 0)."""
         if self._outcome.done():
             return
-        if code != 0 and not self._stopping and self.verdict is not None:
-            self._outcome.set_result(self.verdict)  # it died while being explained (stacks)
+        if code != 0 and not self._stopping and self._verdict is not None:
+            self._outcome.set_result(self._verdict)  # it died while being explained (stacks)
         elif code != 0 and not self._stopping:
             handle = self._handle(local_rank)
             kind = "signal" if code < 0 else "exit"
@@ -277,6 +275,11 @@ class WorkerGroup:
         except ProcessLookupError:
             return False
         return True
+
+    def judged(self, verdict: Failure) -> None:
+        """A hang verdict is being carried out (stacks first): a rank's failing exit meanwhile
+        ends the attempt with it, not as a crash of its own (health/hangs.py)."""
+        self._verdict = verdict
 
     def fail(self, failure: Failure) -> None:
         """Another part of the daemon (monitor, API) ends the attempt with this failure."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -69,7 +69,10 @@ class StatusBoard:
         live: LiveView,
         publish: Callable[[dict[str, Any]], None] | None = None,
         checkpoint_view: Callable[[], dict[str, Any] | None] | None = None,
+        summary_parts: Sequence[Callable[[], dict[str, Any]]] = (),
     ) -> None:
+        """`summary_parts`: more of the published summary (the replicas' address, the
+        stragglers' forward times, ...), each read as the summary is made."""
         self.config = config
         self.status = status
         self.events = events
@@ -81,8 +84,7 @@ class StatusBoard:
         """Sends this node's summary to the other nodes (fire and forget)."""
         self.group_rank: int | None = None
         self.round: int | None = None
-        self.summary_parts: list[Callable[[], dict[str, Any]]] = []
-        """More of the published summary (the stragglers' forward times, ...)."""
+        self._summary_parts = tuple(summary_parts)
 
     def set_state(self, state: DaemonState, reason: str = "", cause: str | None = None) -> None:
         """`cause`: the last failure's cause read again as the job ends, once every line the
@@ -213,7 +215,7 @@ class StatusBoard:
             "last_failure": failure.reason[:4000] if failure else None,
             "time": time.time(),
         }
-        for part in self.summary_parts:
+        for part in self._summary_parts:
             summary.update(part())
         return summary
 

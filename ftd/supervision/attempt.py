@@ -314,4 +314,13 @@ class Running:
     """The running attempt (None between attempts)."""
     round: Round | None = None
     stop_signal: signal.Signals | None = None
-    """The signal that asked the daemon to stop (written by its handler)."""
+    """The signal that asked the daemon to stop (said by its handler: `stop_asked`)."""
+
+    def stop_asked(self, sig: signal.Signals) -> None:
+        self.stop_signal = sig
+
+    def now_running(self, attempt: Attempt | None) -> None:
+        self.attempt = attempt
+
+    def now_in(self, rnd: Round) -> None:
+        self.round = rnd

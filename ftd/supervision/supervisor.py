@@ -103,7 +103,7 @@ class Supervisor:
             except CoordinationError as error:
                 return self.leave(error)
             finally:
-                self.running.attempt = None
+                self.running.now_running(None)
                 if not ended.done():
                     ended.cancel()
             if request is None:
@@ -143,7 +143,7 @@ class Supervisor:
             attempt = await Attempt.start(self.tools, rnd)
         except Exception as error:  # a full disk, no processes left: a failed attempt
             return None, await self._not_started(rnd, error), time.monotonic() - started
-        self.running.attempt = attempt
+        self.running.now_running(attempt)
         self.crash_loop.crashed = False
         self.recovery.started(attempt)
         self.board.set_state(DaemonState.RUNNING)
@@ -192,7 +192,7 @@ class Supervisor:
         rnd: Round = join.result()
         if rnd.group_rank == 0 and config.master_port and await self._workers_store() is None:
             return None
-        self.running.round = rnd
+        self.running.now_in(rnd)
         self.board.round_joined(rnd.number, rnd.group_rank, rnd.restarts)
         self.board.write_cluster(rnd.number, rnd.node_ids, dict(self.coordinator.excluded))
         self.tools.events.emit(
