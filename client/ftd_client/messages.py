@@ -33,15 +33,8 @@ from ftd_client.wire_fields import (
 )
 
 TimeoutValue = float | str | None | Mapping[str, float | str | None]
-TIMEOUT_NAMES = frozenset(
-    {
-        "initial_rank_heartbeat_timeout",
-        "rank_heartbeat_timeout",
-        "rank_section_timeouts",
-        "rank_out_of_section_timeout",
-    }
-)
-"""What a `set` may change (ftd.config.ft.RankTimeouts' fields; its values are checked there)."""
+SECTION_TIMEOUTS = "rank_section_timeouts"
+"""The one timeout of a `set` that is an object (section name -> seconds)."""
 RULES: tuple[Literal["ftd", "nvrx"], ...] = ("ftd", "nvrx")
 """How a `calc` learns: ftd's rule, or NVRx's."""
 LEARNED: tuple[Literal["all", "hb", "sections"], ...] = ("all", "hb", "sections")
@@ -198,7 +191,8 @@ class SetTimeouts:
     KIND: ClassVar[str] = protocol.SET_TIMEOUTS
     ANSWERED: ClassVar[bool] = True
     timeouts: Mapping[str, TimeoutValue]
-    """Timeouts by TIMEOUT_NAMES (a number of seconds, null, or their text form)."""
+    """Timeouts by name (a number of seconds, null, or their text form; which names exist and
+    what values they take is the daemon's model's: ftd.config.ft.RankTimeouts)."""
     learned: Names = ()
     """Which of them were calculated (names as in a reply's `learned`)."""
 
@@ -213,9 +207,8 @@ class SetTimeouts:
             raise ProtocolError("bad_request", "timeouts must be an object")
         timeouts: dict[str, TimeoutValue] = {}
         for key, value in raw.items():
-            if key not in TIMEOUT_NAMES:
-                raise ProtocolError("bad_request", f"no timeout is named {key!r:.40}")
-            if key == "rank_section_timeouts" and isinstance(value, dict):
+            section_name(key, "timeout name", "bad_request")
+            if key == SECTION_TIMEOUTS and isinstance(value, dict):
                 if len(value) > MAX_SECTIONS:
                     raise ProtocolError("bad_request", f"more than {MAX_SECTIONS} sections")
                 for name, seconds in value.items():

@@ -159,7 +159,7 @@ def test_the_decoder_refuses_the_requests_handlers_cannot_use() -> None:
         ({"t": "fault", "kind": None}, "bad_request"),
         ({"t": "fault", "kind": "hang", "sections": [""]}, "bad_request"),
         ({"t": "calc", "id": 1, "rule": "nvrx", "kind": "all"}, "bad_request"),
-        ({"t": "set", "id": 1, "timeouts": {"bogus": 1}}, "bad_request"),
+        ({"t": "set", "id": 1, "timeouts": {"x" * 129: 1}}, "bad_request"),
         ({"t": "set", "id": 1, "timeouts": {"rank_heartbeat_timeout": [1]}}, "bad_request"),
         ({"t": "set", "id": 1, "timeouts": {"rank_section_timeouts": {"": 1}}}, "bad_request"),
     ]:
