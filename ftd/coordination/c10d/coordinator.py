@@ -25,7 +25,6 @@ daemon never accepts a count lower than one it has seen. A round costs O(N) stor
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from typing import Any
 
@@ -35,9 +34,10 @@ from ftd.coordination.c10d.connections import StoreConnections
 from ftd.coordination.c10d.liveness import Keepalive
 from ftd.coordination.c10d.reach import reach_store
 from ftd.coordination.c10d.record_store import RecordStore
+from ftd.coordination.c10d.round_steps import StoreRoundSteps
 from ftd.coordination.c10d.rounds import StoreRounds
 from ftd.coordination.endpoint import parse_endpoint, route_address
-from ftd.coordination.progress import Reaching, report_progress
+from ftd.coordination.progress import Reaching
 from ftd.coordination.records import (
     MarkRecord,
     Member,
@@ -46,16 +46,10 @@ from ftd.coordination.records import (
     RequestRecord,
     RoundRecord,
 )
+from ftd.coordination.round_rules import join
 from ftd.coordination.shared_rounds import (
-    Late,
-    excluded_error,
-    job_over,
     key,
-    last_call,
-    late_request,
-    restarts_kept,
 )
-from ftd.coordination.standby import stand_by
 from ftd.tasks import within
 from ftd.tcpstore.server import TcpStoreServer
 
@@ -84,6 +78,7 @@ class StoreCoordinator:
         self._keepalive: Keepalive | None = None
         self._keepalive_task: asyncio.Task[None] | None = None
         self._rounds = StoreRounds(config)
+        self._steps: StoreRoundSteps | None = None
 
     @property
     def prefix(self) -> str:
@@ -142,6 +137,7 @@ class StoreCoordinator:
         )
         await self._connections.call(lambda s: keepalive.beat_now())
         self.excluded = await self._connections.call(self._rounds.read_excluded)
+        self._steps = StoreRoundSteps(self._connections, self._rounds, keepalive)
         self._keepalive_task = asyncio.create_task(self._keepalive.run(), name="ftd-keepalive")
         self.reached = True
 
@@ -185,110 +181,15 @@ class StoreCoordinator:
     # -- rounds ------------------------------------------------------------------------------
 
     async def join(self, me: Member, waits: RoundWaits | None = None) -> Round:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.config.rdzv_join_timeout_s
-        while True:
-            entry = await self._connections.call(self._rounds.enter, me)
-            if isinstance(entry, Late):
-                await self._as_late(entry, waits)
-                continue
-            number, joiner = entry
-            record = await self._await_close(number, joiner, deadline, waits)
-            if record.aborted:
-                raise CoordinationError(record.aborted)
-            self._rounds.exclusions.learn(record)
-            self.excluded = dict(record.excluded)
-            ids = [m.node_id for m in record.members]
-            if me.node_id not in ids and me.node_id in record.excluded:
-                raise excluded_error(me.node_id, self.config.run_id, record.excluded[me.node_id])
-            if me.node_id not in ids:  # it closed as we joined: it runs without us
-                self._rounds.round_hint = number + 1
-                # Late for it, as if we had found it closed: a scale-up where it has room. Not
-                # a round of our own next, which would close without the nodes it runs on
-                # (seen on a busy machine: two jobs of one node each).
-                await self._as_late(Late(number, record), waits)
-                continue
-            known = self._rounds.known_restarts
-            self._rounds.known_restarts = restarts_kept(number, record.restarts, known)
-            self._rounds.round_hint = number + 1
-            rnd = Round(
-                number,
-                record.members,
-                self._rounds.known_restarts,
-                ids.index(me.node_id),
-                dict(record.excluded),
-            )
-            self.round = rnd
-            assert self._keepalive is not None
-            self._keepalive.watch(ids[1:] if rnd.group_rank == 0 else ids[:1])
-            return rnd
-
-    async def _await_close(
-        self, number: int, joiner: int, deadline: float, waits: RoundWaits | None
-    ) -> RoundRecord:
-        """Wait for round `number` to close; close it when it is this node's turn: as the
-        MAX-th joiner once the round before's members came back (or their last call ended),
-        after the last call once MIN joined, at the join deadline."""
-        cfg = self.config
-        closed: asyncio.Future[RoundRecord] = asyncio.ensure_future(
-            self._connections.wait_decided(
-                self._rounds.await_closed, self._rounds.closed_now, number, "its closing record"
-            )
+        assert self._steps is not None
+        deadline = asyncio.get_running_loop().time() + self.config.rdzv_join_timeout_s
+        self.round = await join(
+            self.config, self._steps, me, deadline, self.round, waits, self._learn
         )
+        return self.round
 
-        async def returning() -> list[str]:
-            return await self._connections.call(self._rounds.returning, number)
-
-        async def close_when_due() -> None:
-            loop = asyncio.get_running_loop()
-            if joiner >= cfg.nnodes_max:
-                await last_call(number, cfg.rdzv_last_call_timeout_s, returning)
-                await self._connections.call(self._rounds.close, number, False)
-            elif joiner >= cfg.nnodes_min:
-                await asyncio.sleep(cfg.rdzv_last_call_timeout_s)
-                await self._connections.call(self._rounds.close, number, False)
-            await asyncio.sleep(max(0.0, deadline - loop.time()))
-            await self._connections.call(self._rounds.close, number, True)
-
-        progress = asyncio.ensure_future(
-            report_progress(
-                cfg,
-                number,
-                self.round,
-                lambda: self._connections.call(self._rounds.joined_ids, number),
-                deadline,
-                waits,
-            )
-        )
-        closer = asyncio.ensure_future(close_when_due())
-        try:
-            both: set[asyncio.Future[Any]] = {closed, closer}
-            done, _ = await asyncio.wait(both, return_when=asyncio.FIRST_COMPLETED)
-            if closed not in done:
-                closer.result()  # it ended before the round closed: only by raising
-            return await closed
-        finally:
-            for task in (closer, closed, progress):
-                task.cancel()
-                with contextlib.suppress(BaseException):
-                    await task
-
-    async def _as_late(self, late: Late, waits: RoundWaits | None) -> None:
-        """Round `late.number` runs without us: ask what a late node asks (late_request), then
-        await its end (as a standby, where it asks nothing)."""
-        request = late_request(late, self.node_id, self.config.nnodes_max)
-        if request is not None:
-            await self._connections.call(
-                lambda s: s.decide(key(late.number, "request"), request, RequestRecord)
-            )
-        else:
-            call, register = self._connections.call, self._rounds.stand_by
-            await stand_by(late, waits, lambda since: call(register, late, since))
-        ended = await self._connections.wait_decided(
-            self._rounds.await_request, self._rounds.request_now, late.number, "its request"
-        )
-        if (over := job_over(ended)) is not None:
-            raise over
+    def _learn(self, record: RoundRecord) -> None:
+        self.excluded = dict(record.excluded)
 
     # -- the round's end ---------------------------------------------------------------------
 

@@ -30,8 +30,9 @@ from ftd.coordination.etcd.inprocess_meeting import leaders_store
 from ftd.coordination.etcd.kv import Availability, RecordKv
 from ftd.coordination.etcd.liveness import EtcdLiveness
 from ftd.coordination.etcd.members import MemberWatch
+from ftd.coordination.etcd.round_steps import EtcdRoundSteps
 from ftd.coordination.etcd.rounds import EtcdRounds
-from ftd.coordination.progress import Reaching, report_progress
+from ftd.coordination.progress import Reaching
 from ftd.coordination.records import (
     MAX_ROUND_RECORD_BYTES,
     Member,
@@ -40,16 +41,11 @@ from ftd.coordination.records import (
     RequestRecord,
     RoundRecord,
 )
+from ftd.coordination.round_rules import join
 from ftd.coordination.shared_rounds import (
-    Late,
-    excluded_error,
-    job_over,
     key,
-    last_call,
-    late_request,
-    restarts_kept,
 )
-from ftd.coordination.standby import cluster_nodes, stand_by, viewed_round
+from ftd.coordination.standby import cluster_nodes, viewed_round
 from ftd.tasks import Background, within
 from ftd.tcpstore.server import TcpStoreServer
 
@@ -83,6 +79,7 @@ class EtcdCoordinator:
         self._kv = RecordKv(self._etcd, self.codec, self._availability)
         self._rounds = EtcdRounds(config, self._kv)
         self._liveness: EtcdLiveness | None = None
+        self._steps: EtcdRoundSteps | None = None
         self._opened = False
         self._tasks = Background()
         self._members = MemberWatch(
@@ -133,6 +130,7 @@ class EtcdCoordinator:
             self._members.reaching = None
             reaching.done()
         self._liveness = liveness
+        self._steps = EtcdRoundSteps(self._kv, self._rounds, liveness, self._tasks)
         self.excluded = await self._call("read the excluded nodes", self._rounds.read_excluded)
         self.reached = True
 
@@ -164,108 +162,14 @@ class EtcdCoordinator:
     # -- rounds ------------------------------------------------------------------------------
 
     async def join(self, me: Member, waits: RoundWaits | None = None) -> Round:
-        assert self._liveness is not None
-        deadline = self._deadline()
-        rounds, liveness = self._rounds, self._liveness
-        while True:
-            entry = await self._kv.call(
-                "join a round", lambda: rounds.enter(me, liveness.lease_id), deadline
-            )
-            if isinstance(entry, Late):
-                await self._as_late(entry, deadline, waits)
-                continue
-            number, joiner = entry
-            record, revision = await self._await_close(number, joiner, deadline, waits)
-            if record.aborted:
-                raise CoordinationError(record.aborted)
-            rounds.exclusions.learn(record)
-            self.excluded = dict(record.excluded)
-            ids = [m.node_id for m in record.members]
-            if me.node_id not in ids and me.node_id in record.excluded:
-                raise excluded_error(me.node_id, self.config.run_id, record.excluded[me.node_id])
-            rounds.round_hint = number + 1
-            if me.node_id not in ids:  # its join key came too late, or went with its lease
-                await self._as_late(Late(number, record), deadline, waits)  # as c10d's join
-                continue
-            rounds.known_restarts = restarts_kept(number, record.restarts, rounds.known_restarts)
-            rnd = Round(
-                number,
-                record.members,
-                rounds.known_restarts,
-                ids.index(me.node_id),
-                dict(record.excluded),
-            )
-            self.round = rnd
-            liveness.watch(ids[1:] if rnd.group_rank == 0 else ids[:1], revision)
-            return rnd
-
-    async def _await_close(
-        self, number: int, joiner: int, deadline: float, waits: RoundWaits | None
-    ) -> tuple[RoundRecord, int]:
-        """Wait for round `number` to close; close it when it is this node's turn: as the
-        MAX-th joiner once the round before's members came back (or their last call ended),
-        after the last call once MIN joined, at the join deadline."""
-        cfg = self.config
-        closed = self._spawn(
-            self._kv.await_decided(key(number, "closed"), RoundRecord, MAX_ROUND_RECORD_BYTES),
-            f"round-{number}-closed",
+        assert self._steps is not None
+        self.round = await join(
+            self.config, self._steps, me, self._deadline(), self.round, waits, self._learn
         )
+        return self.round
 
-        async def close(abort: bool) -> None:
-            await self._kv.call(
-                f"close round {number}", lambda: self._rounds.close(number, abort), deadline
-            )
-
-        async def returning() -> list[str]:
-            what = f"read round {number - 1}'s members"
-            return await self._kv.call(what, lambda: self._rounds.returning(number), deadline)
-
-        async def close_when_due() -> None:
-            loop = asyncio.get_running_loop()
-            if joiner >= cfg.nnodes_max:
-                await last_call(number, cfg.rdzv_last_call_timeout_s, returning)
-                await close(False)
-            elif joiner >= cfg.nnodes_min:
-                await asyncio.sleep(cfg.rdzv_last_call_timeout_s)
-                await close(False)
-            await asyncio.sleep(max(0.0, deadline - loop.time()))
-            await close(True)
-
-        closer = self._spawn(close_when_due(), f"round-{number}-closer")
-        progress = self._spawn(
-            report_progress(
-                cfg, number, self.round, lambda: self._rounds.joined_ids(number), deadline, waits
-            ),
-            f"round-{number}-progress",
-        )
-        try:
-            await asyncio.wait({closed, closer}, return_when=asyncio.FIRST_COMPLETED)
-            if not closed.done():
-                closer.result()  # it ended before the round closed: only by raising
-            return await closed
-        finally:
-            for task in (closer, closed, progress):
-                task.cancel()
-                with contextlib.suppress(BaseException):
-                    await task
-
-    async def _as_late(self, late: Late, deadline: float, waits: RoundWaits | None) -> None:
-        """Round `late.number` runs without us: ask what a late node asks (late_request), then
-        await its end (as a standby, where it asks nothing)."""
-        request_key = key(late.number, "request")
-        request = late_request(late, self.node_id, self.config.nnodes_max)
-        if request is not None:
-            await self._kv.call(
-                f"ask round {late.number} to restart",
-                lambda: self._kv.decide(request_key, request, RequestRecord),
-                deadline,
-            )
-        else:
-            lease = self._liveness.lease_id if self._liveness is not None else None
-            await stand_by(late, waits, partial(self._rounds.stand_by, late, lease))
-        ended, _ = await self._kv.await_decided(request_key, RequestRecord)
-        if (over := job_over(ended)) is not None:
-            raise over
+    def _learn(self, record: RoundRecord) -> None:
+        self.excluded = dict(record.excluded)
 
     # -- the round's end ---------------------------------------------------------------------
 

@@ -1,0 +1,70 @@
+"""The round rules' steps (ftd/coordination/round_rules.py) on etcd: transactions and watches
+(rounds.py, kv.py), each waiting out an absent etcd up to the join deadline."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+from ftd.coordination.etcd.kv import RecordKv
+from ftd.coordination.etcd.liveness import EtcdLiveness
+from ftd.coordination.etcd.rounds import EtcdRounds
+from ftd.coordination.records import MAX_ROUND_RECORD_BYTES, Member, RequestRecord, RoundRecord
+from ftd.coordination.shared_rounds import Late, key
+from ftd.tasks import Background
+
+T = TypeVar("T")
+
+
+class EtcdRoundSteps:
+    def __init__(
+        self, kv: RecordKv, rounds: EtcdRounds, liveness: EtcdLiveness, tasks: Background
+    ) -> None:
+        self._kv = kv
+        self.book = rounds
+        self._liveness = liveness
+        self._tasks = tasks
+
+    async def enter(self, me: Member, deadline: float) -> tuple[int, int] | Late:
+        lease = self._liveness.lease_id
+        return await self._kv.call("join a round", lambda: self.book.enter(me, lease), deadline)
+
+    async def closing(self, number: int) -> tuple[RoundRecord, int | None]:
+        return await self._kv.await_decided(
+            key(number, "closed"), RoundRecord, MAX_ROUND_RECORD_BYTES
+        )
+
+    async def close(self, number: int, abort: bool, deadline: float) -> None:
+        what = f"close round {number}"
+        await self._kv.call(what, lambda: self.book.close(number, abort), deadline)
+
+    async def returning(self, number: int, deadline: float) -> list[str]:
+        what = f"read round {number - 1}'s members"
+        return await self._kv.call(what, lambda: self.book.returning(number), deadline)
+
+    async def joined(self, number: int) -> list[str]:
+        return await self.book.joined_ids(number)
+
+    async def ask(self, number: int, request: RequestRecord, deadline: float) -> None:
+        decided = key(number, "request")
+        await self._kv.call(
+            f"ask round {number} to restart",
+            lambda: self._kv.decide(decided, request, RequestRecord),
+            deadline,
+        )
+
+    async def ending(self, number: int) -> RequestRecord:
+        ended, _ = await self._kv.await_decided(key(number, "request"), RequestRecord)
+        return ended
+
+    async def register_standby(self, late: Late, since: float) -> None:
+        await self.book.stand_by(late, self._liveness.lease_id, since)
+
+    def spawn(self, work: Coroutine[Any, Any, T], name: str) -> asyncio.Future[T]:
+        """A task the caller awaits or drops (a round that ended otherwise)."""
+        return self._tasks.adopt(work, f"ftd-etcd-{name}")
+
+    def watch(self, node_ids: list[str], revision: int | None) -> None:
+        assert revision is not None  # etcd's closing record has its revision
+        self._liveness.watch(node_ids, revision)
