@@ -217,3 +217,21 @@ def test_no_part_writes_into_another() -> None:
                 if isinstance(target, ast.Attribute) and _reached(target.value):
                     found.append(f"{path.name}:{node.lineno} {ast.unparse(target)} = ...")
     assert not found, found
+
+
+def test_no_getattr_around_a_part() -> None:
+    """What a part offers is in its class or protocol: no `getattr(part, "name", ...)` that
+    would run a backend without it silently (issue 42: `codec`, `hosting` were read so)."""
+    found = []
+    for path in (ROOT / "ftd").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id in ("getattr", "hasattr")
+                and node.args
+                and (reached := _reached(node.args[0])) is not None
+                and not reached.startswith("_")  # aiohttp's site holds its asyncio `_server`
+            ):
+                found.append(f"{path.name}:{node.lineno} {ast.unparse(node)}")
+    assert not found, found
