@@ -23,7 +23,7 @@ from ftd.ranks.output import LineSplitter, OutputDrain, prefixed
 from ftd.ranks.output_writer import PENDING_LIMIT
 from ftd.ranks.spawn.base import RankStream
 from ftd.ranks.spawn.output import grow_pipe
-from tests.conftest import BIN, ServeFactory, await_api_event
+from tests.conftest import BIN, ServeFactory, await_api_event, events_in
 from tests.support.checks import AS_ROOT, api_session, assert_no_orphans, assert_sound, metric
 from tests.support.fuzzing import fuzz_target
 
@@ -95,7 +95,10 @@ async def test_a_full_log_disk_drops_output_and_the_job_completes(
         async with api_session(run) as (session, url, token):
             event = await await_api_event(url, "output_dropped", token=token, timeout=90)
             assert event["data"]["destination"] == "file", event  # type: ignore[index]
-            assert "No space left on device" in str(event["data"]), event
+            # On a busy machine the writer may fall behind before the disk is full: that
+            # episode's one event names the backlog; the full disk is named by attempt 1's.
+            reasons = ("No space left on device", "its writer is behind")
+            assert any(reason in str(event["data"]) for reason in reasons), event
             await await_files([reports / f"r{rank}_a1.json" for rank in (0, 1)], timeout=90)
             # Attempt 1 alone printed 2 x 3 MiB (and a tenth of it to stderr) to a full disk.
             # The ranks' reports come when they have printed; the daemon may still be draining
@@ -119,6 +122,8 @@ async def test_a_full_log_disk_drops_output_and_the_job_completes(
                 kept[attempt, rank] = assert_whole_lines(rank_dir / "stdout.log", rank, attempt)
                 assert_whole_lines(rank_dir / "stderr.log", rank, attempt)
         assert sum(kept.values()) < 2 * 1024, kept  # 2 MiB of disk: most was dropped
+        dropped = [str(e["data"]) for e in events_in(run.run_dir, "output_dropped")]
+        assert any("No space left on device" in data for data in dropped), dropped
         assert_sound(run)
         await assert_no_orphans(run.run_dir)
     for rank in (0, 1):
