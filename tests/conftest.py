@@ -9,7 +9,6 @@ import json
 import os
 import re
 import signal
-import socket
 import sys
 import time
 from collections import Counter
@@ -28,6 +27,7 @@ from tests.support.etcd_cluster import (
     EtcdCluster,
     etcd,  # noqa: F401  (the fixture: real etcd clusters)
 )
+from tests.support.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("FTD_ZYGOTE_WARM_AFTER_S", "86400")
@@ -342,13 +342,6 @@ def pids_with_env(key: str, value: str) -> list[int]:
             except OSError:
                 pass
     return found
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @dataclass(frozen=True)

@@ -19,19 +19,13 @@ import pytest
 from ftd_client import protocol, wire
 
 from tests.conftest import BIN, ROOT
+from tests.support.ports import free_port
 from tests.support.wire import fields
 
 SLOW_DATA_MS = 80
 STEPS = 30
 
 pytestmark = pytest.mark.timeout(240)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def peer_pid(connection: socket.socket) -> int:

@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import time
@@ -27,6 +26,8 @@ from typing import TypeVar
 
 import aiohttp
 import pytest
+
+from tests.support.ports import free_ports
 
 READY = b"ready to serve client requests"
 HEARTBEAT_MS = 50
@@ -60,15 +61,6 @@ def etcd_unusable() -> str | None:
     if done.returncode != 0 or b"etcd Version: 3." not in done.stdout:
         return f"{binary} --version: {done.stdout[:200]!r} {done.stderr[:200]!r}"
     return None
-
-
-def free_ports(count: int) -> list[int]:
-    """Ports nothing listens on right now (held together, so they differ)."""
-    with contextlib.ExitStack() as stack:
-        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for sock in socks:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in socks]
 
 
 @dataclass(frozen=True)
