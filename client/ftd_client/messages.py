@@ -94,8 +94,10 @@ class State(Bare):
 
 
 @dataclass(frozen=True, slots=True)
-class SectionStart:
-    KIND: ClassVar[str] = protocol.SECTION_START
+class Section:
+    """A section event: its name (the sections open after it ride in the envelope)."""
+
+    KIND: ClassVar[str] = ""
     ANSWERED: ClassVar[bool] = False
     name: str
 
@@ -103,22 +105,18 @@ class SectionStart:
         return {"t": self.KIND, "n": self.name}
 
     @classmethod
-    def read(cls, fields: Fields) -> SectionStart:
+    def read(cls, fields: Fields) -> Self:
         return cls(section_name(fields.get("n"), "section name"))
 
 
 @dataclass(frozen=True, slots=True)
-class SectionEnd:
+class SectionStart(Section):
+    KIND: ClassVar[str] = protocol.SECTION_START
+
+
+@dataclass(frozen=True, slots=True)
+class SectionEnd(Section):
     KIND: ClassVar[str] = protocol.SECTION_END
-    ANSWERED: ClassVar[bool] = False
-    name: str
-
-    def wire(self) -> dict[str, object]:
-        return {"t": self.KIND, "n": self.name}
-
-    @classmethod
-    def read(cls, fields: Fields) -> SectionEnd:
-        return cls(section_name(fields.get("n"), "section name"))
 
 
 @dataclass(frozen=True, slots=True)
