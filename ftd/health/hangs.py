@@ -130,17 +130,8 @@ class HangHandler:
             return
         # A rank may die while its stacks are written (faulthandler reads other threads'
         # frames unlocked: a thread that runs meanwhile can crash it): still this hang.
-        group.judged(
-            Failure(
-                kind="hang",
-                reason=f"{reason}; the rank died while its stacks were written",
-                local_rank=rank.local_rank,
-                global_rank=rank.global_rank,
-                pid=rank.pid,
-                timestamp=time.time(),
-                origin=origin,
-            )
-        )
+        died = f"{reason}; the rank died while its stacks were written"
+        group.judged(_hang_failure(rank, died, time.time(), origin))
         section = max(rank.open_sections, key=rank.open_sections.__getitem__, default=None)
         # The victims' stacks are written beside the culprit's, and never delay its kill.
         victims = asyncio.ensure_future(self._explain_each(group, others))
@@ -150,6 +141,10 @@ class HangHandler:
         try:
             containment.inject("hangs")
             notes = await self._explain_each(group, [rank], unnamed=rank)
+            # Its exit may be seen before the victims' stacks are written: it ends the attempt
+            # with what is known of it by then (its own notes).
+            killed_as = f"{reason}; {'; '.join(notes)}; terminated with {self.termination_signal}"
+            group.judged(_hang_failure(rank, killed_as, time.time(), origin))
             self._signal_culprit(group, rank)
             killed = True
             notes += await victims
@@ -260,17 +255,19 @@ class HangHandler:
             containment.record("hangs", error)
             timestamp = time.time()
         full_reason = f"{reason}; {'; '.join(notes)}; terminated with {signal_name}"
-        group.fail(
-            Failure(
-                kind="hang",
-                reason=full_reason,
-                local_rank=rank.local_rank,
-                global_rank=rank.global_rank,
-                pid=rank.pid,
-                timestamp=timestamp,
-                origin=origin,
-            )
-        )
+        group.fail(_hang_failure(rank, full_reason, timestamp, origin))
+
+
+def _hang_failure(rank: RankHealth, reason: str, timestamp: float, origin: float | None) -> Failure:
+    return Failure(
+        kind="hang",
+        reason=reason,
+        local_rank=rank.local_rank,
+        global_rank=rank.global_rank,
+        pid=rank.pid,
+        timestamp=timestamp,
+        origin=origin,
+    )
 
 
 def _verdict_reason(verdict: Verdict, culprit: RankHealth, blame: str | None = None) -> str:
