@@ -38,6 +38,7 @@ from ftd.config.rundir import prepare_run_dir
 from ftd.config.serve import ServeConfig
 from ftd.coordination import CoordinationError, Coordinator, create_coordinator
 from ftd.errors import StartupError
+from ftd.health.first_steps import FirstSteps
 from ftd.health.inbox import by_global_rank
 from ftd.health.progress import ProgressWatch
 from ftd.health.service import HealthService
@@ -177,6 +178,7 @@ class Daemon:
             config, self.run_dir, self.events, self.replication
         )
         self.progress = ProgressWatch(config.progress_timeout_floor_s, enabled=config.progress)
+        first_steps = FirstSteps(self.progress.node)
         self.health = HealthService(
             config.ft,
             rank_socket,
@@ -185,6 +187,7 @@ class Daemon:
             self.persist,
             self.progress,
             dict.fromkeys(CHECKPOINT_KINDS, by_global_rank(self.checkpoints.answer)),
+            first_steps,
         )
         several = config.multi_node
         # Judged against the whole job's forward times: the nodes' published summaries.
@@ -282,6 +285,7 @@ class Daemon:
             spawner=self.spawner,
             health=self.health,
             progress=self.progress,
+            first_steps=first_steps,
             checkpoints=self.checkpoints,
             guard=self.guard,
             events=self.events,

@@ -235,3 +235,23 @@ def test_no_getattr_around_a_part() -> None:
             ):
                 found.append(f"{path.name}:{node.lineno} {ast.unparse(node)}")
     assert not found, found
+
+
+HEALTH_PARTS = (
+    "server", "nvrx", "hangs", "first_steps", "monitor", "inbox", "timeouts_keeper", "losses",
+    "budgets", "progress",
+)  # fmt: skip
+
+
+def test_nothing_reaches_through_the_health_service() -> None:
+    """The health service is asked by intent (`messages_held()`, `rank_sockets()`); its parts
+    are its own: no `health.server.pause()` from outside ftd/health (issue 42)."""
+    reach = re.compile(rf"\bhealth\.({'|'.join(HEALTH_PARTS)})\b")
+    found = [
+        f"{path.relative_to(ROOT)}:{number}"
+        for path in (ROOT / "ftd").rglob("*.py")
+        if "health" not in path.relative_to(ROOT / "ftd").parts[:1]
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if reach.search(line) and "ftd.health." not in line
+    ]
+    assert not found, found

@@ -8,11 +8,8 @@ import argparse
 import difflib
 import re
 
-from ftd.config.resolve import FIELD_DESTS
+from ftd.config.resolve import field_dest
 
-UNIT_SUFFIXES = ("_s", "_bytes")
-"""What ServeConfig appends to a flag's name to carry its unit (`--shutdown-timeout` ->
-`shutdown_timeout_s`)."""
 _QUOTED = re.compile(r"'([^']{1,80})'")
 
 
@@ -24,18 +21,6 @@ def dest_flags(parser: argparse.ArgumentParser) -> dict[str, str]:
         if long and action.dest not in flags:
             flags[action.dest] = long[0]
     return flags
-
-
-def field_dest(field: str, dests: dict[str, str]) -> str | None:
-    """The option destination that sets a ServeConfig field, or None (a derived field)."""
-    if field in FIELD_DESTS:
-        return FIELD_DESTS[field]
-    if field in dests:
-        return field
-    for suffix in UNIT_SUFFIXES:
-        if field.endswith(suffix) and field.removesuffix(suffix) in dests:
-            return field.removesuffix(suffix)
-    return None
 
 
 def in_flags(message: str, parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:

@@ -5,6 +5,7 @@ is escaped (ftd.text), since ranks and other nodes supply much of it. Standard l
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +17,20 @@ from ftd.text import NO_VALUE, duration, escape
 MAX_CAUSE_CHARS = 2000
 
 TERMINAL_STATES = ("succeeded", "failed", "stopped")
+
+SHOWN_FIELDS = frozenset(
+    {
+        *("node_id", "run_id", "state", "attempt", "round", "restart_count", "max_restarts"),
+        *("pid", "policy", "backoff_s", "backoff_left_s", "fast_failures", "unhealthy"),
+        *("waiting", "connecting", "standby", "last_failure", "timeouts", "progress_deadlines"),
+        *("progress", "checkpoint", "ranks"),
+    }
+)
+"""The status fields `ftd status` says in its own words, and LEFT_OUT those it leaves out on
+purpose; any other is shown as `name: value` (other_lines), so a new field needs no change
+here."""
+LEFT_OUT = frozenset({"restart_policy", "ipc", "last_recovery", "uptime_s"})
+"""In `policy`; the socket's counters (`ftd top`); the recovery (its events); the uptime."""
 
 
 @dataclass(frozen=True)
@@ -212,6 +227,7 @@ def format_status(
         lines.append(progress)
     if memory := checkpoint_text(status):
         lines.append(memory)
+    lines += other_lines(status)
     lines.append("")
     rows = rank_rows(status)
     lines += table(RANK_HEADER, rows) if rows else ["(no ranks)"]
@@ -301,3 +317,17 @@ def size_text(size: object) -> str:
         if size >= 1 << shift:
             return f"{size / (1 << shift):.1f} {unit}"
     return f"{size} B"
+
+
+def other_lines(status: dict[str, Any]) -> list[str]:
+    """`name: value` (its `reason` where it has one) for each status field not shown otherwise
+    (SHOWN_FIELDS, LEFT_OUT) and not null: a new field, or what a newer daemon says."""
+    lines = []
+    for name, item in status.items():
+        if name in SHOWN_FIELDS or name in LEFT_OUT or item is None:
+            continue
+        if isinstance(item, dict) and isinstance(item.get("reason"), str):
+            item = item["reason"]
+        text = item if isinstance(item, str) else json.dumps(item, default=str)
+        lines.append(f"{escape(str(name), 60).replace('_', ' ')}: {escape(text, 400)}")
+    return lines[:32]

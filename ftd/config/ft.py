@@ -1,8 +1,9 @@
 """Fault-tolerance parameters with ft_launcher's names, from YAML and `--ft-param-*`/`--ft-*`.
 
-`RankTimeouts` is the live-tunable part (CLI, YAML, API PATCH, ranks' load_state_dict all
-validate through it); `FaultToleranceConfig` adds what is fixed for the daemon's life.
-A timeout of None disables that check.
+Each parameter's description is its `ftd serve` flag's help. `RankTimeouts` is the
+live-tunable part (CLI, YAML, API PATCH, ranks' load_state_dict all validate through it);
+`FaultToleranceConfig` adds what is fixed for the daemon's life. A timeout of None disables
+that check.
 """
 
 from __future__ import annotations
@@ -33,12 +34,23 @@ Seconds = Annotated[float, Field(ge=MIN_TIMEOUT_S, le=MAX_TIMEOUT_S, allow_inf_n
 class RankTimeouts(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    initial_rank_heartbeat_timeout: Seconds | None = None
-    rank_heartbeat_timeout: Seconds | None = None
-    rank_section_timeouts: dict[str, Seconds | None] = Field(
-        default_factory=dict, max_length=MAX_SECTIONS
+    initial_rank_heartbeat_timeout: Seconds | None = Field(
+        None,
+        description="seconds from a rank's start to its first heartbeat",
     )
-    rank_out_of_section_timeout: Seconds | None = None
+    rank_heartbeat_timeout: Seconds | None = Field(
+        None,
+        description="seconds allowed between heartbeats",
+    )
+    rank_section_timeouts: dict[str, Seconds | None] = Field(
+        default_factory=dict,
+        max_length=MAX_SECTIONS,
+        description="per-section seconds, e.g. setup:600,step:180,checkpointing:420",
+    )
+    rank_out_of_section_timeout: Seconds | None = Field(
+        None,
+        description="seconds allowed outside any section",
+    )
 
     @field_validator("rank_section_timeouts", mode="before")
     @classmethod
@@ -67,40 +79,155 @@ class RankTimeouts(BaseModel):
 
 
 class FaultToleranceConfig(RankTimeouts):
-    safety_factor: float = Field(5.0, gt=0, le=1000, allow_inf_nan=False)
-    min_learned_timeout: Seconds = 1.0
+    safety_factor: float = Field(
+        5.0,
+        gt=0,
+        le=1000,
+        allow_inf_nan=False,
+        description="a learned timeout is the longest observed interval times this (default 5)",
+    )
+    min_learned_timeout: Seconds = Field(
+        1.0,
+        description="seconds no learned timeout goes below (default 1)",
+    )
     """A timeout learned from a fast, quiet run must not kill a rank on its first hiccup."""
-    rank_termination_signal: str = "SIGKILL"
-    log_level: str = "INFO"
-    calc_timeouts: bool = False
-    """Learn timeouts automatically at the end of each attempt (else when a rank asks)."""
-    workload_check_interval: float = Field(5.0, gt=0)
-    """Accepted for ft_launcher compatibility; ftd checks deadlines as they fall due."""
-    simulated_fault: str | None = None
-    """`<kill|hang>:<rank|random>:<delay s or MIN-MAX>`: inject one fault on the first attempt."""
-    max_no_progress_cycles: int = Field(3, ge=-1, le=1_000_000)
+    rank_termination_signal: str = Field(
+        "SIGKILL",
+        description="signal for a hung rank, after its stacks are dumped (default SIGKILL)",
+    )
+    log_level: str = Field(
+        "INFO",
+        description="log level of the rank-health components (default INFO)",
+    )
+    calc_timeouts: bool = Field(
+        False,
+        description="true: learn timeouts at the end of every attempt (default false)",
+    )
+    workload_check_interval: float = Field(
+        5.0,
+        gt=0,
+        description="accepted for compatibility: ftd checks deadlines when due",
+    )
+    simulated_fault: str | None = Field(
+        None,
+        description=(
+            "inject one fault in the first attempt: <kill|hang>:<rank|random>:<seconds or "
+            "MIN-MAX>, e.g. hang:1:5"
+        ),
+    )
+    max_no_progress_cycles: int = Field(
+        3,
+        ge=-1,
+        le=1_000_000,
+        description=(
+            "attempts in a row whose checkpoint iteration did not grow before the job stops with "
+            "--ft-no-restart-exit-code (default 3; 0 or -1: never)"
+        ),
+    )
     """Attempts in a row whose checkpoint iteration did not grow before the job stops
     (ftd/supervision/no_progress.py); 0 or -1: never."""
-    min_progress_iterations: int = Field(1, ge=1, le=2**62)
-    checkpoint_iteration_file: str | None = Field(None, max_length=4096)
-    """NVRx's: a file holding the latest checkpoint's iteration (else ftd_client.checkpoint's)."""
-    gpu_memory_reclaim_timeout: float = Field(50.0, ge=0, le=3600, allow_inf_nan=False)
-    """Between attempts, seconds to wait at most for the GPUs' memory (NVML; 0: never)."""
-    gpu_memory_tolerance_mb: float = Field(512.0, ge=0, le=2**30, allow_inf_nan=False)
-    gpu_memory_poll_interval: float = Field(2.0, gt=0, le=60, allow_inf_nan=False)
-    no_restart_exit_code: int = Field(93, ge=1, le=255)
-    node_health_check: str | None = Field(None, min_length=1, max_length=4096)
-    """A command run before every rendezvous (--node-health-check): exit 0 is healthy."""
-    node_health_check_timeout: float = Field(60.0, gt=0, le=3600, allow_inf_nan=False)
-    node_health_check_interval: float = Field(5.0, gt=0, le=3600, allow_inf_nan=False)
-    """Seconds between an unhealthy node's looks (supervision/node_health.py)."""
-    node_health_check_failures: int = Field(3, ge=0, le=1_000_000)
-    """Looks in a row that find the node unhealthy before it excludes itself (0: never)."""
-    node_health_check_endpoint: str | None = Field(None, min_length=1, max_length=4096)
-    """NVRx's: the unix socket of NVIDIA's node health check service (supervision/nvhcd.py)."""
-    storage_healthcheck_path: str | None = Field(None, max_length=65536)
-    link_state_path_template: str | None = Field(None, max_length=4096)
-    """Every node's exit code when restarting cannot help (no progress)."""
+    min_progress_iterations: int = Field(
+        1,
+        ge=1,
+        le=2**62,
+        description="iterations an attempt must add to count as progress (default 1)",
+    )
+    checkpoint_iteration_file: str | None = Field(
+        None,
+        max_length=4096,
+        description=(
+            "a file holding the latest checkpoint's iteration (NVRx's); default: the steps saved "
+            "through ftd_client.checkpoint"
+        ),
+    )
+    gpu_memory_reclaim_timeout: float = Field(
+        50.0,
+        ge=0,
+        le=3600,
+        allow_inf_nan=False,
+        description=(
+            "between attempts, seconds to wait at most for every GPU's memory to be released, "
+            "where NVML is present (default 50; 0: no wait)"
+        ),
+    )
+    gpu_memory_tolerance_mb: float = Field(
+        512.0,
+        ge=0,
+        le=2**30,
+        allow_inf_nan=False,
+        description="a GPU holding at most this many MiB counts as released (default 512)",
+    )
+    gpu_memory_poll_interval: float = Field(
+        2.0,
+        gt=0,
+        le=60,
+        allow_inf_nan=False,
+        description="seconds between looks at the GPUs' memory (default 2)",
+    )
+    no_restart_exit_code: int = Field(
+        93,
+        ge=1,
+        le=255,
+        description="every node's exit code when restarting cannot help (default 93)",
+    )
+    node_health_check: str | None = Field(
+        None,
+        min_length=1,
+        max_length=4096,
+        description=(
+            "a command run before every rendezvous: exit 0 is healthy, else the node sits out "
+            "(its last output line the reason) and looks again (default: none)"
+        ),
+    )
+    node_health_check_timeout: float = Field(
+        60.0,
+        gt=0,
+        le=3600,
+        allow_inf_nan=False,
+        description="seconds the health check may take (default 60)",
+    )
+    node_health_check_interval: float = Field(
+        5.0,
+        gt=0,
+        le=3600,
+        allow_inf_nan=False,
+        description="seconds between an unhealthy node's looks (default 5)",
+    )
+    node_health_check_failures: int = Field(
+        3,
+        ge=0,
+        le=1_000_000,
+        description=(
+            "looks in a row that find the node unhealthy before it excludes itself, until `ftd "
+            "readmit` (default 3; 0: never)"
+        ),
+    )
+    node_health_check_endpoint: str | None = Field(
+        None,
+        min_length=1,
+        max_length=4096,
+        description=(
+            "the unix socket of NVIDIA's node health check service (nvhcd; /path or "
+            "unix:///path), asked before every rendezvous: fail_count 0 is healthy; a socket that"
+            " does not exist skips the check (default: none)"
+        ),
+    )
+    storage_healthcheck_path: str | None = Field(
+        None,
+        max_length=65536,
+        description=(
+            "comma-separated paths that must be reachable directories before every rendezvous "
+            "(default: none)"
+        ),
+    )
+    link_state_path_template: str | None = Field(
+        None,
+        max_length=4096,
+        description=(
+            "NIC port state files, {nic} for the device, e.g. "
+            "/sys/class/infiniband/{nic}/ports/1/state: a port that was ACTIVE must stay so"
+        ),
+    )
 
     @field_validator("simulated_fault")
     @classmethod

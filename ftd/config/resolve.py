@@ -75,44 +75,19 @@ def serve_config_from_args(args: argparse.Namespace) -> ServeConfig:
     run_id = args.rdzv_id
     if args.standalone and run_id == "none":
         run_id = str(uuid.uuid4())  # as torchrun --standalone does
-    fields: dict[str, object] = {
-        "entrypoint": args.training_script,
+    converted: dict[str, object] = {
         "script_args": tuple(args.training_script_args),
-        "module": args.module,
-        "no_python": args.no_python,
         "nnodes_min": nnodes_min,
         "nnodes_max": nnodes_max,
         "hot_spares": hot_spares,
         "nproc_per_node": _nproc(args.nproc_per_node),
-        "max_restarts": args.max_restarts,
-        "standalone": args.standalone,
-        "rdzv_backend": args.rdzv_backend,
-        "rdzv_endpoint": args.rdzv_endpoint,
         "run_id": run_id,
         "rdzv_conf": rdzv_conf,
-        "master_addr": args.master_addr,
-        "master_port": args.master_port,
-        "local_addr": args.local_addr,
-        "node_rank": args.node_rank,
-        "node_keepalive_timeout_s": args.node_keepalive_timeout,
-        "role": args.role,
-        "start_method": args.start_method,
         "preload": tuple(m.strip() for m in args.preload.split(",") if m.strip()),
-        "log_dir": args.log_dir,
-        "redirects": args.redirects,
-        "tee": args.tee,
         "local_ranks_filter": ranks_filter,
-        "shutdown_timeout_s": args.shutdown_timeout,
-        "enable_fault_injection": args.enable_fault_injection,
-        "api_host": args.api_host,
         "api_port": None if args.api_port == "off" else args.api_port or DEFAULT_API_PORT,
         "api_port_explicit": args.api_port is not None,
-        "api_token_file": args.api_token_file,
-        "termination_signal": args.termination_signal,
-        "restart_mode": args.restart_mode,
-        "inprocess_respawn": args.inprocess_respawn,
         "progress": args.progress == "on",
-        "progress_timeout_floor_s": args.progress_timeout_floor,
         "checkpoint_memory_bytes": None
         if args.checkpoint_memory == "auto"
         else args.checkpoint_memory,
@@ -120,8 +95,7 @@ def serve_config_from_args(args: argparse.Namespace) -> ServeConfig:
         **_persist(args),
         **_restart_backoff(args.restart_backoff),
     }
-    if args.node_id:
-        fields["node_id"] = args.node_id
+    fields = {**_as_given(args), **converted}
     last_call = args.rdzv_last_call_timeout or rdzv_conf.get("last_call_timeout")
     if last_call is not None:
         fields["rdzv_last_call_timeout_s"] = last_call
@@ -201,6 +175,37 @@ def _fault_tolerance_fields(args: argparse.Namespace) -> dict[str, object]:
 
 
 # -- --print-config ---------------------------------------------------------------------------
+
+
+def _as_given(args: argparse.Namespace) -> dict[str, object]:
+    """The ServeConfig fields whose option's value is the field's as it was given (field_dest);
+    an option left unset (None) leaves the field's default. So a plain new flag needs no line
+    here: its ServeConfig field and its option, of the same name (or the name and a unit)."""
+    given = vars(args)
+    fields: dict[str, object] = {}
+    for name in ServeConfig.model_fields:
+        dest = field_dest(name, given)
+        if dest is not None and given[dest] is not None:
+            fields[name] = given[dest]
+    return fields
+
+
+UNIT_SUFFIXES = ("_s", "_bytes")
+"""What ServeConfig appends to a flag's name to carry its unit (`--shutdown-timeout` ->
+`shutdown_timeout_s`)."""
+
+
+def field_dest(field: str, dests: Mapping[str, object]) -> str | None:
+    """The option destination that sets a ServeConfig field, or None (a derived field)."""
+    if field in FIELD_DESTS:
+        return FIELD_DESTS[field]
+    if field in dests:
+        return field
+    for suffix in UNIT_SUFFIXES:
+        if field.endswith(suffix) and field.removesuffix(suffix) in dests:
+            return field.removesuffix(suffix)
+    return None
+
 
 FIELD_DESTS = {
     "entrypoint": "training_script",

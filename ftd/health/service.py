@@ -1,16 +1,17 @@
-"""Rank health service: the socket, the monitor, learned timeouts and workload requests.
+"""Rank health service: the socket, the monitor, the timeouts and workload requests.
 
-The daemon owns one; it routes the ranks' messages to the monitor, answers requests, turns
-hang verdicts into explained failures (stacks first, then the kill) and keeps learned timeouts
-in a state file so they survive restarts of ranks and of the daemon.
+The daemon owns one; it handles the ranks' messages (the inbox's table), answers requests,
+turns hang verdicts into explained failures (stacks first, then the kill: hangs.py) and keeps
+the timeouts in force through their one writer (timeouts_keeper.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,23 +32,14 @@ from ftd_client.messages import (
 )
 from ftd_client.protocol import WorkloadAction
 from ftd_client.wire import Envelope, Message
-from pydantic import ValidationError
 
 from ftd.config.ft import FaultToleranceConfig, RankTimeouts
-from ftd.errors import InvalidRequest, format_validation_error
+from ftd.errors import InvalidRequest
 from ftd.health.accounting import BudgetWatch, LossWatch, send_buffer_bytes
-from ftd.health.calculate import requested_values
 from ftd.health.first_steps import FirstSteps
 from ftd.health.hangs import HangHandler
 from ftd.health.inbox import Handler, Inbox
-from ftd.health.learning import (
-    Base,
-    Generations,
-    NotReady,
-    apply_values,
-    learn_timeouts,
-    load_learned,
-)
+from ftd.health.learning import load_learned
 from ftd.health.links import Link, RankHealth
 from ftd.health.messages import (
     WorkloadRequest,
@@ -63,9 +55,9 @@ from ftd.health.nvrx.server import NvrxServer
 from ftd.health.progress import DEFAULT_FLOOR_S, ProgressWatch
 from ftd.health.progress_timer import ProgressTimer
 from ftd.health.socket import RankSocketServer, Reply, rank_socket_refusals
-from ftd.health.sync import BudgetExceeded, patched_sections
+from ftd.health.sync import BudgetExceeded
+from ftd.health.timeouts_keeper import TimeoutsKeeper
 from ftd.ranks.workers import WorkerGroup
-from ftd.status.event_kind import EventKind
 from ftd.status.events import EventLog
 from ftd.status.model import RankStatus
 from ftd.status.persist import Persistence
@@ -83,8 +75,10 @@ class HealthService:
         persist: Persistence | None = None,
         progress: ProgressWatch | None = None,
         handlers: Mapping[type[Message], Handler] | None = None,
+        first_steps: FirstSteps | None = None,
     ) -> None:
-        """`handlers`: the other parts' (the checkpoint holder's), by kind, for the inbox."""
+        """`handlers`: the other parts' (the checkpoint holder's), by kind, for the inbox;
+        `first_steps`: told of each rank's first step after a restart (the restart's end)."""
         self.ft = ft
         self.state_file = state_file
         self.events = events
@@ -92,9 +86,7 @@ class HealthService:
         self.workload_request: WorkloadRequest | None = None
         self.losses = LossWatch(events)
         self.budgets = BudgetWatch(events)
-        self._learned: frozenset[str] = frozenset()
-        self._generations = Generations()
-        timeouts, self._learned = load_learned(state_file, ft.timeouts())
+        timeouts, learned = load_learned(state_file, ft.timeouts())
         self.monitor = Monitor(
             timeouts,
             lambda verdict: self.hangs.on_hang(verdict),
@@ -104,7 +96,10 @@ class HealthService:
             connect_timeout=ft.initial_rank_heartbeat_timeout,  # as configured, never learned
         )
         self.progress = progress or ProgressWatch(DEFAULT_FLOOR_S)
-        self.first_steps = FirstSteps(self.progress.node)
+        self.first_steps = first_steps or FirstSteps(self.progress.node)
+        self.timeouts_keeper = TimeoutsKeeper(
+            ft, self.monitor, learned, events, self.persist, state_file
+        )
         self.hangs = HangHandler(self.monitor, events, ft.rank_termination_signal, self.progress)
         self.inbox = Inbox(self.monitor, self.losses, {**self._handlers(), **(handlers or {})})
         dropped, previous_pids = rank_socket_refusals(), set[int]()
@@ -154,7 +149,7 @@ class HealthService:
         """Watch this attempt's ranks (the previous attempt's are forgotten)."""
         self._group = group
         self.hangs.attach(group)
-        self._generations.reset()  # a new attempt's ranks count their calls from 1
+        self.timeouts_keeper.new_attempt()  # its ranks count their `calc` calls from 1
         self.losses.forget()
         self.budgets.forget()
         self.progress.attach()
@@ -210,73 +205,39 @@ class HealthService:
             "budget_refusals": {**self.budgets.refused, **self.events.rank_budget.counts()},
         }
 
-    # -- timeouts ----------------------------------------------------------------------------
+    # -- timeouts (the keeper's) ------------------------------------------------------------
 
     def learn(
         self, by: str, sections: list[str] | None = None, out_of_section: bool = True
     ) -> RankTimeouts:
-        timeouts, self._learned = learn_timeouts(
-            self.timeouts,
-            self._learned,
-            self.monitor.observed,
-            self.ft.safety_factor,
-            sections,
-            out_of_section,
-            floor=self.ft.min_learned_timeout,
-        )
-        self._apply(timeouts, by, learned=True)
-        return timeouts
+        return self.timeouts_keeper.learn(by, sections, out_of_section)
 
-    def update(
-        self,
-        patch: Mapping[str, object],
-        by: str,
-        learned: frozenset[str] = frozenset(),
-        rank: RankHealth | None = None,
-    ) -> RankTimeouts:
-        """Apply a partial update, validated by the same model as the CLI; `learned` names the
-        values that were calculated (a checkpoint's learned timeouts), the rest are set."""
-        merged = {**self.timeouts.model_dump(), **patch}
-        try:
-            timeouts = RankTimeouts.model_validate(merged)
-        except ValidationError as error:
-            raise InvalidRequest(format_validation_error(error)) from None
-        # Values set by hand are no longer learned ones.
-        keys = set(patch) | {f"section:{s}" for s in patched_sections(patch)}
-        self._learned = (self._learned - keys) | (learned & keys)
-        if "initial_rank_heartbeat_timeout" in set(patch) - learned:
-            # Set by hand, it bounds a rank's time to connect too (a learned one does not).
-            self.monitor.set_timeouts(self.timeouts, timeouts.initial_rank_heartbeat_timeout)
-        self._apply(timeouts, by, bool(learned & keys), rank)
-        return timeouts
+    def update(self, patch: Mapping[str, object], by: str) -> RankTimeouts:
+        """The operator's change (InvalidRequest when the timeouts' model refuses it)."""
+        return self.timeouts_keeper.update(patch, by)
 
     def set_calculated(
         self, timeouts: RankTimeouts, by: str, learned: set[str], unlearned: set[str]
     ) -> None:
-        """Timeouts a rank calculated itself: `learned` names now count as learned ones,
-        `unlearned` as set."""
-        self._learned = (self._learned - unlearned) | learned
-        self._apply(timeouts, by, learned=bool(learned))
+        self.timeouts_keeper.set_calculated(timeouts, by, learned, unlearned)
 
-    def _apply(
-        self, timeouts: RankTimeouts, by: str, learned: bool, rank: RankHealth | None = None
-    ) -> None:
-        """`rank`: the rank whose message changed them (its events are budgeted)."""
-        if timeouts == self.timeouts:
-            return
-        previous, now = self.timeouts.model_dump(), timeouts.model_dump()
-        self.monitor.set_timeouts(timeouts)
-        self._save_state()
-        data = {"timeouts": now, "by": by, "learned": learned, "previous": previous}
-        if rank is None:
-            self.events.emit(EventKind.TIMEOUTS_CHANGED, **data)
-        else:
-            self.events.emit_for_rank(rank.global_rank, EventKind.TIMEOUTS_CHANGED, **data)
-        log.info("timeouts changed by %s: %s", by, now)
+    # -- what an attempt asks of it ---------------------------------------------------------
 
-    def _save_state(self) -> None:
-        state = {"timeouts": self.timeouts.model_dump(), "learned": sorted(self._learned)}
-        self.persist.write_json(self.state_file, state)
+    def rank_sockets(self) -> tuple[Path, tuple[Path, Path]]:
+        """The ranks' socket, and NVRx's two (rank monitor, launcher) beside it."""
+        return self.server.path, (self.nvrx.rank_monitor_path, self.nvrx.launcher_path)
+
+    @contextlib.contextmanager
+    def messages_held(self) -> Iterator[None]:
+        """The ranks' messages wait, unread, while their processes start and are attached."""
+        self.server.pause()
+        try:
+            yield
+        finally:
+            self.server.resume()
+
+    async def explain_ranks(self, local_ranks: list[int]) -> list[str]:
+        return await self.hangs.explain_ranks(local_ranks)
 
     # -- messages ----------------------------------------------------------------------------
 
@@ -347,17 +308,17 @@ class HealthService:
     def _answer(self, rank: RankHealth, message: Message, now: float) -> Reply | None:
         match message:
             case Hello():
-                return self._timeouts_reply(self.timeouts)
+                return self.timeouts_keeper.reply(self.timeouts)
             case Fault():
                 fault_injected(self.events, rank, message)
             case WorkloadControl(action=action, description=description):
                 self.workload(rank, action, description)
                 return {"ok": True}
             case CalculateTimeouts():
-                return self._on_calculate(rank, message, now)
+                return self.timeouts_keeper.calculate(rank, message, now)
             case SetTimeouts(timeouts=patch, learned=learned):
                 try:
-                    applied = self.update(
+                    applied = self.timeouts_keeper.update(
                         {key: _plain(value) for key, value in patch.items()},
                         f"rank {rank.global_rank}",
                         frozenset(learned),
@@ -365,24 +326,8 @@ class HealthService:
                     )
                 except InvalidRequest as error:
                     return {"ok": False, "error": error.detail}
-                return self._timeouts_reply(applied)
+                return self.timeouts_keeper.reply(applied)
         return None
-
-    def _timeouts_reply(self, timeouts: RankTimeouts) -> Reply:
-        return {"ok": True, "timeouts": timeouts.model_dump(), "learned": sorted(self._learned)}
-
-    def _on_calculate(self, rank: RankHealth, message: CalculateTimeouts, now: float) -> Reply:
-        current = Base(self.timeouts, self._learned)
-        try:
-            values = requested_values(
-                message, rank, now, current, self._generations, self.monitor, self.ft
-            )
-        except NotReady as error:
-            return {"ok": False, "error": f"not ready: {error}"}
-        self._learned = self._learned | set(values)
-        timeouts = apply_values(self.timeouts, values)
-        self._apply(timeouts, f"rank {rank.global_rank}", True, rank)
-        return self._timeouts_reply(timeouts)
 
     def workload(self, rank: RankHealth, action: WorkloadAction, description: str) -> None:
         request = workload_requested(self.events, rank.global_rank, action, description)

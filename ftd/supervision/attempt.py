@@ -27,6 +27,7 @@ from ftd.config.restart import RestartMode
 from ftd.config.serve import ServeConfig
 from ftd.coordination import Coordinator, Round
 from ftd.coordination.base import Placement
+from ftd.health.first_steps import FirstSteps
 from ftd.health.progress import ProgressWatch
 from ftd.health.service import HealthService
 from ftd.ranks.guard import GuardKeeper
@@ -58,6 +59,8 @@ class AttemptTools:
     health: HealthService
     progress: ProgressWatch
     """The ranks' progress (the health service's)."""
+    first_steps: FirstSteps
+    """When the ranks of a restart stepped again (the health service's)."""
     checkpoints: CheckpointHolder
     guard: GuardKeeper
     events: EventLog
@@ -86,16 +89,17 @@ class Attempt:
         config, status, health = tools.config, tools.status, tools.health
         placement = rnd.placement()
         number = rnd.number
+        rank_socket, nvrx_sockets = health.rank_sockets()
         envs = worker_envs(
             config,
             placement,
             number,
             str(tools.run_dir),
             tools.daemon_id,
-            socket_path=str(health.server.path),
+            socket_path=str(rank_socket),
             attempt_log_dir=str(tools.run_dir / f"attempt_{number}"),
             send_buffer=health.send_buffer(config.nproc_per_node),
-            nvrx_sockets=_serves(health.nvrx.rank_monitor_path, health.nvrx.launcher_path),
+            nvrx_sockets=_serves(*nvrx_sockets),
         )
         inprocess = (
             await tools.coordinator.inprocess_store()
@@ -141,40 +145,38 @@ class Attempt:
                 events=tools.events,
                 node_id=config.node_id,
                 on_respawned=lambda lr, old: _respawned(tools, lr, old),
-                explain_stragglers=health.hangs.explain_ranks,
+                explain_stragglers=health.explain_ranks,
                 seal=seal,
             )
-        health.server.pause()  # the ranks' first messages wait until their pids are attached
-        try:
-            if rounds is not None:
-                await rounds.connect()
-            group = await WorkerGroup.start(
-                tools.spawner,
-                spec,
-                {s.local_rank: s for s in status.ranks},
-                on_register=tools.guard.register,
-                on_unregister=tools.guard.unregister,
-                daemon_id=tools.daemon_id,
-                output=OutputDrain(
-                    number,
-                    lambda data: tools.events.emit(
-                        EventKind.OUTPUT_DROPPED, attempt=number, **data
+        with health.messages_held():  # the ranks' first messages wait for their pids
+            try:
+                if rounds is not None:
+                    await rounds.connect()
+                group = await WorkerGroup.start(
+                    tools.spawner,
+                    spec,
+                    {s.local_rank: s for s in status.ranks},
+                    on_register=tools.guard.register,
+                    on_unregister=tools.guard.unregister,
+                    daemon_id=tools.daemon_id,
+                    output=OutputDrain(
+                        number,
+                        lambda data: tools.events.emit(
+                            EventKind.OUTPUT_DROPPED, attempt=number, **data
+                        ),
                     ),
-                ),
-                failure_handler=rounds.rank_failed if rounds is not None else None,
-                on_exit=lambda rank: tools.events.emit(
-                    EventKind.RANK_EXITED, attempt=number, **rank.to_dict()
-                ),
-            )
-            if rounds is not None:
-                rounds.lead(group)
-            health.attach(group, status.ranks)
-        except BaseException:
-            if rounds is not None:
-                await rounds.close()
-            raise
-        finally:
-            health.server.resume()
+                    failure_handler=rounds.rank_failed if rounds is not None else None,
+                    on_exit=lambda rank: tools.events.emit(
+                        EventKind.RANK_EXITED, attempt=number, **rank.to_dict()
+                    ),
+                )
+                if rounds is not None:
+                    rounds.lead(group)
+                health.attach(group, status.ranks)
+            except BaseException:
+                if rounds is not None:
+                    await rounds.close()
+                raise
         tools.events.emit(
             EventKind.ATTEMPT_STARTED,
             attempt=number,

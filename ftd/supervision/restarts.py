@@ -77,7 +77,7 @@ class RecoveryTimeline:
         they restored a snapshot, the job is back at the step it had reached (or the next fault
         came, or the daemon stops: then without its `redo`)."""
         try:
-            resumed = await self._tools.health.first_steps.wait(attempt.group)
+            resumed = await self._tools.first_steps.wait(attempt.group)
             if resumed is not None:
                 recovery.resumed = resumed
             if recovery.spawned is None:

@@ -68,13 +68,16 @@ function parseSections(raw) {
 function timeoutsPatch() {
   const current = (state.status && state.status.timeouts) || {};
   const patch = {};
-  for (const name of ["initial_rank_heartbeat_timeout", "rank_heartbeat_timeout", "rank_out_of_section_timeout"]) {
-    const value = parseSeconds(name, $(`t-${name}`).value);
-    if (value !== (current[name] ?? null)) patch[name] = value;
-  }
-  const sections = parseSections($("t-rank_section_timeouts").value);
-  if (JSON.stringify(sections) !== JSON.stringify(current.rank_section_timeouts || {})) {
-    patch.rank_section_timeouts = sections;
+  for (const [name, now] of Object.entries(current)) {
+    const input = $(`t-${name}`);
+    if (!input) continue;
+    if (isTimeoutMap(now)) {
+      const values = parseSections(input.value);
+      if (JSON.stringify(values) !== JSON.stringify(now)) patch[name] = values;
+    } else {
+      const value = parseSeconds(name, input.value);
+      if (value !== now) patch[name] = value;
+    }
   }
   return patch;
 }

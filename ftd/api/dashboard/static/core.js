@@ -145,6 +145,17 @@ function seconds(value) {
   return String(value);
 }
 
+// A timeout's words from its name, so a new timeout needs no label here:
+// rank_out_of_section_timeout -> "out of section", rank_section_timeouts -> "sections".
+function timeoutLabel(name) {
+  return String(name).replace(/_timeout(s?)$/, "$1").replace(/(^|_)rank_/, "$1").replaceAll("_", " ");
+}
+
+// A timeout that maps names to seconds (rank_section_timeouts) rather than one value.
+function isTimeoutMap(value) {
+  return value !== null && typeof value === "object";
+}
+
 function stateClass(name) {
   const known = ["init", "rendezvous", "running", "restarting", "stopping", "succeeded",
     "failed", "stopped"];

@@ -112,6 +112,7 @@ function renderStatus() {
     ["pid", s.pid],
     ...progressFacts(s.progress),
     ...checkpointFacts(s.checkpoint),
+    ...otherFacts(s),
   ];
   const box = $("facts");
   box.replaceChildren(...facts.map(([k, v]) => {
@@ -127,6 +128,27 @@ function renderStatus() {
   renderExcludeForm(s);
   renderTimeouts();
   renderTimeline();
+}
+
+// The status fields this page shows in its own way, or leaves out on purpose (the socket's
+// counters, the policy's copies); any other the daemon reports is shown as a plain fact (its
+// `reason` where it has one), so a new field needs no change here.
+const SHOWN_FIELDS = new Set([
+  "node_id", "run_id", "state", "attempt", "round", "restart_count", "max_restarts", "pid",
+  "policy", "uptime_s", "progress", "checkpoint", "waiting", "connecting",
+  "last_failure", "ranks", "timeouts", "progress_deadlines", "backoff_s", "backoff_left_s",
+  "fast_failures", "restart_policy", "ipc", "last_recovery",
+]);
+
+function otherFacts(s) {
+  return Object.entries(s)
+    .filter(([name, value]) => !SHOWN_FIELDS.has(name) && value !== null && value !== undefined)
+    .slice(0, 32)
+    .map(([name, value]) => {
+      const said = typeof value === "object" && typeof value.reason === "string" ? value.reason : value;
+      const text = typeof said === "object" ? JSON.stringify(said) : String(said);
+      return [name.replaceAll("_", " "), text.length > 200 ? `${text.slice(0, 199)}…` : text];
+    });
 }
 
 // The memory tier (docs/checkpoint.md): the step a restart resumes after, and the steps the
@@ -360,6 +382,22 @@ function renderExcludeForm(s) {
   $("exclude-note").hidden = Boolean(multi);
 }
 
+// The tuning form has one input per timeout the daemon reports, made the first time it does.
+function timeoutInputs(timeouts) {
+  const form = $("timeouts-form");
+  const submit = form.querySelector("button[type=submit]");
+  for (const [name, value] of Object.entries(timeouts)) {
+    if ($(`t-${name}`)) continue;
+    const input = el("input");
+    input.id = `t-${name}`;
+    if (isTimeoutMap(value)) input.placeholder = "setup:600,step:180";
+    else input.inputMode = "decimal";
+    const label = el("label", null, `${timeoutLabel(name)} `);
+    label.appendChild(input);
+    form.insertBefore(label, submit);
+  }
+}
+
 function renderTimeouts() {
   const t = state.status.timeouts;
   const box = $("timeouts");
@@ -367,20 +405,15 @@ function renderTimeouts() {
     box.textContent = "timeouts: rank health is off";
     return;
   }
-  const names = {
-    initial_rank_heartbeat_timeout: "first heartbeat",
-    rank_heartbeat_timeout: "heartbeat",
-    rank_section_timeouts: "sections",
-    rank_out_of_section_timeout: "out of section",
-  };
   box.replaceChildren(el("span", null, "timeouts in force: "), ...Object.entries(t).map(
     ([k, v]) => {
-      const span = el("span", null, `${names[k] || k} `);
+      const span = el("span", null, `${timeoutLabel(k)} `);
       span.appendChild(el("b", null, seconds(v)));
       span.append("  ");
       return span;
     },
   ), ...progressDeadlines(state.status.progress_deadlines));
+  timeoutInputs(t);
   if (!state.timeoutsDirty) {
     for (const [name, value] of Object.entries(t)) {
       const input = $(`t-${name}`);
