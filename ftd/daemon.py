@@ -173,10 +173,11 @@ class Daemon:
                 "removing the sockets' directory",
                 lambda: asyncio.to_thread(shutil.rmtree, private, ignore_errors=True),
             )
-        self.replication = replication_for(config, self.coordinator, self.events, self._cluster)
-        self.checkpoints = CheckpointHolder.serving(
-            config, self.run_dir, self.events, self.replication
+        several = config.multi_node
+        replication = replication_for(
+            config, self.coordinator, self.events, self._cluster, self._publish_summary
         )
+        self.checkpoints = CheckpointHolder.serving(config, self.run_dir, self.events, replication)
         self.progress = ProgressWatch(config.progress_timeout_floor_s, enabled=config.progress)
         first_steps = FirstSteps(self.progress.node)
         self.health = HealthService(
@@ -189,18 +190,14 @@ class Daemon:
             dict.fromkeys(CHECKPOINT_KINDS, by_global_rank(self.checkpoints.answer)),
             first_steps,
         )
-        several = config.multi_node
         # Judged against the whole job's forward times: the nodes' published summaries.
         stragglers = StragglerTimer(
             self.progress,
             self.events,
             config.node_id,
             self._cluster if several else None,
-            (lambda: self._publish(self.board.summary())) if several else None,
+            self._publish_summary if several else None,
         )
-        parts = [stragglers.summary]
-        if self.replication is not None:
-            parts.append(self.replication.summary)
         self.board = StatusBoard(
             config,
             self.status,
@@ -210,7 +207,7 @@ class Daemon:
             self.health,
             self._publish if several else None,
             self.checkpoints.view,
-            parts,
+            (stragglers.summary, self.checkpoints.replica_summary),
         )
         self.events.emit(
             EventKind.DAEMON_STARTED,
@@ -260,9 +257,9 @@ class Daemon:
         except CoordinationError as error:
             self._start_error = error
         self._teardown.push("leaving the rendezvous", self.coordinator.close)
-        if self.replication is not None and self._start_error is None:
-            await self.replication.start(self.checkpoints, self.coordinator.address, self.board)
-            self._teardown.push("closing the replicas' server", self.replication.close)
+        if self._start_error is None:
+            await self.checkpoints.serve_replicas(self.coordinator.address)
+            self._teardown.push("closing the replicas' server", self.checkpoints.close_replicas)
         stragglers.start()
         self._teardown.push_now("closing the straggler watch", stragglers.close)
         address = self.coordinator.address if self._start_error is None else "127.0.0.1"
@@ -320,6 +317,9 @@ class Daemon:
         if self._start_error is not None or self.coordinator.lost.is_set():
             return {}
         return await self.coordinator.cluster()
+
+    def _publish_summary(self) -> None:
+        self._publish(self.board.summary())
 
     def _publish(self, summary: dict[str, object]) -> None:
         if self._start_error is None and not self.coordinator.lost.is_set():
@@ -385,3 +385,4 @@ class Daemon:
             except Exception:
                 log.exception("error while stopping the workers")
         await self._teardown.run()  # the event log, the first part up, closes last
+

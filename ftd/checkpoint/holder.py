@@ -20,6 +20,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -64,7 +65,16 @@ NOT_REPLICATED: dict[str, Any] = {"replica_lag_steps": None, "replica": None}
 
 
 class Replicas(Protocol):
-    """The replicas on a peer node (replication.py), as the holder calls them."""
+    """The replicas on a peer node (replication.py), built with the holder, as it calls them."""
+
+    async def start(self, host: str) -> None:
+        """Serve the peers' replicas on `host` and push this node's to its successor."""
+
+    async def close(self) -> None: ...
+
+    def summary(self) -> dict[str, Any]:
+        """This node's part of its published summary (its replica server, what it holds)."""
+        ...
 
     def completed(self) -> None:
         """A snapshot is complete: maybe a newer step to copy to the peer."""
@@ -103,7 +113,7 @@ class CheckpointHolder:
         budget_bytes: int | None,
         events: EventLog,
         multi_node: bool = False,
-        replicas: Replicas | None = None,
+        replicas: Callable[[CheckpointHolder], Replicas] | None = None,
         base: Path = DEFAULT_BASE,
         persist: Persist | None = None,
         every: int | None = 1,
@@ -121,8 +131,8 @@ class CheckpointHolder:
         self.spacing = SnapshotSpacing(every)
         """--checkpoint-every, and how often the job fails (the ranks' auto interval)."""
         self.multi_node = multi_node
-        self.replicas = replicas
         """A job of several nodes: the ranks agree on the step to restore (ledger.py)."""
+        self.replicas = replicas(self) if replicas is not None else None
         self.restores = RestoreAccount(self.spacing)
         """The steps the ranks' restores lost, and when the job was back where it had been."""
         self._refused_ranks: set[int] = set()
@@ -130,7 +140,11 @@ class CheckpointHolder:
 
     @classmethod
     def serving(
-        cls, config: ServeConfig, run_dir: Path, events: EventLog, replicas: Replicas | None
+        cls,
+        config: ServeConfig,
+        run_dir: Path,
+        events: EventLog,
+        replicas: Callable[[CheckpointHolder], Replicas] | None,
     ) -> CheckpointHolder:
         """The holder `ftd serve` runs with `config`."""
         directory = config.checkpoint_persist_dir
@@ -144,6 +158,19 @@ class CheckpointHolder:
             persist=persist,
             every=config.checkpoint_every,
         )
+
+    async def serve_replicas(self, host: str) -> None:
+        """Where the snapshots have replicas on a peer: serve the peers' on `host` (this node's
+        address, once it reached the rendezvous)."""
+        if self.replicas is not None:
+            await self.replicas.start(host)
+
+    async def close_replicas(self) -> None:
+        if self.replicas is not None:
+            await self.replicas.close()
+
+    def replica_summary(self) -> dict[str, Any]:
+        return self.replicas.summary() if self.replicas is not None else {}
 
     def start(self) -> None:
         """Make the memory directory; where it cannot be made (a full disk), the daemon goes on

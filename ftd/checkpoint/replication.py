@@ -36,7 +36,6 @@ from ftd.checkpoint.replica_store import ReplicaStore
 from ftd.config.serve import ServeConfig
 from ftd.coordination.base import Coordinator
 from ftd.refusals import Refusals
-from ftd.status.board import StatusBoard
 from ftd.status.events import EventLog
 from ftd.tasks import Background, within
 
@@ -62,19 +61,23 @@ class Replication:
         events: EventLog,
         round_view: Callable[[], tuple[int, list[str], range, int] | None],
         cluster: Callable[[], Awaitable[dict[str, Any]]],
+        publish: Callable[[], None],
+        holder: CheckpointHolder,
     ) -> None:
         """`round_view`: the current round's number, member ids, this node's global ranks and
-        the world size (None before the first round); `cluster`: the members' summaries."""
+        the world size (None before the first round); `cluster`: the members' summaries;
+        `publish`: sends the node's summary (whose parts include `summary`) to the others;
+        `holder`: the node's snapshots, whose replicas these are."""
         self.key = key
         self.node_id = node_id
         self.events = events
         self._round_view = round_view
         self._cluster = cluster
-        self._board: StatusBoard | None = None
+        self._publish = publish
         self.refused = Refusals("replica")
         """What this node refused of its peers' summaries, its ranks' restores and its slots."""
         self.ring = Ring(self.refused)
-        self.holder: CheckpointHolder | None = None
+        self.holder = holder
         self.store: ReplicaStore | None = None
         self.server: ReplicaServer | None = None
         self.host = ""
@@ -88,14 +91,13 @@ class Replication:
         self.pulls = Pulls(key, node_id, events, self.ring, self._watch, self.refused)
         self._failing: set[str] = set()
 
-    async def start(self, holder: CheckpointHolder, host: str, board: StatusBoard) -> None:
+    async def start(self, host: str) -> None:
         """Serve replicas on `host` (this node's own address), start the pusher and the reads of
-        the peers' summaries, publish the server's address in the node's summary (`board`'s,
-        whose parts include `summary`); nothing when the holder has no memory directory."""
+        the peers' summaries, publish the server's address in the node's summary; nothing when
+        the holder has no memory directory."""
+        holder = self.holder
         if holder.directory is None:
             return
-        self._board = board
-        self.holder = holder
         holder.ledger.keep_replicated(True)  # until the peers said what they replicated: all
         try:
             self.store = ReplicaStore(holder.directory, holder.ledger)
@@ -118,10 +120,6 @@ class Replication:
             await self.server.close()
         if self.store is not None:
             await asyncio.to_thread(self.store.close)
-
-    def _publish(self) -> None:
-        if self._board is not None and self._board.publish is not None:
-            self._board.publish(self._board.summary())
 
     @property
     def address(self) -> str | None:
@@ -146,7 +144,7 @@ class Replication:
     def restoring(self, rank: int, world: int) -> bool:
         """A rank asks to restore and this node holds nothing of it: fetch it from the peers'
         replicas first. True while that runs (the rank asks again)."""
-        if self.server is None or self.store is None or self.holder is None:
+        if self.server is None or self.store is None:
             return False  # not replicating (no memory directory, no server)
         view = self._round_view()
         current = (view[0], view[3]) if view is not None else None
@@ -155,7 +153,7 @@ class Replication:
     def view(self) -> dict[str, Any]:
         """The status' `replica_lag_steps` and `replica` (openapi.yaml NodeCheckpoint)."""
         holder = self.holder
-        if holder is None or self.store is None or self.server is None:
+        if self.store is None or self.server is None:
             return {"replica_lag_steps": None, "replica": None}
         newest = self._newest_complete()
         acked = self.acked[-1] if self.acked else None
@@ -205,14 +203,12 @@ class Replication:
             self._unpublished = False
             self._publish()
         others = [self.ring.replicated.get(n, ()) for n in self.ring.members if n != self.node_id]
-        assert self.holder is not None
         # Alone: nobody's replica to wait for.
         self.holder.ledger.keep_replicated(bool(others), replica_floor(others))
         self._wake.set()
 
     def _newest_complete(self) -> int | None:
         """The newest step complete on every rank of this node in this round."""
-        assert self.holder is not None
         ranks = self.holder.ledger.ranks()
         held = [
             set(ranks[r].complete_steps(self.ring.world)) if r in ranks else set()
@@ -266,7 +262,7 @@ class Replication:
 
     async def _push(self, successor: str | None, address: str, step: int) -> None:
         holder = self.holder
-        assert holder is not None and successor is not None
+        assert successor is not None
         slots = []
         for rank in self.ring.ranks:  # marked before the first await: no newer save takes them
             held = holder.ledger.ranks().get(rank)
@@ -290,9 +286,11 @@ def replication_for(
     coordinator: Coordinator,
     events: EventLog,
     cluster: Callable[[], Awaitable[dict[str, Any]]],
-) -> Replication | None:
-    """Replicas of the snapshots on the next node: for a job of several nodes with a memory tier
-    and a secret to sign them with (unsigned, anyone who reaches the port could plant state)."""
+    publish: Callable[[], None],
+) -> Callable[[CheckpointHolder], Replication] | None:
+    """Replicas of the snapshots on the next node, for a job of several nodes with a memory tier
+    and a secret to sign them with (unsigned, anyone who reaches the port could plant state):
+    how to build them for the holder, which builds them with itself."""
     if not config.multi_node or config.checkpoint_memory_bytes == 0:
         return None
     key = coordinator.codec.replica_key() if coordinator.codec is not None else None
@@ -312,4 +310,7 @@ def replication_for(
         ranks = range(first, first + rnd.members[rnd.group_rank].nproc)
         return rnd.number, rnd.node_ids, ranks, placement.world_size
 
-    return Replication(key, config.node_id, events, round_view, cluster)
+    def replication(holder: CheckpointHolder) -> Replication:
+        return Replication(key, config.node_id, events, round_view, cluster, publish, holder)
+
+    return replication

@@ -52,15 +52,6 @@ async def until(what: str, check: Callable[[], bool], timeout: float = 60.0) -> 
         await asyncio.sleep(0.02)
 
 
-class Board:
-    def __init__(self) -> None:
-        self.summary_parts: list[Callable[[], dict[str, Any]]] = []
-        self.publish = None
-
-    def summary(self) -> dict[str, Any]:
-        return {}
-
-
 class Peers:
     """What the rendezvous store answers for the members' summaries (`cluster()`)."""
 
@@ -113,14 +104,22 @@ async def node(
     run_dir = tmp_path / me
     run_dir.mkdir()
     events = EventLog(None)
-    repl = Replication(KEY, me, events, lambda: (1, members, ranks, world), peers.cluster)
-    holder = CheckpointHolder(run_dir, BUDGET, events, multi_node=True, replicas=repl, base=run_dir)
+
+    def replication(holder: CheckpointHolder) -> Replication:
+        view = lambda: (1, members, ranks, world)  # noqa: E731
+        return Replication(KEY, me, events, view, peers.cluster, lambda: None, holder)
+
+    holder = CheckpointHolder(
+        run_dir, BUDGET, events, multi_node=True, replicas=replication, base=run_dir
+    )
+    repl = holder.replicas
+    assert isinstance(repl, Replication)
     holder.start()
-    await repl.start(holder, "127.0.0.1", Board())  # type: ignore[arg-type]
+    await holder.serve_replicas("127.0.0.1")
     try:
         yield repl, holder
     finally:
-        await repl.close()
+        await holder.close_replicas()
         holder.close()
 
 

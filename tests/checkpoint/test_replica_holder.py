@@ -39,7 +39,12 @@ def snapshot(path: Path, step: int, rank: int, world: int) -> None:
 def test_a_rank_the_node_lacks_waits_for_the_peers_replicas(tmp_path: Path) -> None:
     replicas = FakeReplicas()
     holder = CheckpointHolder(
-        tmp_path, 1 << 30, EventLog(None), multi_node=True, replicas=replicas, base=tmp_path
+        tmp_path,
+        1 << 30,
+        EventLog(None),
+        multi_node=True,
+        replicas=lambda _: replicas,
+        base=tmp_path,
     )
     holder.start()
     try:

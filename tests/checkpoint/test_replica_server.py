@@ -245,10 +245,11 @@ async def test_a_pull_keeps_only_whole_snapshots_of_the_rank_asked_for(
 
 
 def test_replicas_only_for_a_job_of_several_nodes_with_a_secret_and_a_memory_tier(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, tmp_path: Path
 ) -> None:
     """Unsigned replicas would let anyone who reaches the port plant a rank's state: without
     the job secret nothing is replicated, and the daemon says so once, with why."""
+    from ftd.checkpoint.holder import CheckpointHolder
     from ftd.checkpoint.replication import Replication, replication_for
     from ftd.config.serve import ServeConfig
     from ftd.coordination.records import RecordCodec
@@ -273,11 +274,16 @@ def test_replicas_only_for_a_job_of_several_nodes_with_a_secret_and_a_memory_tie
 
     events = EventLog(None)
     signed = Coordinator(b"the job's secret, 16+ bytes")
-    assert isinstance(replication_for(config(2), signed, events, cluster), Replication)  # type: ignore[arg-type]
-    assert replication_for(config(1), signed, events, cluster) is None  # type: ignore[arg-type]
-    assert replication_for(config(2, 0), signed, events, cluster) is None  # type: ignore[arg-type]
+
+    def replicas(nnodes: int, coordinator: Coordinator, memory: int | None = None) -> object:
+        built = replication_for(config(nnodes, memory), coordinator, events, cluster, print)  # type: ignore[arg-type]
+        return built(CheckpointHolder(tmp_path, 1 << 20, events)) if built else None
+
+    assert isinstance(replicas(2, signed), Replication)
+    assert replicas(1, signed) is None
+    assert replicas(2, signed, 0) is None
     with caplog.at_level("INFO", logger="ftd.checkpoint"):
-        assert replication_for(config(2), Coordinator(None), events, cluster) is None  # type: ignore[arg-type]
+        assert replicas(2, Coordinator(None)) is None
     (said,) = [r.getMessage() for r in caplog.records if "not replicated" in r.getMessage()]
     assert "no secret to sign them" in said
 
