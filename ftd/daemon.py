@@ -4,22 +4,22 @@ the parts down in reverse order, every step bounded and every error reported.
     async with Daemon(config) as daemon:
         code = await daemon.run()
 
-Set-up order: the run directory and its event log; background work and the signal handlers;
-the coordinator (made, not yet connected); the snapshot holder, the rank health service and
-the status board; the orphan guard; the rank socket; the snapshots' memory; the REST API (up
-while the node reaches the rendezvous); the rendezvous (hosting or joining its store); the
-replicas' server; the straggler watch; the workers' stores; the start method (the zygote); the
-supervisor. Teardown (ftd.tasks.Teardown) undoes them in reverse: the event log closes last.
+Set-up, in five stages (`_set_up`): the journal (the run directory and its event log, background
+work, the signal handlers); the parts, each built whole (the coordinator, made but not yet
+connected; the snapshot holder with its replicas; the rank health service; the straggler watch;
+the status board); the node (the orphan guard, the rank socket, the snapshots' memory, the REST
+API, up while the node reaches the rendezvous); the rendezvous (hosting or joining its store,
+then the replicas' server and the straggler watch); the attempts (the workers' stores, the start
+method: the zygote, the supervisor). Each part registers its teardown (ftd.tasks.Teardown) as
+it comes up; teardown undoes them in reverse, and the event log closes last.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import logging
 import os
-import resource
 import shutil
 import signal
 import tempfile
@@ -44,11 +44,11 @@ from ftd.health.progress import ProgressWatch
 from ftd.health.service import HealthService
 from ftd.health.straggler_timer import StragglerTimer
 from ftd.health.unix_socket import socket_path
+from ftd.ranks.daemon_process import become_subreaper, raise_descriptor_limit
 from ftd.ranks.guard import GuardKeeper
 from ftd.ranks.launch import build_command
 from ftd.ranks.spawn import Spawner, get_spawner
 from ftd.ranks.spawn.rank_main import DAEMON_HANDLED_SIGNALS
-from ftd.ranks.spawn.zygote_server import NOFILE_ENV
 from ftd.ranks.workers_store import AttemptStores
 from ftd.status.board import StatusBoard
 from ftd.status.event_kind import EventKind
@@ -62,31 +62,11 @@ from ftd.tasks import Background, Teardown, first_of
 
 log = logging.getLogger("ftd.daemon")
 
-PR_SET_CHILD_SUBREAPER = 36
 TEARDOWN_STEP_TIMEOUT_S = 30.0
 """A teardown step past this is logged with every thread's stack and left behind; the workers'
 stop is exempt (its kill escalation bounds it)."""
 SECRETS_FROM_ENV = ("FTD_API_TOKEN",)
 """Read at start-up, then taken out of this process's environment: no rank inherits them."""
-
-
-def _raise_descriptor_limit() -> None:
-    """A flood of connections must not leave the daemon without descriptors for its ranks:
-    its own soft limit goes up to the hard one (its zygote puts the ranks' back)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    os.environ.setdefault(NOFILE_ENV, str(soft))
-    if soft < hard:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-        except (ValueError, OSError) as error:
-            log.warning("could not raise the descriptor limit to %d: %s", hard, error)
-
-
-def _become_subreaper() -> None:
-    """Orphaned descendants of ranks are re-parented to the daemon, so it can sweep them."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
-        log.warning("prctl(PR_SET_CHILD_SUBREAPER) failed: errno %d", ctypes.get_errno())
 
 
 class Daemon:
@@ -137,7 +117,16 @@ class Daemon:
         return self
 
     async def _set_up(self) -> None:
-        config = self.config
+        """The stages in the order the module's docstring states; each part registers its own
+        teardown as it comes up, so a stage that fails leaves only what came up before it."""
+        self._open_journal()
+        stragglers, first_steps = self._build_parts()
+        await self._start_node()
+        await self._reach_rendezvous(stragglers)
+        self._prepare_attempts(first_steps)
+
+    def _open_journal(self) -> None:
+        """The run directory and its event log, background work, the signal handlers."""
         prepare_run_dir(self.run_dir)
         journal = str(self.run_dir / "events.jsonl")
         try:
@@ -160,6 +149,11 @@ class Daemon:
         for sig in DAEMON_HANDLED_SIGNALS:
             loop.add_signal_handler(sig, self._on_signal, sig)
         self._teardown.push_now("restoring signal handlers", self._remove_signals)
+
+    def _build_parts(self) -> tuple[StragglerTimer, FirstSteps]:
+        """The coordinator (made, not yet connected), the snapshot holder, the rank health
+        service, the straggler watch and the status board, each whole; nothing runs yet."""
+        config = self.config
         try:
             self.coordinator = create_coordinator(  # takes FTD_RDZV_SECRET out of env
                 config, lambda kind, data: self.events.emit(kind, **data)
@@ -209,6 +203,13 @@ class Daemon:
             self.checkpoints.view,
             (stragglers.summary, self.checkpoints.replica_summary),
         )
+        return stragglers, first_steps
+
+    async def _start_node(self) -> None:
+        """This node's own parts: the orphan guard, the rank socket, the snapshots' memory and
+        the REST API (up while the node reaches the rendezvous; a taken port ends the start
+        here, before any rank or zygote exists)."""
+        config = self.config
         self.events.emit(
             EventKind.DAEMON_STARTED,
             node_id=config.node_id,
@@ -216,8 +217,8 @@ class Daemon:
             pid=os.getpid(),
             nproc_per_node=config.nproc_per_node,
         )
-        _become_subreaper()
-        _raise_descriptor_limit()
+        become_subreaper()
+        raise_descriptor_limit()
         self.guard = await asyncio.to_thread(GuardKeeper, self.daemon_id, self._guard_restarted)
         self.guard.watch()
         self._teardown.push("closing the orphan guard", self._close_guard)
@@ -243,6 +244,11 @@ class Daemon:
         if config.api_port is not None:  # up while the node reaches the rendezvous
             self.api = await start_api_server(self.control)
             self._teardown.push("closing the API server", self.api.close)
+
+    async def _reach_rendezvous(self, stragglers: StragglerTimer) -> None:
+        """Hosting or joining the rendezvous store (a failure is kept for `run()` to leave with),
+        then what needs the other nodes: the replicas' server and the straggler watch."""
+        config = self.config
         node_loss = NodeLoss(config, self.coordinator, self.events, self.background, self.running)
         try:
             start = asyncio.ensure_future(
@@ -262,6 +268,11 @@ class Daemon:
             self._teardown.push("closing the replicas' server", self.checkpoints.close_replicas)
         stragglers.start()
         self._teardown.push_now("closing the straggler watch", stragglers.close)
+
+    def _prepare_attempts(self, first_steps: FirstSteps) -> None:
+        """The workers' stores, the secrets out of the environment, the start method, and the
+        supervisor that runs the attempts with them."""
+        config = self.config
         address = self.coordinator.address if self._start_error is None else "127.0.0.1"
         self.stores = AttemptStores(address, config.master_port or 0)
         self._teardown.push("closing the workers' store", self.stores.close)
@@ -385,4 +396,3 @@ class Daemon:
             except Exception:
                 log.exception("error while stopping the workers")
         await self._teardown.run()  # the event log, the first part up, closes last
-
