@@ -40,6 +40,7 @@ from ftd.coordination import CoordinationError, Coordinator, create_coordinator
 from ftd.errors import StartupError
 from ftd.health.first_steps import FirstSteps
 from ftd.health.inbox import by_global_rank
+from ftd.health.job_times import JobTimesShare
 from ftd.health.progress import ProgressWatch
 from ftd.health.service import HealthService
 from ftd.health.straggler_timer import StragglerTimer
@@ -184,12 +185,12 @@ class Daemon:
             dict.fromkeys(CHECKPOINT_KINDS, by_global_rank(self.checkpoints.answer)),
             first_steps,
         )
-        # Judged against the whole job's forward times: the nodes' published summaries.
+        share = JobTimesShare(self.coordinator, self._reachable) if several else None
         stragglers = StragglerTimer(
             self.progress,
             self.events,
             config.node_id,
-            self._cluster if several else None,
+            share,
             self._publish_summary if several else None,
         )
         self.board = StatusBoard(
@@ -323,17 +324,19 @@ class Daemon:
             self.run_dir,
         )
 
+    def _reachable(self) -> bool:
+        """Whether the rendezvous is there to read from and write to."""
+        return self._start_error is None and not self.coordinator.lost.is_set()
+
     async def _cluster(self) -> dict[str, Any]:
         """The other nodes' summaries, while the rendezvous is there to read them from."""
-        if self._start_error is not None or self.coordinator.lost.is_set():
-            return {}
-        return await self.coordinator.cluster()
+        return await self.coordinator.cluster() if self._reachable() else {}
 
     def _publish_summary(self) -> None:
         self._publish(self.board.summary())
 
     def _publish(self, summary: dict[str, object]) -> None:
-        if self._start_error is None and not self.coordinator.lost.is_set():
+        if self._reachable():
             self.background.spawn(self._send_summary(summary), "publish-status")
 
     async def _send_summary(self, summary: dict[str, object]) -> None:
@@ -357,8 +360,6 @@ class Daemon:
 
     def _persist_recovered(self, path: str, **detail: object) -> None:
         self.events.emit(EventKind.PERSIST_RECOVERED, path=path, **detail)
-
-    # -- running -----------------------------------------------------------------------------
 
     async def run(self) -> int:
         """Run attempts until success, failure or a stop signal; the process exit code."""

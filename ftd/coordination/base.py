@@ -218,6 +218,13 @@ class Coordinator(Protocol):
 
     async def publish_status(self, summary: dict[str, Any]) -> None: ...
 
+    async def publish_job_times(self, times: dict[str, Any]) -> None:
+        """The job's ranks' times (records.JobTimes), written by the round's node rank 0."""
+
+    async def job_times(self) -> dict[str, Any] | None:
+        """The job's ranks' times as node rank 0 last wrote them (None: not yet)."""
+        ...
+
     async def cluster(self) -> dict[str, Any]:
         """Every member's summary, the round, the excluded nodes (GET /v1/cluster)."""
         ...

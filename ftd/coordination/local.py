@@ -95,6 +95,12 @@ class LocalCoordinator:
     async def publish_status(self, summary: dict[str, Any]) -> None:
         pass
 
+    async def publish_job_times(self, times: dict[str, Any]) -> None:
+        pass
+
+    async def job_times(self) -> dict[str, Any] | None:
+        return None  # one node's ranks are the whole job's
+
     async def cluster(self) -> dict[str, Any]:
         raise AssertionError("a one-node job's cluster is its own status")
 

@@ -157,6 +157,16 @@ class NodeSummary(Record):
     """The round of those steps (another round's may be of another history)."""
 
 
+class JobTimes(Record):
+    """The job's ranks' times per step, gathered by the round's node rank 0 from every node's
+    summary and written once: what each node judges its stragglers against, read in one get
+    rather than from every node (ftd/health/job_times.py; at most MAX_PUBLISHED_RANKS ranks)."""
+
+    round: Count
+    time: float = Field(ge=0, allow_inf_nan=False)
+    forward: tuple[RankForward, ...] = Field((), max_length=MAX_PUBLISHED_RANKS)
+
+
 R = TypeVar("R", bound=Record)
 
 

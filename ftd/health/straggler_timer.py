@@ -3,8 +3,9 @@ and host: stragglers.py) from the other nodes' published summaries, and this nod
 
 Across nodes the job's medians need every node's ranks: each node publishes its ranks' times
 (and its stragglers) in its summary, the signed, bounded `status/<node>` record behind
-`GET /v1/cluster` (ftd/coordination/records.py: NodeSummary.forward, .stragglers), and reads
-the others' every PEERS_READ_S through the same path while its own ranks report times.
+`GET /v1/cluster` (ftd/coordination/records.py: NodeSummary.forward, .stragglers); every
+PEERS_READ_S, while its own ranks report times, it reads the job's as node rank 0 gathered them
+into one record (job_times.py: O(1) reads per node, not every node's summary).
 Each node judges only its own ranks (one event per straggler, from the node that runs it); the
 cluster view lists every node's.
 
@@ -17,12 +18,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ftd import containment
+from ftd.health.job_times import MAX_PEER_RANKS as MAX_PEER_RANKS
+from ftd.health.job_times import WIRE, JobTimesShare, node_times
 from ftd.health.progress import ProgressWatch
-from ftd.health.stragglers import SIGNALS, Signal, StragglerChange
+from ftd.health.stragglers import Signal, StragglerChange
 from ftd.status.event_kind import EventKind
 from ftd.status.events import EventLog
 from ftd.tasks import Background, within
@@ -33,36 +36,14 @@ STRAGGLER_TICK_S = 1.0
 PEERS_READ_S = 5.0
 PUBLISH_S = 5.0
 PUBLISH_CHANGE = 0.05
-MAX_PEER_RANKS = 65536
-"""The job's median is taken over at most this many of the other nodes' ranks."""
 MAX_PUBLISHED = 512
 """As records.MAX_PUBLISHED_RANKS: what a node's summary carries."""
 
 
-WIRE: dict[Signal, str] = {"forward": "forward_us", "host": "host_us"}
-"""Each signal's field in a published RankForward."""
-
-
 def peer_times(cluster: Mapping[str, Any], node_id: str) -> dict[Signal, dict[int, float]]:
     """Each signal -> global rank -> seconds, of the other nodes' ranks in a `GET /v1/cluster`
-    answer (summaries the coordinator decoded and verified; anything else in it is skipped)."""
-    times: dict[Signal, dict[int, float]] = {signal: {} for signal in SIGNALS}
-    nodes = cluster.get("nodes")
-    read = 0
-    for node in nodes if isinstance(nodes, list) else ():
-        if not isinstance(node, dict) or node.get("node_id") == node_id:
-            continue
-        entries = node.get("forward")
-        for entry in entries if isinstance(entries, list | tuple) else ():
-            read += 1
-            if read > MAX_PEER_RANKS:
-                return times
-            rank = entry.get("global_rank") if isinstance(entry, dict) else None
-            for signal, wire in WIRE.items():
-                micros = entry.get(wire) if isinstance(entry, dict) else None
-                if type(rank) is int and type(micros) is int and rank >= 0 and micros >= 0:
-                    times[signal].setdefault(rank, micros / 1e6)
-    return times
+    answer (job_times.node_times without `node_id`'s)."""
+    return node_times(cluster, node_id)
 
 
 def peer_forward(cluster: Mapping[str, Any], node_id: str) -> dict[int, float]:
@@ -83,15 +64,15 @@ class StragglerTimer:
         watch: ProgressWatch,
         events: EventLog,
         node_id: str,
-        cluster: Callable[[], Awaitable[dict[str, Any]]] | None = None,
+        share: JobTimesShare | None = None,
         publish: Callable[[], None] | None = None,
     ) -> None:
-        """`cluster` reads the other nodes' summaries (GET /v1/cluster's answer) and
-        `publish` sends this node's: both None on a single node."""
+        """`share` reads the job's times and `publish` sends this node's summary: both None on
+        a single node."""
         self.watch = watch
         self._events = events
         self._node_id = node_id
-        self._cluster = cluster
+        self._share = share
         self._publish = publish
         self._peers: dict[Signal, dict[int, float]] = {}
         self._published: dict[Signal, dict[int, float]] = {}
@@ -124,20 +105,22 @@ class StragglerTimer:
         while True:
             await asyncio.sleep(STRAGGLER_TICK_S)
             if (
-                self._cluster is not None
+                self._share is not None
                 and time.monotonic() - read_at >= PEERS_READ_S
                 and any(self.watch.times().values())  # nothing to judge, nothing to read
             ):
                 read_at = time.monotonic()
-                await self._read_peers(self._cluster)
+                await self._read_peers(self._share)
             containment.call("stragglers", self.tick, time.monotonic(), time.time())
 
-    async def _read_peers(self, cluster: Callable[[], Awaitable[dict[str, Any]]]) -> None:
+    async def _read_peers(self, share: JobTimesShare) -> None:
         try:
-            answer = await within(cluster(), PEERS_READ_S * 2)
-            self._peers = peer_times(answer, self._node_id)
+            times = await within(share.read(time.time()), PEERS_READ_S * 2)
         except Exception as error:  # the last view is kept; the next read tries again
-            log.debug("cannot read the other nodes' forward times: %s", error)
+            log.debug("cannot read the job's forward times: %s", error)
+            return
+        if times is not None:
+            self._peers = times
 
     def tick(self, now: float, wall: float) -> list[StragglerChange]:
         own = self.watch.times()

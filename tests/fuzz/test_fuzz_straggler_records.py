@@ -1,5 +1,6 @@
 """Fuzz target for the forward times and stragglers other nodes publish (NodeSummary.forward,
-.stragglers in ftd.coordination.records, read by ftd.health.straggler_timer.peer_forward): any
+.stragglers in ftd.coordination.records, read by ftd.health.straggler_timer.peer_forward), and
+the job's times node rank 0 writes from them (JobTimes, ftd.health.job_times): any
 value at a `status/<node>` key gives a bounded summary or the codec's counted refusal, and the
 job's forward times taken from the summaries that passed are well-formed, never an exception."""
 
@@ -15,12 +16,15 @@ from ftd.coordination.base import cluster_answer
 from ftd.coordination.records import (
     MAX_PUBLISHED_RANKS,
     MAX_RECORD_BYTES,
+    JobTimes,
     NodeSummary,
     RankForward,
     RankStraggler,
     RecordCodec,
 )
+from ftd.health.job_times import take
 from ftd.health.straggler_timer import MAX_PEER_RANKS, peer_forward
+from ftd.health.stragglers import Signal
 from tests.support.fuzzing import budget, fuzz_target
 
 KEY = "status/node-b"
@@ -90,3 +94,32 @@ def test_fuzz_published_forward_times(summary: dict[str, Any], cut: int, junk: b
         assert rank >= 0 and 0 <= seconds < 2**40 / 1e6
     for straggler in answer["stragglers"]:
         assert straggler["node_id"] == "node-b" and straggler["ratio"] >= 0
+
+
+_job_times = st.fixed_dictionaries(
+    {"round": _number | st.just(3), "time": _number | st.just(1.0e9)},
+    optional={
+        "forward": st.lists(_entry, max_size=8) | st.integers(0, 2000).map(lambda n: [{}] * n),
+    },
+)
+
+
+@fuzz_target("store_records", 200)
+@given(_job_times, st.integers(0, 10_000), st.binary(max_size=4))
+def test_fuzz_the_job_times_record(times: dict[str, Any], cut: int, junk: bytes) -> None:
+    """The value at the `job_times` key (node rank 0's, ftd.health.job_times): a bounded
+    JobTimes or a counted refusal; what a node takes from it is well-formed."""
+    body = _mangle(json.dumps(times).encode(), cut, junk)
+    data = b"ftd1 " + SIGNED._mac("job_times", body).encode() + b" " + body
+    refused = sum(SIGNED.refused.values())
+    with budget():
+        record = SIGNED.decode("job_times", data, JobTimes)
+        taken: dict[Signal, dict[int, float]] = {"forward": {}, "host": {}}
+        for entry in record.model_dump()["forward"] if record is not None else ():
+            take(taken, entry)
+    if record is None:
+        assert sum(SIGNED.refused.values()) == refused + 1
+        return
+    assert len(record.forward) <= MAX_PUBLISHED_RANKS and record.round >= 0
+    for seconds_by_rank in taken.values():
+        assert all(rank >= 0 and 0 <= s < 2**40 / 1e6 for rank, s in seconds_by_rank.items())

@@ -166,7 +166,7 @@ def tick_until_named(timer: StragglerTimer, events: EventLog) -> float:
 
 def test_the_timer_emits_events_publishes_changes_and_shows_the_straggler_in_status() -> None:
     progress, events, published = ProgressWatch(), EventLog(None), []
-    timer = StragglerTimer(progress, events, "a", cluster=None, publish=lambda: published.append(1))
+    timer = StragglerTimer(progress, events, "a", share=None, publish=lambda: published.append(1))
     reporting(progress, {0: 2000, 1: 62000})
     assert timer.summary()["forward"] == (
         {"global_rank": 0, "forward_us": 2000},

@@ -39,6 +39,7 @@ from ftd.coordination.c10d.rounds import StoreRounds
 from ftd.coordination.endpoint import parse_endpoint, route_address
 from ftd.coordination.progress import Reaching
 from ftd.coordination.records import (
+    JobTimes,
     MarkRecord,
     Member,
     NodeSummary,
@@ -261,6 +262,14 @@ class StoreCoordinator:
     async def publish_status(self, summary: dict[str, Any]) -> None:
         record = NodeSummary.model_validate(summary)
         await self._connections.call(lambda s: s.put(f"status/{self.node_id}", record))
+
+    async def publish_job_times(self, times: dict[str, Any]) -> None:
+        record = JobTimes.model_validate(times)
+        await self._connections.call(lambda s: s.put("job_times", record))
+
+    async def job_times(self) -> dict[str, Any] | None:
+        found = await self._connections.call(lambda s: s.read("job_times", JobTimes))
+        return found.model_dump() if found is not None else None
 
     async def cluster(self) -> dict[str, Any]:
         rnd = self.round

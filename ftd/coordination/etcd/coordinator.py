@@ -25,6 +25,7 @@ from ftd.coordination.base import (
     new_request,
 )
 from ftd.coordination.endpoint import parse_endpoint, route_address
+from ftd.coordination.etcd.client import Get
 from ftd.coordination.etcd.conf import open_client, parse_etcd_conf, warn_unsigned
 from ftd.coordination.etcd.inprocess_meeting import leaders_store
 from ftd.coordination.etcd.kv import Availability, RecordKv
@@ -35,6 +36,7 @@ from ftd.coordination.etcd.rounds import EtcdRounds
 from ftd.coordination.progress import Reaching
 from ftd.coordination.records import (
     MAX_ROUND_RECORD_BYTES,
+    JobTimes,
     Member,
     NodeSummary,
     RecordCodec,
@@ -256,6 +258,26 @@ class EtcdCoordinator:
             lambda: self._kv.put(f"status/{self.node_id}", record, liveness.lease_id),
             asyncio.get_running_loop().time(),  # one try: the next change publishes again
         )
+
+    async def publish_job_times(self, times: dict[str, Any]) -> None:
+        record = JobTimes.model_validate(times)
+        liveness = self._liveness
+        if liveness is None:
+            return
+        await self._kv.call(
+            "publish the job's times",
+            lambda: self._kv.put("job_times", record, liveness.lease_id),
+            asyncio.get_running_loop().time(),  # one try: the next look writes again
+        )
+
+    async def job_times(self) -> dict[str, Any] | None:
+        async def read() -> JobTimes | None:
+            _, (found,) = await self._kv.reads(Get("job_times"))
+            return self._kv.first(found, JobTimes)[0]
+
+        now = asyncio.get_running_loop().time()
+        record = await self._kv.call("read the job's times", read, now)
+        return record.model_dump() if record is not None else None
 
     async def cluster(self) -> dict[str, Any]:
         """Every member's summary as etcd has it; while etcd does not answer, what this node

@@ -1,0 +1,112 @@
+"""The job's ranks' times per step, shared without every node reading every node (issue 43).
+
+Each node publishes its own ranks' times in its summary (straggler_timer.py). Reading every
+other node's summary on every node is N² reads of the store per look; instead the round's node
+rank 0 reads them (N) and writes the job's times once, as one bounded record (JobTimes: at most
+MAX_PUBLISHED_RANKS ranks, an even sample by forward time beyond, which keeps the median), and
+every other node reads that one record: O(1) per node per look, O(N) in all.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ftd.coordination import Coordinator
+from ftd.coordination.records import MAX_PUBLISHED_RANKS
+from ftd.health.stragglers import SIGNALS, Signal
+
+log = logging.getLogger("ftd.health")
+
+Times = dict[Signal, dict[int, float]]
+WIRE: dict[Signal, str] = {"forward": "forward_us", "host": "host_us"}
+"""Each signal's field in a published RankForward."""
+MAX_PEER_RANKS = 65536
+"""The job's times are taken from at most this many of the nodes' published ranks."""
+
+
+def node_times(cluster: Mapping[str, Any], skip_node: str | None = None) -> Times:
+    """Each signal -> global rank -> seconds, of the ranks in the nodes' summaries of a
+    `GET /v1/cluster` answer (records the coordinator decoded and verified; anything else in it
+    is skipped), but `skip_node`'s."""
+    times: Times = {signal: {} for signal in SIGNALS}
+    nodes = cluster.get("nodes")
+    read = 0
+    for node in nodes if isinstance(nodes, list) else ():
+        if not isinstance(node, dict) or node.get("node_id") == skip_node:
+            continue
+        entries = node.get("forward")
+        for entry in entries if isinstance(entries, list | tuple) else ():
+            read += 1
+            if read > MAX_PEER_RANKS:
+                return times
+            take(times, entry)
+    return times
+
+
+def take(times: Times, entry: object) -> None:
+    """One published RankForward (checked or not) into `times`; anything else is skipped."""
+    rank = entry.get("global_rank") if isinstance(entry, dict) else None
+    for signal, wire in WIRE.items():
+        micros = entry.get(wire) if isinstance(entry, dict) else None
+        if type(rank) is int and type(micros) is int and rank >= 0 and micros >= 0:
+            times[signal].setdefault(rank, micros / 1e6)
+
+
+def sampled(times: Times, most: int = MAX_PUBLISHED_RANKS) -> list[int]:
+    """The ranks a JobTimes record carries: every one up to `most`, else `most` of them evenly
+    spaced in the order of their forward (else host) times, so the sample's median is the
+    job's, give or take one step of the sample."""
+    ranks = sorted({rank for signal in SIGNALS for rank in times[signal]})
+    if len(ranks) <= most:
+        return ranks
+    key = times["forward"] if times["forward"] else times["host"]
+    ordered = sorted(ranks, key=lambda rank: (key.get(rank, float("inf")), rank))
+    step = (len(ordered) - 1) / (most - 1)
+    return sorted({ordered[round(i * step)] for i in range(most)})
+
+
+def job_record(number: int, wall: float, times: Times) -> dict[str, Any]:
+    """The JobTimes record of round `number` for `times`."""
+    return {
+        "round": number,
+        "time": wall,
+        "forward": tuple(
+            {
+                "global_rank": rank,
+                **{WIRE[s]: round(times[s][rank] * 1e6) for s in SIGNALS if rank in times[s]},
+            }
+            for rank in sampled(times)
+        ),
+    }
+
+
+class JobTimesShare:
+    """How a node learns the job's times: as the round's node rank 0, from every summary
+    (and it writes them for the others); else from that one record."""
+
+    def __init__(self, coordinator: Coordinator, reachable: Callable[[], bool]) -> None:
+        """`reachable`: whether the rendezvous is there to read (reached, not lost)."""
+        self._coordinator = coordinator
+        self._reachable = reachable
+        self.gathered = 0
+        """Looks at every node's summary this node made (as node rank 0)."""
+
+    async def read(self, wall: float) -> Times | None:
+        """The job's times now (None: nothing to read yet, the last view stays)."""
+        rnd = self._coordinator.round
+        if rnd is None or not self._reachable():
+            return None
+        if rnd.group_rank == 0:
+            times = node_times(await self._coordinator.cluster())
+            self.gathered += 1
+            await self._coordinator.publish_job_times(job_record(rnd.number, wall, times))
+            return times
+        record = await self._coordinator.job_times()
+        if record is None or record.get("round") != rnd.number:
+            return None  # node rank 0 has not written this round's yet
+        times = {signal: {} for signal in SIGNALS}
+        for entry in record.get("forward", ()):
+            take(times, entry)
+        return times
