@@ -26,7 +26,6 @@ import tempfile
 import uuid
 from pathlib import Path
 from types import TracebackType
-from typing import Any
 
 from ftd_client.checkpoint_messages import CHECKPOINT_KINDS
 
@@ -37,6 +36,7 @@ from ftd.checkpoint.replication import replication_for
 from ftd.config.rundir import prepare_run_dir
 from ftd.config.serve import ServeConfig
 from ftd.coordination import CoordinationError, Coordinator, create_coordinator
+from ftd.coordination.job_share import JobShare
 from ftd.errors import StartupError
 from ftd.health.first_steps import FirstSteps
 from ftd.health.inbox import by_global_rank
@@ -169,8 +169,9 @@ class Daemon:
                 lambda: asyncio.to_thread(shutil.rmtree, private, ignore_errors=True),
             )
         several = config.multi_node
+        share = JobShare(self.coordinator, self._reachable)
         replication = replication_for(
-            config, self.coordinator, self.events, self._cluster, self._publish_summary
+            config, self.coordinator, self.events, share, self._publish_summary
         )
         self.checkpoints = CheckpointHolder.serving(config, self.run_dir, self.events, replication)
         self.progress = ProgressWatch(config.progress_timeout_floor_s, enabled=config.progress)
@@ -185,12 +186,11 @@ class Daemon:
             dict.fromkeys(CHECKPOINT_KINDS, by_global_rank(self.checkpoints.answer)),
             first_steps,
         )
-        share = JobTimesShare(self.coordinator, self._reachable) if several else None
         stragglers = StragglerTimer(
             self.progress,
             self.events,
             config.node_id,
-            share,
+            JobTimesShare(share) if several else None,
             self._publish_summary if several else None,
         )
         self.board = StatusBoard(
@@ -327,10 +327,6 @@ class Daemon:
     def _reachable(self) -> bool:
         """Whether the rendezvous is there to read from and write to."""
         return self._start_error is None and not self.coordinator.lost.is_set()
-
-    async def _cluster(self) -> dict[str, Any]:
-        """The other nodes' summaries, while the rendezvous is there to read them from."""
-        return await self.coordinator.cluster() if self._reachable() else {}
 
     def _publish_summary(self) -> None:
         self._publish(self.board.summary())

@@ -11,7 +11,7 @@ handshake (replica_wire.py) wants the job's key and the node's id before a byte 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ftd.checkpoint.replica_wire import parse_address
@@ -73,3 +73,32 @@ class Ring:
         if (node_id, cause) not in self._said:
             self._said.add((node_id, cause))
             log.warning("refused node %s's summary (%s): %s", node_id, cause, detail)
+
+
+def floor_record(ring: Ring, wall: float) -> dict[str, Any]:
+    """The replica floor's aggregate (records.ReplicaFloor) of what `ring` read of every member:
+    node rank 0's, for every node to take its own `keep_from` out of (floor_for)."""
+    second_newest: list[tuple[int, str]] = []
+    short: list[str] = []
+    for node in sorted(ring.members):
+        steps = sorted(ring.replicated.get(node, ()))
+        if len(steps) < 2:
+            short.append(node)
+        else:
+            second_newest.append((steps[-2], node))
+    second_newest.sort()
+    return {
+        "round": ring.number,
+        "time": wall,
+        "lowest": tuple({"node_id": node, "step": step} for step, node in second_newest[:2]),
+        "short": tuple(short[:2]),
+    }
+
+
+def floor_for(record: Mapping[str, Any] | None, me: str) -> int | None:
+    """Node `me`'s `keep_from` from a replica floor's aggregate: ledger.replica_floor over the
+    other nodes' steps (None, keep everything, without an aggregate of this round)."""
+    if record is None or any(node != me for node in record.get("short", ())):
+        return None
+    steps = [entry["step"] for entry in record.get("lowest", ()) if entry.get("node_id") != me]
+    return min(steps) if steps else None

@@ -23,18 +23,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ftd.checkpoint.ledger import replica_floor
 from ftd.checkpoint.replica_client import push
 from ftd.checkpoint.replica_frame import FrameError
 from ftd.checkpoint.replica_pull import Pulls
-from ftd.checkpoint.replica_ring import Ring, newest_common
+from ftd.checkpoint.replica_ring import Ring, floor_for, floor_record, newest_common
 from ftd.checkpoint.replica_server import ReplicaServer
 from ftd.checkpoint.replica_store import ReplicaStore
 from ftd.config.serve import ServeConfig
 from ftd.coordination.base import Coordinator
+from ftd.coordination.job_share import JobShare
 from ftd.refusals import Refusals
 from ftd.status.events import EventLog
 from ftd.tasks import Background, within
@@ -45,9 +46,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("ftd.checkpoint")
 
 READ_S = 2.0
-"""How often the peers' summaries are read (their replica servers, what they replicated) and
-this node's is published if its acknowledged steps changed: every node reads every member's
-(the straggler watch does too, every 5 s), and a late view only keeps more snapshots."""
+"""How often a node looks at the ring (its successor's replica server; the replica floor node
+rank 0 gathers from every summary: job_share.py) and publishes its own summary if its
+acknowledged steps changed; a late view only keeps more snapshots."""
 RETRY_S = 0.5
 PUSH_TIMEOUT_S = 60.0
 MAX_ACKED = 16
@@ -60,19 +61,20 @@ class Replication:
         node_id: str,
         events: EventLog,
         round_view: Callable[[], tuple[int, list[str], range, int] | None],
-        cluster: Callable[[], Awaitable[dict[str, Any]]],
+        share: JobShare,
         publish: Callable[[], None],
         holder: CheckpointHolder,
     ) -> None:
         """`round_view`: the current round's number, member ids, this node's global ranks and
-        the world size (None before the first round); `cluster`: the members' summaries;
+        the world size (None before the first round); `share`: the members' summaries and what
+        node rank 0 gathers of them (the replica floor);
         `publish`: sends the node's summary (whose parts include `summary`) to the others;
         `holder`: the node's snapshots, whose replicas these are."""
         self.key = key
         self.node_id = node_id
         self.events = events
         self._round_view = round_view
-        self._cluster = cluster
+        self._share = share
         self._publish = publish
         self.refused = Refusals("replica")
         """What this node refused of its peers' summaries, its ranks' restores and its slots."""
@@ -88,7 +90,7 @@ class Replication:
         self._unpublished = False
         self._wake = asyncio.Event()
         self._background = Background()
-        self.pulls = Pulls(key, node_id, events, self.ring, self._watch, self.refused)
+        self.pulls = Pulls(key, node_id, events, self.ring, self._read_everyone, self.refused)
         self._failing: set[str] = set()
 
     async def start(self, host: str) -> None:
@@ -189,23 +191,40 @@ class Replication:
             await asyncio.sleep(READ_S)
 
     async def _watch(self) -> None:
+        """A look at the ring: the successor's summary (its replica server), and the replica
+        floor, which node rank 0 gathers from every summary and the others read (job_share.py).
+        """
         view = self._round_view()
         if view is None:
             return
         self.ring.number, self.ring.members, self.ring.ranks, self.ring.world = view
-        answer = await self._cluster()
-        self.ring.read(answer.get("nodes", ()))
-        now = (self.ring.number, self.ring.successor(self.node_id))
+        successor = self.ring.successor(self.node_id)
+        if self._share.leading():
+            self.ring.read(await self._share.every_summary())
+            gathered = floor_record(self.ring, time.time())
+            await self._share.publish("replica_floor", gathered)
+            floor = floor_for(gathered, self.node_id)
+        else:
+            if successor is not None and (summary := await self._share.summary_of(successor)):
+                self.ring.read([summary])
+            floor = floor_for(await self._share.read("replica_floor"), self.node_id)
+        now = (self.ring.number, successor)
         if now != self._acked_by:
             self._acked_by, self.acked = now, []
             self._unpublished = True
         if self._unpublished:
             self._unpublished = False
             self._publish()
-        others = [self.ring.replicated.get(n, ()) for n in self.ring.members if n != self.node_id]
         # Alone: nobody's replica to wait for.
-        self.holder.ledger.keep_replicated(bool(others), replica_floor(others))
+        self.holder.ledger.keep_replicated(len(self.ring.members) > 1, floor)
         self._wake.set()
+
+    async def _read_everyone(self) -> None:
+        """Every member's replica server (a replacement node's pull asks every peer)."""
+        view = self._round_view()
+        if view is not None:
+            self.ring.number, self.ring.members, self.ring.ranks, self.ring.world = view
+            self.ring.read(await self._share.every_summary())
 
     def _newest_complete(self) -> int | None:
         """The newest step complete on every rank of this node in this round."""
@@ -285,7 +304,7 @@ def replication_for(
     config: ServeConfig,
     coordinator: Coordinator,
     events: EventLog,
-    cluster: Callable[[], Awaitable[dict[str, Any]]],
+    share: JobShare,
     publish: Callable[[], None],
 ) -> Callable[[CheckpointHolder], Replication] | None:
     """Replicas of the snapshots on the next node, for a job of several nodes with a memory tier
@@ -311,6 +330,6 @@ def replication_for(
         return rnd.number, rnd.node_ids, ranks, placement.world_size
 
     def replication(holder: CheckpointHolder) -> Replication:
-        return Replication(key, config.node_id, events, round_view, cluster, publish, holder)
+        return Replication(key, config.node_id, events, round_view, share, publish, holder)
 
     return replication

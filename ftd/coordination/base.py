@@ -218,11 +218,15 @@ class Coordinator(Protocol):
 
     async def publish_status(self, summary: dict[str, Any]) -> None: ...
 
-    async def publish_job_times(self, times: dict[str, Any]) -> None:
-        """The job's ranks' times (records.JobTimes), written by the round's node rank 0."""
+    async def publish_aggregate(self, name: str, values: dict[str, Any]) -> None:
+        """What the round's node rank 0 gathered from every summary (records.AGGREGATES)."""
 
-    async def job_times(self) -> dict[str, Any] | None:
-        """The job's ranks' times as node rank 0 last wrote them (None: not yet)."""
+    async def aggregate(self, name: str) -> dict[str, Any] | None:
+        """The aggregate `name` as node rank 0 last wrote it (None: not yet, or invalid)."""
+        ...
+
+    async def summary_of(self, node_id: str) -> dict[str, Any] | None:
+        """One node's published summary (None: none, or invalid)."""
         ...
 
     async def cluster(self) -> dict[str, Any]:

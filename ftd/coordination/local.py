@@ -95,11 +95,14 @@ class LocalCoordinator:
     async def publish_status(self, summary: dict[str, Any]) -> None:
         pass
 
-    async def publish_job_times(self, times: dict[str, Any]) -> None:
+    async def publish_aggregate(self, name: str, values: dict[str, Any]) -> None:
         pass
 
-    async def job_times(self) -> dict[str, Any] | None:
-        return None  # one node's ranks are the whole job's
+    async def aggregate(self, name: str) -> dict[str, Any] | None:
+        return None  # one node is the whole job
+
+    async def summary_of(self, node_id: str) -> dict[str, Any] | None:
+        return None
 
     async def cluster(self) -> dict[str, Any]:
         raise AssertionError("a one-node job's cluster is its own status")

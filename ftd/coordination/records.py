@@ -167,6 +167,28 @@ class JobTimes(Record):
     forward: tuple[RankForward, ...] = Field((), max_length=MAX_PUBLISHED_RANKS)
 
 
+class NodeStep(Record):
+    node_id: NodeId
+    step: int = Field(ge=0, le=2**53)
+
+
+class ReplicaFloor(Record):
+    """What every node needs of the others' replicas (ftd/checkpoint/ledger.py, `replica_floor`:
+    the oldest of the other nodes' second-newest acknowledged steps), gathered by the round's
+    node rank 0 from every summary and written once: the two lowest second-newest steps with
+    their nodes, and up to two nodes that have not said two steps yet. Enough for any node to
+    take its own out: constant in size whatever the job's."""
+
+    round: Count
+    time: float = Field(ge=0, allow_inf_nan=False)
+    lowest: tuple[NodeStep, ...] = Field((), max_length=2)
+    short: tuple[NodeId, ...] = Field((), max_length=2)
+
+
+AGGREGATES: dict[str, type[Record]] = {"job_times": JobTimes, "replica_floor": ReplicaFloor}
+"""What node rank 0 gathers from every node's summary and writes once, by name, so that no
+node reads every other's (issue 43)."""
+
 R = TypeVar("R", bound=Record)
 
 

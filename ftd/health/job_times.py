@@ -10,10 +10,10 @@ every other node reads that one record: O(1) per node per look, O(N) in all.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from ftd.coordination import Coordinator
+from ftd.coordination.job_share import JobShare
 from ftd.coordination.records import MAX_PUBLISHED_RANKS
 from ftd.health.stragglers import SIGNALS, Signal
 
@@ -86,27 +86,25 @@ class JobTimesShare:
     """How a node learns the job's times: as the round's node rank 0, from every summary
     (and it writes them for the others); else from that one record."""
 
-    def __init__(self, coordinator: Coordinator, reachable: Callable[[], bool]) -> None:
-        """`reachable`: whether the rendezvous is there to read (reached, not lost)."""
-        self._coordinator = coordinator
-        self._reachable = reachable
+    def __init__(self, share: JobShare) -> None:
+        self._share = share
         self.gathered = 0
         """Looks at every node's summary this node made (as node rank 0)."""
 
     async def read(self, wall: float) -> Times | None:
         """The job's times now (None: nothing to read yet, the last view stays)."""
-        rnd = self._coordinator.round
-        if rnd is None or not self._reachable():
+        rnd = self._share.round
+        if rnd is None:
             return None
-        if rnd.group_rank == 0:
-            times = node_times(await self._coordinator.cluster())
+        if self._share.leading():
+            gathered = node_times({"nodes": await self._share.every_summary()})
             self.gathered += 1
-            await self._coordinator.publish_job_times(job_record(rnd.number, wall, times))
-            return times
-        record = await self._coordinator.job_times()
-        if record is None or record.get("round") != rnd.number:
+            await self._share.publish("job_times", job_record(rnd.number, wall, gathered))
+            return gathered
+        record = await self._share.read("job_times")
+        if record is None:
             return None  # node rank 0 has not written this round's yet
-        times = {signal: {} for signal in SIGNALS}
+        times: Times = {signal: {} for signal in SIGNALS}
         for entry in record.get("forward", ()):
             take(times, entry)
         return times

@@ -53,7 +53,8 @@ async def until(what: str, check: Callable[[], bool], timeout: float = 60.0) -> 
 
 
 class Peers:
-    """What the rendezvous store answers for the members' summaries (`cluster()`)."""
+    """What the rendezvous store answers for the members' summaries, as a JobShare of the
+    round's node rank 0 (which reads every summary on every look)."""
 
     def __init__(self) -> None:
         self.nodes: list[dict[str, Any]] = []
@@ -63,9 +64,21 @@ class Peers:
         self.nodes = [n for n in self.nodes if n["node_id"] != node_id]
         self.nodes.append({"node_id": node_id, "replica_addr": address, "time": at})
 
-    async def cluster(self) -> dict[str, Any]:
+    def leading(self) -> bool:
+        return True
+
+    async def every_summary(self) -> list[dict[str, Any]]:
         self.reads += 1
-        return {"nodes": list(self.nodes)}
+        return list(self.nodes)
+
+    async def publish(self, name: str, values: dict[str, Any]) -> None:
+        pass
+
+    async def read(self, name: str) -> dict[str, Any] | None:
+        return None
+
+    async def summary_of(self, node_id: str) -> dict[str, Any] | None:
+        return next((n for n in self.nodes if n["node_id"] == node_id), None)
 
     async def read_twice(self) -> None:
         """Until the nodes read the summaries twice more (each read wakes the pusher)."""
@@ -107,7 +120,7 @@ async def node(
 
     def replication(holder: CheckpointHolder) -> Replication:
         view = lambda: (1, members, ranks, world)  # noqa: E731
-        return Replication(KEY, me, events, view, peers.cluster, lambda: None, holder)
+        return Replication(KEY, me, events, view, peers, lambda: None, holder)  # type: ignore[arg-type]
 
     holder = CheckpointHolder(
         run_dir, BUDGET, events, multi_node=True, replicas=replication, base=run_dir

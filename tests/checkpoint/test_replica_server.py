@@ -259,9 +259,6 @@ def test_replicas_only_for_a_job_of_several_nodes_with_a_secret_and_a_memory_tie
             self.codec = RecordCodec("job", secret)
             self.round = None
 
-    async def cluster() -> dict[str, object]:
-        return {}
-
     def config(nnodes: int, memory: int | None = None) -> ServeConfig:
         return ServeConfig(
             entrypoint=__file__,
@@ -276,7 +273,7 @@ def test_replicas_only_for_a_job_of_several_nodes_with_a_secret_and_a_memory_tie
     signed = Coordinator(b"the job's secret, 16+ bytes")
 
     def replicas(nnodes: int, coordinator: Coordinator, memory: int | None = None) -> object:
-        built = replication_for(config(nnodes, memory), coordinator, events, cluster, print)  # type: ignore[arg-type]
+        built = replication_for(config(nnodes, memory), coordinator, events, None, print)  # type: ignore[arg-type]
         return built(CheckpointHolder(tmp_path, 1 << 20, events)) if built else None
 
     assert isinstance(replicas(2, signed), Replication)

@@ -7,12 +7,14 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ftd.config.serve import ServeConfig
 from ftd.coordination import Coordinator
+from ftd.coordination.job_share import JobShare
 from ftd.coordination.records import MAX_PUBLISHED_RANKS, JobTimes, Member
 from ftd.health.job_times import JobTimesShare, job_record, node_times, sampled
 from ftd.health.stragglers import compare
@@ -22,7 +24,9 @@ from tests.support.etcd_cluster import ClusterFactory
 SECRET = b"a job secret of thirty-two bytes!"
 
 
-def summary(node_id: str, ranks: range, forward_ms: float) -> dict[str, Any]:
+def summary(
+    node_id: str, ranks: range, forward_ms: float, replicated: tuple[int, ...] = (), rnd: int = 0
+) -> dict[str, Any]:
     forward = tuple(
         {"global_rank": r, "forward_us": round(forward_ms * 1000) + r, "host_us": 5000}
         for r in ranks
@@ -36,6 +40,8 @@ def summary(node_id: str, ranks: range, forward_ms: float) -> dict[str, Any]:
         "nproc_per_node": len(ranks),
         "time": 1.0,
         "forward": forward,
+        "replicated_steps": replicated,
+        "replicated_round": rnd,
     }
 
 
@@ -76,6 +82,19 @@ def c10d_coordinators(port: int, nodes: int) -> list[Coordinator]:
 async def looks_cost(coordinators: Sequence[Any], nproc: int = 8) -> tuple[list[int], list[Any]]:
     """Every node joins a round and publishes its summary; then each looks at the job's times
     once (node rank 0 first): the operations each look cost, and what each saw."""
+    order = await joined(coordinators, nproc)
+    costs, seen = [], []
+    for coordinator in order:
+        share = JobTimesShare(JobShare(coordinator, lambda: True))
+        before = coordinator.ops
+        seen.append(await share.read(2.0))
+        costs.append(coordinator.ops - before)
+    return costs, seen
+
+
+async def joined(coordinators: Sequence[Any], nproc: int = 8) -> list[Any]:
+    """Every node joins a round and publishes its summary (node rank r: forward 10 ms but rank
+    1's 60, replicated steps r and r + 1); the coordinators by node rank."""
     for coordinator in coordinators:
         await coordinator.start(lambda node, reason: None)
     me = [
@@ -83,20 +102,13 @@ async def looks_cost(coordinators: Sequence[Any], nproc: int = 8) -> tuple[list[
     ]
     rounds = await asyncio.gather(*(c.join(m) for c, m in zip(coordinators, me, strict=True)))
     for coordinator, rnd in zip(coordinators, rounds, strict=True):
-        first = rnd.group_rank * nproc
+        first, r = rnd.group_rank * nproc, rnd.group_rank
         await coordinator.publish_status(
             summary(
-                coordinator.node_id, range(first, first + nproc), 10 + 50 * (rnd.group_rank == 1)
+                coordinator.node_id, range(first, first + nproc), 10 + 50 * (r == 1), (r, r + 1)
             )
         )
-    order = sorted(range(len(coordinators)), key=lambda i: rounds[i].group_rank)
-    costs, seen = [0] * len(coordinators), [None] * len(coordinators)
-    for i in order:
-        share = JobTimesShare(coordinators[i], lambda: True)
-        before = coordinators[i].ops
-        seen[i] = await share.read(2.0)
-        costs[i] = coordinators[i].ops - before
-    return [costs[i] for i in order], [seen[i] for i in order]
+    return [c for _, c in sorted(zip((r.group_rank for r in rounds), coordinators, strict=True))]
 
 
 @pytest.mark.parametrize("nodes", [4, 16])
@@ -155,3 +167,53 @@ async def test_etcd_a_look_costs_node_rank_0_one_range_and_the_others_one_get(
         # Node rank 0: the cluster view's ranges and the record; the others: one range.
         assert costs[0] <= 5 and max(costs[1:]) <= 1, (nodes, costs)
         assert all(s == seen[0] for s in seen) and len(seen[0]["forward"]) == 8 * nodes
+
+
+@pytest.mark.parametrize("nodes", [4, 16])
+async def test_c10d_a_replica_look_costs_a_node_its_successor_and_the_floor_whatever_n(
+    nodes: int, tmp_path: Path
+) -> None:
+    """The replicas' ring: node rank 0 reads every summary and writes the floor; every other
+    node reads its successor's summary and the floor, and keeps what the others' replicas need
+    (node rank r replicated steps r and r + 1: the floor is 0, node rank 0's is 1)."""
+    from ftd_client.store import tcp_store_server
+
+    from ftd.checkpoint.holder import CheckpointHolder
+    from ftd.checkpoint.replication import Replication
+    from ftd.status.events import EventLog
+
+    port = free_port()
+    server = tcp_store_server("127.0.0.1", port)
+    coordinators = c10d_coordinators(port, nodes)
+    try:
+        order = await joined(coordinators)
+        costs, holders = [], []
+        for coordinator in order:
+            rnd = coordinator.round
+            view = (
+                rnd.number,
+                rnd.node_ids,
+                range(8 * rnd.group_rank, 8 * rnd.group_rank + 8),
+                8 * nodes,
+            )
+            holder = CheckpointHolder(
+                tmp_path / coordinator.node_id, 1 << 20, EventLog(None), True, base=tmp_path
+            )
+            replication = Replication(
+                SECRET, coordinator.node_id, EventLog(None), lambda v=view: v,
+                JobShare(coordinator, lambda: True), lambda: None, holder,
+            )  # fmt: skip
+            before = coordinator.ops
+            await replication._watch()
+            costs.append(coordinator.ops - before)
+            holders.append(holder)
+            assert replication.ring.addresses == {}  # nobody published a replica server here
+    finally:
+        for coordinator in coordinators:
+            await coordinator.close()
+        del server
+    # Node rank 0: the cluster view and the floor; the others: the successor's summary and the
+    # floor (a check and a get each).
+    assert costs[0] <= 6 and max(costs[1:]) <= 4, costs
+    assert [h.ledger.keep_from for h in holders] == [1] + [0] * (nodes - 1)
+    assert all(h.ledger.pinned for h in holders)

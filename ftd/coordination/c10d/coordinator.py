@@ -39,7 +39,7 @@ from ftd.coordination.c10d.rounds import StoreRounds
 from ftd.coordination.endpoint import parse_endpoint, route_address
 from ftd.coordination.progress import Reaching
 from ftd.coordination.records import (
-    JobTimes,
+    AGGREGATES,
     MarkRecord,
     Member,
     NodeSummary,
@@ -263,12 +263,17 @@ class StoreCoordinator:
         record = NodeSummary.model_validate(summary)
         await self._connections.call(lambda s: s.put(f"status/{self.node_id}", record))
 
-    async def publish_job_times(self, times: dict[str, Any]) -> None:
-        record = JobTimes.model_validate(times)
-        await self._connections.call(lambda s: s.put("job_times", record))
+    async def publish_aggregate(self, name: str, values: dict[str, Any]) -> None:
+        record = AGGREGATES[name].model_validate(values)
+        await self._connections.call(lambda s: s.put(f"aggregate/{name}", record))
 
-    async def job_times(self) -> dict[str, Any] | None:
-        found = await self._connections.call(lambda s: s.read("job_times", JobTimes))
+    async def aggregate(self, name: str) -> dict[str, Any] | None:
+        model = AGGREGATES[name]
+        found = await self._connections.call(lambda s: s.read(f"aggregate/{name}", model))
+        return found.model_dump() if found is not None else None
+
+    async def summary_of(self, node_id: str) -> dict[str, Any] | None:
+        found = await self._connections.call(lambda s: s.read(f"status/{node_id}", NodeSummary))
         return found.model_dump() if found is not None else None
 
     async def cluster(self) -> dict[str, Any]:

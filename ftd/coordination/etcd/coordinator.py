@@ -35,10 +35,11 @@ from ftd.coordination.etcd.round_steps import EtcdRoundSteps
 from ftd.coordination.etcd.rounds import EtcdRounds
 from ftd.coordination.progress import Reaching
 from ftd.coordination.records import (
+    AGGREGATES,
     MAX_ROUND_RECORD_BYTES,
-    JobTimes,
     Member,
     NodeSummary,
+    Record,
     RecordCodec,
     RequestRecord,
     RoundRecord,
@@ -259,24 +260,30 @@ class EtcdCoordinator:
             asyncio.get_running_loop().time(),  # one try: the next change publishes again
         )
 
-    async def publish_job_times(self, times: dict[str, Any]) -> None:
-        record = JobTimes.model_validate(times)
+    async def publish_aggregate(self, name: str, values: dict[str, Any]) -> None:
+        record = AGGREGATES[name].model_validate(values)
         liveness = self._liveness
         if liveness is None:
             return
         await self._kv.call(
-            "publish the job's times",
-            lambda: self._kv.put("job_times", record, liveness.lease_id),
+            f"publish the job's {name}",
+            lambda: self._kv.put(f"aggregate/{name}", record, liveness.lease_id),
             asyncio.get_running_loop().time(),  # one try: the next look writes again
         )
 
-    async def job_times(self) -> dict[str, Any] | None:
-        async def read() -> JobTimes | None:
-            _, (found,) = await self._kv.reads(Get("job_times"))
-            return self._kv.first(found, JobTimes)[0]
+    async def aggregate(self, name: str) -> dict[str, Any] | None:
+        return await self._read_one(f"aggregate/{name}", AGGREGATES[name])
 
-        now = asyncio.get_running_loop().time()
-        record = await self._kv.call("read the job's times", read, now)
+    async def summary_of(self, node_id: str) -> dict[str, Any] | None:
+        return await self._read_one(f"status/{node_id}", NodeSummary)
+
+    async def _read_one(self, key: str, model: type[Record]) -> dict[str, Any] | None:
+        async def read() -> Record | None:
+            _, (found,) = await self._kv.reads(Get(key))
+            return self._kv.first(found, model)[0]
+
+        now = asyncio.get_running_loop().time()  # one try: the next look reads again
+        record = await self._kv.call(f"read {key}", read, now)
         return record.model_dump() if record is not None else None
 
     async def cluster(self) -> dict[str, Any]:
