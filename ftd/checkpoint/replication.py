@@ -191,9 +191,8 @@ class Replication:
             await asyncio.sleep(READ_S)
 
     async def _watch(self) -> None:
-        """A look at the ring: the successor's summary (its replica server), and the replica
-        floor, which node rank 0 gathers from every summary and the others read (job_share.py).
-        """
+        """A look at the ring: the replica floor, which node rank 0 gathers from every summary
+        and the others read (job_share.py), and the successor's replica server."""
         view = self._round_view()
         if view is None:
             return
@@ -205,8 +204,10 @@ class Replication:
             await self._share.publish("replica_floor", gathered)
             floor = floor_for(gathered, self.node_id)
         else:
-            if successor is not None and (summary := await self._share.summary_of(successor)):
-                self.ring.read([summary])
+            # Its server's address is read until known, and again after a push failed.
+            known = successor in self.ring.addresses and not self._failing
+            if successor is not None and not known:
+                self.ring.read([s for s in [await self._share.summary_of(successor)] if s])
             floor = floor_for(await self._share.read("replica_floor"), self.node_id)
         now = (self.ring.number, successor)
         if now != self._acked_by:

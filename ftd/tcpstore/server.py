@@ -88,6 +88,7 @@ class StoreConnection(asyncio.Protocol):
                         self._refuse(self._decoder.refusal)
                     return
                 reply = self._server.state.apply(self, query)
+                self._server.served()
                 if reply is not None:
                     self.send(reply)
         except StoreRefused as refusal:
@@ -112,6 +113,8 @@ class TcpStoreServer:
         self.state = StoreState(self._send, max_bytes)
         self.refusals = Refusals("tcp_store")
         self.port = 0
+        self.queries = 0
+        """Queries carried out, every connection's (the store's load: bench/scale.py)."""
         self._connections: set[StoreConnection] = set()
         self._server: asyncio.Server | None = None
 
@@ -132,6 +135,9 @@ class TcpStoreServer:
             raise
         store.port = int(sock.getsockname()[1])
         return store
+
+    def served(self) -> None:
+        self.queries += 1
 
     def admit(self, connection: StoreConnection) -> bool:
         if len(self._connections) >= MAX_CONNECTIONS:

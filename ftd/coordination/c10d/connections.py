@@ -137,9 +137,8 @@ class StoreConnections:
         try:
             return await within(call, timeout_s)
         except (StoreGone, TimeoutError) as error:
-            raise self._store_lost(
-                f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
-            ) from None
+            said = (str(error).splitlines() or [""])[0][:200]  # asyncio's timeout says nothing
+            raise self._store_lost(f"{type(error).__name__}: {said}") from None
         except ChainExhausted as error:
             raise CoordinationError(
                 f"the rendezvous store is under attack: {MAX_CHAIN} forged records in a row at "

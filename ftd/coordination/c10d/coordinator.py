@@ -269,11 +269,11 @@ class StoreCoordinator:
 
     async def aggregate(self, name: str) -> dict[str, Any] | None:
         model = AGGREGATES[name]
-        found = await self._connections.call(lambda s: s.read(f"aggregate/{name}", model))
+        found = await self._connections.call(lambda s: s.peek(f"aggregate/{name}", model))
         return found.model_dump() if found is not None else None
 
     async def summary_of(self, node_id: str) -> dict[str, Any] | None:
-        found = await self._connections.call(lambda s: s.read(f"status/{node_id}", NodeSummary))
+        found = await self._connections.call(lambda s: s.peek(f"status/{node_id}", NodeSummary))
         return found.model_dump() if found is not None else None
 
     async def cluster(self) -> dict[str, Any]:

@@ -87,6 +87,10 @@ class StoreThread:
         self._calls.put(None)
 
 
+PEEK = "\x00ftd peek"
+"""The expectation of `peek`'s compare_set: never a record's value."""
+
+
 class RecordStore:
     """One connection to the rendezvous store under `ftd/<rdzv id>/`, records in and out."""
 
@@ -190,10 +194,22 @@ class RecordStore:
         raw = self.get_if_present(key)
         return None if raw is None else self.codec.decode(key, raw, model, max_bytes)
 
+    def peek(self, key: str, model: type[R], max_bytes: int = MAX_RECORD_BYTES) -> R | None:
+        """`read` in one operation: a compare_set whose expectation no value holds (a record
+        begins `ftd1 `) answers the value, or that expectation where there is none, and sets
+        nothing either way (c10d's rule, torch's server and ftd's alike)."""
+        raw = self.compare_set(key, PEEK, PEEK)
+        if raw == PEEK.encode():
+            return None
+        return self.codec.decode(key, raw, model, max_bytes)
+
     def read_many(self, keys: list[str], model: type[R]) -> dict[str, R]:
         """The valid records among `keys`; missing ones are skipped, never waited for."""
         if not keys:
             return {}
+        if len(keys) == 1:  # one operation, not a check and a get (every node's every beat)
+            one = self.peek(keys[0], model)
+            return {keys[0]: one} if one is not None else {}
         present = keys if self.check(keys) else [k for k in keys if self.check([k])]
         try:
             values = self.multi_get(present) if present else []
