@@ -150,10 +150,20 @@ class RankClient:
 
     # -- requests ----------------------------------------------------------------------------
 
+    def send(self, message: Message) -> dict[str, Any] | None:
+        """Any message record (ftd_client.messages, .checkpoint_messages): a kind the daemon
+        answers (its `ANSWERED`) waits for the reply, None without one (`last_error`); any
+        other is sent and None returned. The named requests below are this with a record
+        (heartbeats and sections keep their faster path), so a new kind needs no method here."""
+        if message.ANSWERED:
+            return self._request(message)
+        self._send_message(message)
+        return None
+
     def send_workload_control(self, action: WorkloadAction, description: str = "") -> bool:
         """Ask the supervisor to act (exclude this node, shut the workload down, continue);
         whether it acknowledged."""
-        reply = self._request(WorkloadControl(action, description[: protocol.MAX_DESCRIPTION]))
+        reply = self.send(WorkloadControl(action, description[: protocol.MAX_DESCRIPTION]))
         return bool(reply and reply.get("ok"))
 
     def calculate_and_set_timeouts(
