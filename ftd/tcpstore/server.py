@@ -20,7 +20,7 @@ import logging
 import socket
 from typing import Final, cast
 
-from ftd_client.store import listening_socket
+from ftd_client.store import LISTEN_BACKLOG, listening_socket
 
 from ftd.refusals import Refusals
 from ftd.tcpstore.state import DEFAULT_MAX_BYTES, StoreRefused, StoreState
@@ -127,8 +127,10 @@ class TcpStoreServer:
         store = cls(max_bytes)
         sock = listening_socket(host, port)
         try:
+            # The loop listens on the socket again, with its own backlog (100 by default): a
+            # burst of ranks' connections past it was dropped and retried 1 s, 2 s later.
             store._server = await asyncio.get_running_loop().create_server(
-                lambda: StoreConnection(store), sock=sock
+                lambda: StoreConnection(store), sock=sock, backlog=LISTEN_BACKLOG
             )
         except BaseException:
             sock.close()
