@@ -67,19 +67,20 @@ def sampled(times: Times, most: int = MAX_PUBLISHED_RANKS) -> list[int]:
     return sorted({ordered[round(i * step)] for i in range(most)})
 
 
+def forward_entries(
+    times: Mapping[Signal, Mapping[int, float]], ranks: list[int]
+) -> tuple[dict[str, int], ...]:
+    """`ranks`' published RankForward entries (a tuple: the records' strict fields take no
+    lists), each with the signals it has a time of."""
+    return tuple(
+        {"global_rank": r, **{WIRE[s]: round(t[r] * 1e6) for s, t in times.items() if r in t}}
+        for r in ranks
+    )
+
+
 def job_record(number: int, wall: float, times: Times) -> dict[str, Any]:
     """The JobTimes record of round `number` for `times`."""
-    return {
-        "round": number,
-        "time": wall,
-        "forward": tuple(
-            {
-                "global_rank": rank,
-                **{WIRE[s]: round(times[s][rank] * 1e6) for s in SIGNALS if rank in times[s]},
-            }
-            for rank in sampled(times)
-        ),
-    }
+    return {"round": number, "time": wall, "forward": forward_entries(times, sampled(times))}
 
 
 class JobTimesShare:
@@ -88,8 +89,6 @@ class JobTimesShare:
 
     def __init__(self, share: JobShare) -> None:
         self._share = share
-        self.gathered = 0
-        """Looks at every node's summary this node made (as node rank 0)."""
 
     async def read(self, wall: float) -> Times | None:
         """The job's times now (None: nothing to read yet, the last view stays)."""
@@ -98,7 +97,6 @@ class JobTimesShare:
             return None
         if self._share.leading():
             gathered = node_times({"nodes": await self._share.every_summary()})
-            self.gathered += 1
             await self._share.publish("job_times", job_record(rnd.number, wall, gathered))
             return gathered
         record = await self._share.read("job_times")

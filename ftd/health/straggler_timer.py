@@ -23,7 +23,7 @@ from typing import Any
 
 from ftd import containment
 from ftd.health.job_times import MAX_PEER_RANKS as MAX_PEER_RANKS
-from ftd.health.job_times import WIRE, JobTimesShare, node_times
+from ftd.health.job_times import JobTimesShare, forward_entries, node_times
 from ftd.health.progress import ProgressWatch
 from ftd.health.stragglers import Signal, StragglerChange
 from ftd.status.event_kind import EventKind
@@ -89,14 +89,8 @@ class StragglerTimer:
         """This node's part of its published summary (NodeSummary.forward, .stragglers)."""
         times = self.watch.times()
         ranks = sorted({rank for own in times.values() for rank in own})[:MAX_PUBLISHED]
-        return {  # tuples: the record's strict fields take no lists
-            "forward": tuple(
-                {
-                    "global_rank": r,
-                    **{WIRE[s]: round(t[r] * 1e6) for s, t in times.items() if r in t},
-                }
-                for r in ranks
-            ),
+        return {
+            "forward": forward_entries(times, ranks),
             "stragglers": tuple(self.watch.stragglers.listed()[:MAX_PUBLISHED]),
         }
 
