@@ -117,12 +117,14 @@ class NodeControl:
 
     def cluster(self) -> dict[str, Any] | Awaitable[dict[str, Any]]:
         """Every node's summary, the current round's membership, the excluded nodes (a
-        coroutine where they are read from the rendezvous store)."""
+        coroutine where they are read from the rendezvous store), the job's culprit of the last
+        hang as this node learned it."""
         coordinator = self._coordinator
         if self.config.multi_node and coordinator.reached and not coordinator.lost.is_set():
-            return coordinator.cluster()
+            return self._with_culprit(coordinator.cluster())
         summary = self._summary()
         return {
+            "culprit": self.status.job_culprit,
             "nodes": [{**summary, "role": "active"}],
             "round": {"round": self.status.attempt, "members": [self.config.node_id]},
             "excluded": [],
@@ -130,6 +132,9 @@ class NodeControl:
                 {"node_id": self.config.node_id, **s} for s in summary.get("stragglers", ())
             ],
         }
+
+    async def _with_culprit(self, view: Awaitable[dict[str, Any]]) -> dict[str, Any]:
+        return {**(await view), "culprit": self.status.job_culprit}
 
     def get_timeouts(self) -> dict[str, Any]:
         """The rank-health timeouts in force. FeatureUnavailable until they exist."""

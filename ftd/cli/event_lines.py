@@ -29,6 +29,7 @@ KEY_FIELDS: dict[str, tuple[str, ...]] = {
     "timeouts_changed": ("by",),
     "round_closed": ("round", "group_rank", "members"),
     "cluster_request": ("round", "action", "reason"),
+    "job_culprit": ("round", "node_id", "rank", "victim", "reason"),
     "node_excluded": ("node_id", "by", "reason"),
     "node_readmitted": ("node_id", "by"),
     "node_lost": ("node_id", "reason"),

@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from ftd.coordination.records import Member, RecordCodec, RequestRecord
+from ftd.coordination.records import Collectives, JobCulprit, Member, RecordCodec, RequestRecord
 from ftd.status.model import Connecting, Standby, Waiting
 
 ErrorCode = Literal["failed", "excluded", "store_lost", "stopped", "succeed", "fail"]
@@ -107,6 +107,7 @@ def new_request(
     by: str,
     counted: bool = False,
     exit_code: int = 1,
+    hang: bool = False,
 ) -> RequestRecord:
     return RequestRecord(
         action=action,
@@ -115,6 +116,7 @@ def new_request(
         counted=counted,
         nonce=uuid.uuid4().hex,
         exit_code=exit_code,
+        hang=hang,
     )
 
 
@@ -231,6 +233,23 @@ class Coordinator(Protocol):
 
     async def cluster(self) -> dict[str, Any]:
         """Every member's summary, the round, the excluded nodes (GET /v1/cluster)."""
+        ...
+
+    async def share_collectives(self, rnd: Round, mine: Collectives) -> None:
+        """This node's ranks' collectives as `rnd`'s attempt ended on a hang (job_culprit.py)."""
+        ...
+
+    async def gather_collectives(self, rnd: Round, within_s: float) -> list[Collectives]:
+        """Node rank 0: every member's shared collectives, or those shared within `within_s`."""
+        ...
+
+    async def decide_culprit(self, rnd: Round, culprit: JobCulprit) -> JobCulprit:
+        """Make `culprit` `rnd`'s unless one was decided first: the one in force."""
+        ...
+
+    async def await_culprit(self, rnd: Round, within_s: float) -> JobCulprit | None:
+        """`rnd`'s decided culprit once there is one (a blocking wait or a watch), or None
+        after `within_s`."""
         ...
 
     def inprocess_store(self) -> Awaitable[tuple[str, int]]:

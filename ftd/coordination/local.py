@@ -12,7 +12,7 @@ import logging
 from typing import Any
 
 from ftd.coordination.base import NodeLost, Round, RoundWaits, new_request
-from ftd.coordination.records import Member, RecordCodec, RequestRecord
+from ftd.coordination.records import Collectives, JobCulprit, Member, RecordCodec, RequestRecord
 from ftd.tcpstore.server import TcpStoreServer
 
 log = logging.getLogger("ftd.coordination.local")
@@ -35,6 +35,8 @@ class LocalCoordinator:
         self._requests: dict[int, asyncio.Future[RequestRecord]] = {}
         self._store_host = store_host
         self._inprocess: TcpStoreServer | None = None
+        self._collectives: dict[int, Collectives] = {}
+        self._culprits: dict[int, JobCulprit] = {}
 
     async def start(self, on_node_lost: NodeLost, waits: RoundWaits | None = None) -> None:
         pass
@@ -106,6 +108,21 @@ class LocalCoordinator:
 
     async def cluster(self) -> dict[str, Any]:
         raise AssertionError("a one-node job's cluster is its own status")
+
+    async def share_collectives(self, rnd: Round, mine: Collectives) -> None:
+        self._collectives = {rnd.number: mine}
+
+    async def gather_collectives(self, rnd: Round, within_s: float) -> list[Collectives]:
+        found = self._collectives.get(rnd.number)
+        return [found] if found is not None else []
+
+    async def decide_culprit(self, rnd: Round, culprit: JobCulprit) -> JobCulprit:
+        if self._culprits.get(rnd.number) is None:
+            self._culprits = {rnd.number: culprit}
+        return self._culprits[rnd.number]
+
+    async def await_culprit(self, rnd: Round, within_s: float) -> JobCulprit | None:
+        return self._culprits.get(rnd.number)  # decided before: this node is node rank 0
 
     async def inprocess_store(self) -> tuple[str, int]:
         """A store of this daemon's for the ranks' in-process rounds, made on first use."""

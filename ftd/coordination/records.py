@@ -85,6 +85,9 @@ class RequestRecord(Record):
     exit_code: int = Field(1, ge=1, le=255)
     """A `fail`'s exit code on every node: 1, or --ft-no-restart-exit-code where restarting
     cannot help (ftd/supervision/no_progress.py)."""
+    hang: bool = False
+    """The attempt ended on a hang verdict: every node shares its ranks' collectives and the
+    job's culprit is decided (ftd/coordination/job_culprit.py)."""
 
 
 class AliveRecord(Record):
@@ -183,6 +186,41 @@ class ReplicaFloor(Record):
     time: float = Field(ge=0, allow_inf_nan=False)
     lowest: tuple[NodeStep, ...] = Field((), max_length=2)
     short: tuple[NodeId, ...] = Field((), max_length=2)
+
+
+class Collectives(Record):
+    """One node's ranks as an attempt that ended on a hang left them: the fewest collectives a
+    rank of it had entered, that rank, since when (wall time) it had made no progress, and how
+    many of its ranks had entered more (they wait on it). Written once per node and round."""
+
+    round: Count
+    node_id: NodeId
+    group_rank: Count
+    lowest: Count | None
+    """None: no rank of the node reported the collectives it entered."""
+    rank: Count | None
+    since: float | None = Field(None, ge=0, allow_inf_nan=False)
+    waiting: Count = 0
+    ranks: Count = 0
+    judged: bool = False
+    """This node's own verdict ended the attempt."""
+
+
+class JobCulprit(Record):
+    """The job's culprit of a hang, decided once per round by its node rank 0 from every
+    node's Collectives: the node and rank the others wait on."""
+
+    round: Count
+    node_id: NodeId
+    group_rank: Count
+    rank: Count
+    entered: Count
+    waiting_nodes: Count
+    """Nodes with a rank past `entered`: they wait on the culprit."""
+    nodes: Count
+    """The nodes whose Collectives the decision read."""
+    reason: Reason
+    time: float = Field(ge=0, allow_inf_nan=False)
 
 
 AGGREGATES: dict[str, type[Record]] = {"job_times": JobTimes, "replica_floor": ReplicaFloor}

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ftd import containment
+from ftd.health.collectives import AttemptCollectives
 from ftd.health.links import RankHealth
 from ftd.health.monitor import Monitor
 from ftd.health.progress import ProgressVerdict, ProgressWatch
@@ -51,6 +52,8 @@ class HangHandler:
     ) -> None:
         self.monitor = monitor
         self.progress = progress or ProgressWatch()
+        self.collectives = AttemptCollectives(self.progress)
+        """The node's part of the job's culprit, frozen at its verdict (collectives.py)."""
         self.events = events
         self.termination_signal = termination_signal
         self.group: WorkerGroup | None = None
@@ -60,6 +63,7 @@ class HangHandler:
 
     def attach(self, group: WorkerGroup) -> None:
         self.group = group
+        self.collectives.new_attempt()
 
     def detach(self) -> None:
         self.group = None
@@ -79,6 +83,7 @@ class HangHandler:
             log.info("rank %d is overdue too: its attempt is already ending", culprit.global_rank)
             return False
         self._judged = self.group
+        self.collectives.freeze(judged=True)
         return True
 
     def on_hang(self, verdict: Verdict) -> None:

@@ -273,6 +273,10 @@ class ProgressWatch:
             dues.append(max(since + limit, self._since(progress.advanced_at) + STALLED_AFTER_S))
         return min(dues, default=None)
 
+    def reporting(self) -> list[RankProgress]:
+        """The ranks that report their progress now."""
+        return list(self._ranks.values())
+
     def stalled_ranks(self, now: float) -> list[RankHealth]:
         """The ranks without progress for a while, culprit first."""
         return [p.rank for p in sorted(self._stalled(now), key=sort_key)]

@@ -36,6 +36,7 @@ from ftd_client.wire import Envelope, Message
 from ftd.config.ft import FaultToleranceConfig, RankTimeouts
 from ftd.errors import InvalidRequest
 from ftd.health.accounting import BudgetWatch, LossWatch, send_buffer_bytes
+from ftd.health.collectives import NodeCollectives
 from ftd.health.first_steps import FirstSteps
 from ftd.health.hangs import HangHandler
 from ftd.health.inbox import Handler, Inbox
@@ -172,6 +173,7 @@ class HealthService:
         # before their connections are forgotten: the exit may be seen before the messages.
         self.server.drain()
         self._group = None
+        self.hangs.collectives.freeze(judged=False)  # unless its verdict froze them
         self.hangs.detach()
         # In place: NVRx's sockets share the set (a new one left them refusing as not_a_rank).
         previous = self.server.previous_pids
@@ -180,6 +182,10 @@ class HealthService:
         self.server.forget_connections()
         self.monitor.detach()
         self.first_steps.detach()
+
+    def collectives(self) -> NodeCollectives | None:
+        """The node's part of the job's culprit as the last attempt ended (collectives.py)."""
+        return self.hangs.collectives.frozen
 
     def send_buffer(self, local_ranks: int) -> int:
         """The send buffer each rank's socket should have (FTD_SOCKET_SNDBUF)."""

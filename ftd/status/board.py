@@ -169,6 +169,11 @@ class StatusBoard:
             failure.cause = cause
         self.status.last_failure = failure
 
+    def job_culprit(self, culprit: dict[str, Any]) -> None:
+        """The job's culprit of the last hang, decided across nodes."""
+        self.status.job_culprit = culprit
+        self.write()
+
     def recovered(self, stages: dict[str, Any]) -> None:
         """The last restart's stages, once its ranks resumed."""
         self.status.last_recovery = stages

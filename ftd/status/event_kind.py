@@ -24,6 +24,8 @@ class EventKind(enum.StrEnum):
     ATTEMPT_STARTED = "attempt_started"
     ATTEMPT_FAILED = "attempt_failed"
     CLUSTER_REQUEST = "cluster_request"
+    JOB_CULPRIT = "job_culprit"
+    """The job's culprit of a hang, decided across nodes (ftd/coordination/job_culprit.py)."""
     WORKERS_STOPPED = "workers_stopped"
     RESTART_BACKOFF = "restart_backoff"
     GPU_MEMORY_RECLAIMED = "gpu_memory_reclaimed"

@@ -234,6 +234,8 @@ class NodeStatus:
     """Set while the node waits in a round for others to join; None once it closed."""
     connecting: Connecting | None = None
     """Set while the node reaches for its rendezvous endpoint; None once it did (or gave up)."""
+    job_culprit: dict[str, Any] | None = None
+    """The job's culprit of the last hang, as decided across nodes (JobCulprit and `victim`)."""
 
     def to_dict(
         self,
@@ -271,4 +273,5 @@ class NodeStatus:
             "waiting": self.waiting.to_dict() if self.waiting is not None else None,
             "connecting": self.connecting.to_dict() if self.connecting is not None else None,
             "progress": progress,
+            "job_culprit": self.job_culprit,
         }

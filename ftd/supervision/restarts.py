@@ -36,6 +36,8 @@ class RecoveryTimeline:
         self._tools = tools
         self._background = background
         self._recovery: Recovery | None = None
+        self._latest: Recovery | None = None
+        """The last restart begun, until it is reported."""
         self._next_fault = asyncio.Event()
         """Set when another restart begins: the one before stops waiting for its redo."""
 
@@ -45,9 +47,15 @@ class RecoveryTimeline:
         decided = failure.timestamp if failure is not None and failure.timestamp else now
         origin = failure.origin if failure is not None and failure.origin else decided
         self._recovery = Recovery(cause=cause, origin=min(origin, decided), decided=decided)
+        self._latest = self._recovery
         self._next_fault.set()
         # How often the job fails: the ranks' snapshot interval.
         self._tools.checkpoints.spacing.failed()
+
+    def culprit_named(self, reason: str) -> None:
+        """The job's culprit of the hang that began the last restart: its cause says it."""
+        if self._latest is not None:
+            self._latest.cause = f"{self._latest.cause}; {reason}"[:4000]
 
     def stopped(self) -> None:
         if self._recovery is not None:
@@ -98,6 +106,8 @@ class RecoveryTimeline:
             self._report(attempt, recovery)
 
     def _report(self, attempt: Attempt, recovery: Recovery) -> None:
+        if self._latest is recovery:
+            self._latest = None
         data = recovery.event_data(attempt.number)
         for stage, seconds in data["stages"].items():
             if seconds is not None:

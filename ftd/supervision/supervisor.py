@@ -26,9 +26,10 @@ from ftd.status.board import StatusBoard
 from ftd.status.event_kind import EventKind
 from ftd.status.model import DaemonState, Failure
 from ftd.supervision.attempt import Attempt, AttemptTools, Running
+from ftd.supervision.job_culprit import JobCulpritShare
 from ftd.supervision.no_progress import ProgressGuard
 from ftd.supervision.node_health import NodeHealth
-from ftd.supervision.policy import Action, after_attempt, asks_the_healthy_first
+from ftd.supervision.policy import Action, Decision, after_attempt, asks_the_healthy_first
 from ftd.supervision.restarts import CrashLoop, RecoveryTimeline
 from ftd.supervision.summary import ending_headline, failure_cause, final_cause
 from ftd.tasks import Background, first_of, within
@@ -38,6 +39,14 @@ log = logging.getLogger("ftd.daemon")
 SIGNAL_REQUEST_TIMEOUT_S = 2.0
 CRASHES = frozenset({"exit", "signal", "hang", "fatal", "internal", "start"})
 """Failures that count toward the crash loop's back-off (not a request, a lost node)."""
+
+
+def _request_of(decision: Decision, failure: Failure, me: str) -> RequestRecord:
+    """What this node asks of the round after `failure`, as the policy decided."""
+    hang = failure.kind == "hang"  # then every node takes part in naming the job's culprit
+    if decision.action is Action.RESTART:
+        return new_request("restart", decision.reason, me, counted=failure.counted, hang=hang)
+    return new_request("fail", decision.reason, me, exit_code=decision.exit_code, hang=hang)
 
 
 def _meaning(request: RequestRecord) -> tuple[DaemonState, str]:
@@ -70,6 +79,7 @@ class Supervisor:
         self.running = running
         self.recovery = RecoveryTimeline(tools, background)
         self.crash_loop = CrashLoop(tools, board, stop)
+        self.culprits = JobCulpritShare(tools, background, self.recovery)
         self.no_progress = ProgressGuard(self.config.ft, tools.events)
         self.gpu_memory = GpuMemory(self.config.ft, tools.events)
         self.node_health = NodeHealth(self.config, tools.events, board, self.coordinator)
@@ -108,6 +118,7 @@ class Supervisor:
                     ended.cancel()
             if request is None:
                 return self._stopped()
+            self.culprits.round_ended(rnd, request)
             if request.action != "restart":
                 await coordinator.leave(rnd)
             if request.action == "restart":
@@ -289,11 +300,7 @@ class Supervisor:
                 why = f"{healthy} healthy nodes left (min-healthy): waiting for the cluster"
                 await self._end(attempt, (DaemonState.RESTARTING, f"{outcome.reason}; {why}"))
                 return await self._await_end(ended)
-        if decision.action is Action.RESTART:
-            mine = new_request("restart", decision.reason, me, counted=outcome.counted)
-        else:
-            mine = new_request("fail", decision.reason, me, exit_code=decision.exit_code)
-        request = await coordinator.request(rnd, mine)
+        request = await coordinator.request(rnd, _request_of(decision, outcome, me))
         await self._end(attempt, _meaning(request))
         return request
 
@@ -348,11 +355,7 @@ class Supervisor:
         used = await self.coordinator.restarts_used(rnd)
         stuck = self.no_progress.after_failure(rnd.number, failure, self.tools.checkpoints)
         decision = after_attempt(failure, used, self.config.max_restarts, stuck=stuck)
-        if decision.action is Action.RESTART:
-            mine = new_request("restart", decision.reason, me, counted=failure.counted)
-        else:
-            mine = new_request("fail", decision.reason, me, exit_code=decision.exit_code)
-        request = await self.coordinator.request(rnd, mine)
+        request = await self.coordinator.request(rnd, _request_of(decision, failure, me))
         await self._end(None, _meaning(request))
         return request
 

@@ -79,6 +79,24 @@ def c10d_coordinators(port: int, nodes: int) -> list[Coordinator]:
     return [StoreCoordinator(config(node), secret=SECRET) for node in range(nodes)]
 
 
+def etcd_coordinators(endpoint: str, nodes: int, run_id: str) -> list[Coordinator]:
+    from ftd.coordination.etcd.coordinator import EtcdCoordinator
+
+    def config(node: int) -> ServeConfig:
+        return ServeConfig(
+            entrypoint=__file__,
+            nnodes_min=nodes,
+            nnodes_max=nodes,
+            rdzv_backend="etcd",
+            rdzv_endpoint=endpoint,
+            run_id=run_id,
+            node_id=f"n{node:02d}",
+            local_addr="127.0.0.1",
+        )
+
+    return [EtcdCoordinator(config(node), SECRET, lambda k, d: None) for node in range(nodes)]
+
+
 async def looks_cost(coordinators: Sequence[Any], nproc: int = 8) -> tuple[list[int], list[Any]]:
     """Every node joins a round and publishes its summary; then each looks at the job's times
     once (node rank 0 first): the operations each look cost, and what each saw."""
@@ -138,27 +156,9 @@ async def test_c10d_a_look_costs_node_rank_0_one_read_of_all_and_the_others_one_
 async def test_etcd_a_look_costs_node_rank_0_one_range_and_the_others_one_get(
     etcd: ClusterFactory,
 ) -> None:
-    from ftd.coordination.etcd.coordinator import EtcdCoordinator
-
     endpoint = (await etcd(1)).rdzv_endpoint
     for nodes in (2, 8):
-        coordinators = [
-            EtcdCoordinator(
-                ServeConfig(
-                    entrypoint=__file__,
-                    nnodes_min=nodes,
-                    nnodes_max=nodes,
-                    rdzv_backend="etcd",
-                    rdzv_endpoint=endpoint,
-                    run_id=f"times{nodes}",
-                    node_id=f"n{node:02d}",
-                    local_addr="127.0.0.1",
-                ),
-                SECRET,
-                lambda kind, data: None,
-            )
-            for node in range(nodes)
-        ]
+        coordinators = etcd_coordinators(endpoint, nodes, f"times{nodes}")
         try:
             costs, seen = await looks_cost(coordinators)
         finally:

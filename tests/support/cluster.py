@@ -29,8 +29,10 @@ class Cluster:
         backend: Backend = C10D,
         env: dict[str, str] | None = None,
         secret: str | None = JOB_SECRET,
+        script: Path | None = None,
     ) -> None:
         self.serve, self.job, self.backend = serve, job, backend
+        self.script = {"script": script} if script is not None else {}
         self.env = env if env is not None else {"FTD_RDZV_SECRET": secret} if secret else None
         self.endpoint = backend.endpoint()
         self.flags = (
@@ -44,7 +46,7 @@ class Cluster:
     async def node(self, node_id: str, *args: str, flags: tuple[str, ...] = ()) -> Serve:
         return await self.serve(
             "--node-id", node_id, *self.flags, *flags, run_id=self.job, script_args=args,
-            env=self.env,
+            env=self.env, **self.script,
         )  # fmt: skip
 
     async def first(self, node_id: str, *args: str) -> Serve:

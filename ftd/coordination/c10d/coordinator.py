@@ -40,6 +40,8 @@ from ftd.coordination.endpoint import parse_endpoint, route_address
 from ftd.coordination.progress import Reaching
 from ftd.coordination.records import (
     AGGREGATES,
+    Collectives,
+    JobCulprit,
     MarkRecord,
     Member,
     NodeSummary,
@@ -280,6 +282,34 @@ class StoreCoordinator:
         rnd = self.round
         nodes, self.excluded = await self._connections.call(self._rounds.cluster_view, rnd)
         return cluster_answer(nodes, rnd, self.excluded, self.ops, dict(self.codec.refused))
+
+    # -- the job's culprit of a hang (job_culprit.py) ----------------------------------------
+
+    async def share_collectives(self, rnd: Round, mine: Collectives) -> None:
+        slot = key(rnd.number, f"collectives/{self.node_id}")
+        await self._connections.call(lambda s: s.put(slot, mine))
+
+    async def gather_collectives(self, rnd: Round, within_s: float) -> list[Collectives]:
+        slots = {key(rnd.number, f"collectives/{n}"): n for n in rnd.node_ids}
+
+        def gather(s: RecordStore) -> list[Collectives]:
+            s.wait(list(slots), within_s)  # every node's, or what is there by then
+            found = s.read_many(list(slots), Collectives)
+            return [c for k, c in found.items() if c.node_id == slots[k]]
+
+        return await self._connections.wait(gather)
+
+    async def decide_culprit(self, rnd: Round, culprit: JobCulprit) -> JobCulprit:
+        slot = key(rnd.number, "culprit")
+        return await self._connections.call(lambda s: s.decide(slot, culprit, JobCulprit))
+
+    async def await_culprit(self, rnd: Round, within_s: float) -> JobCulprit | None:
+        slot = key(rnd.number, "culprit")
+
+        def decided(s: RecordStore) -> JobCulprit | None:
+            return s.decided(slot, JobCulprit) if s.wait([slot], within_s) else None
+
+        return await self._connections.wait(decided)
 
     async def inprocess_store(self) -> tuple[str, int]:
         return self.endpoint

@@ -27,6 +27,7 @@ from ftd.coordination.base import (
 from ftd.coordination.endpoint import parse_endpoint, route_address
 from ftd.coordination.etcd.client import Get
 from ftd.coordination.etcd.conf import open_client, parse_etcd_conf, warn_unsigned
+from ftd.coordination.etcd.gather import gather_members
 from ftd.coordination.etcd.inprocess_meeting import leaders_store
 from ftd.coordination.etcd.kv import Availability, RecordKv
 from ftd.coordination.etcd.liveness import EtcdLiveness
@@ -37,6 +38,8 @@ from ftd.coordination.progress import Reaching
 from ftd.coordination.records import (
     AGGREGATES,
     MAX_ROUND_RECORD_BYTES,
+    Collectives,
+    JobCulprit,
     Member,
     NodeSummary,
     Record,
@@ -300,6 +303,29 @@ class EtcdCoordinator:
             unavailable = error.reason
         refused = dict(self.codec.refused)
         return cluster_answer(nodes, rnd, self.excluded, self.ops, refused, unavailable)
+
+    # -- the job's culprit of a hang (job_culprit.py) ----------------------------------------
+
+    async def share_collectives(self, rnd: Round, mine: Collectives) -> None:
+        slot = key(rnd.number, f"collectives/{self.node_id}")
+        await self._call("share this node's collectives", lambda: self._kv.put(slot, mine))
+
+    async def gather_collectives(self, rnd: Round, within_s: float) -> list[Collectives]:
+        prefix = key(rnd.number, "collectives/")
+        found = await gather_members(self._kv, prefix, Collectives, rnd.node_ids, within_s)
+        return list(found.values())
+
+    async def decide_culprit(self, rnd: Round, culprit: JobCulprit) -> JobCulprit:
+        slot = key(rnd.number, "culprit")
+        decide = partial(self._kv.decide, slot, culprit, JobCulprit)
+        return await self._call("decide the job's culprit", decide)
+
+    async def await_culprit(self, rnd: Round, within_s: float) -> JobCulprit | None:
+        decided = self._kv.await_decided(key(rnd.number, "culprit"), JobCulprit)
+        try:
+            return (await within(decided, within_s))[0]
+        except TimeoutError:
+            return None
 
     # -- in-process restart ------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ const SUMMARY_KEYS = {
   attempt_failed: ["attempt"],
   rank_exited: ["attempt", "global_rank", "pid", "exit_code", "state"],
   rank_hung: ["global_rank", "reason"],
+  job_culprit: ["round", "node_id", "rank", "victim", "reason"],
   restart_requested: ["scope", "reason", "by", "counted"],
   recovery: ["attempt", "cause", "total_s"],
   timeouts_changed: ["by"],
