@@ -1,12 +1,12 @@
 """`GET /v1/cluster` with a bound: a page of nodes (`offset`, `limit`: DEFAULT_LIMIT by default,
 the round's members alike) and aggregates over all of them (how many in each state and role,
-the round's size, the worst stragglers, the nodes whose summaries are oldest, the first `limit`
-excluded nodes), so that the answer stays small at thousands of nodes (issue 43: at most 64 KiB
+the round's size, the worst stragglers, the nodes whose summaries are oldest, the nodes whose
+last attempt failed, the first `limit` excluded nodes), so that the answer stays small at thousands of nodes (issue 43: at most 64 KiB
 by default) while nothing is hidden: the rest is a page away.
 
 Each node's `forward` (its ranks' times, what the straggler watch reads across nodes) is left
 out of the page: it is the daemons' input, not the operator's, and it is the part of a summary
-that grows with the ranks.
+that grows with the ranks; its `last_failure` is cut to FAILURE_CHARS.
 """
 
 from __future__ import annotations
@@ -18,8 +18,12 @@ from typing import Any
 DEFAULT_LIMIT = 64
 MAX_LIMIT = 4096
 MAX_OFFSET = 1 << 20
+FAILURE_CHARS = 240
+"""A node's `last_failure` in the view is cut to this: 64 nodes' reasons of up to 4,000
+characters each would not fit 64 KiB."""
 WORST = 16
-"""Stragglers (by ratio) and lagging nodes (by the age of their summary) listed in full."""
+"""Stragglers (by ratio), lagging nodes (by the age of their summary) and failed nodes (the
+newest summaries first) listed in full."""
 
 
 def bounded(view: dict[str, Any], offset: int, limit: int) -> dict[str, Any]:
@@ -30,6 +34,7 @@ def bounded(view: dict[str, Any], offset: int, limit: int) -> dict[str, Any]:
     states = collections.Counter(str(node.get("state")) for node in nodes)
     roles = collections.Counter(str(node.get("role", "active")) for node in nodes)
     timed = [node for node in nodes if _number(node.get("time")) is not None]
+    failed = [node for node in timed if node.get("last_failure")]
     given = view.get("round")
     round_: dict[str, Any] = given if isinstance(given, dict) else {}
     members = _listed(round_.get("members"))
@@ -50,11 +55,24 @@ def bounded(view: dict[str, Any], offset: int, limit: int) -> dict[str, Any]:
             {"node_id": node.get("node_id"), "time": node.get("time")}
             for node in sorted(timed, key=lambda node: _number(node.get("time")) or 0.0)[:WORST]
         ],
+        "failed": [
+            {"node_id": node.get("node_id"), "last_failure": _cut(node.get("last_failure"))}
+            for node in sorted(failed, key=lambda node: -(_number(node.get("time")) or 0.0))[:WORST]
+        ],
+        "total_failed": len(failed),
     }
 
 
 def _shown(node: dict[str, Any]) -> dict[str, Any]:
-    return {key: value for key, value in node.items() if key != "forward"}
+    shown = {key: value for key, value in node.items() if key != "forward"}
+    if "last_failure" in shown:
+        shown["last_failure"] = _cut(shown["last_failure"])
+    return shown
+
+
+def _cut(reason: object) -> object:
+    """A failure's reason as the view shows it: its start (the node's status has it whole)."""
+    return reason[:FAILURE_CHARS] if isinstance(reason, str) else reason
 
 
 def _listed(value: object) -> list[Any]:

@@ -139,3 +139,18 @@ def test_ftd_status_says_how_many_more_nodes_there_are_and_where() -> None:
     assert lines[-1].startswith("stragglers: rank 2392 on node-00299 (1.5x")
     assert not more_nodes_lines(bounded(cluster(3), 0, DEFAULT_LIMIT), 3)
     assert not more_nodes_lines({"total_nodes": True}, 0)
+
+
+def test_failed_nodes_are_listed_newest_first_and_no_reason_breaks_the_bound() -> None:
+    view = cluster(NODES)
+    for index, node in enumerate(view["nodes"]):
+        if index % 5 == 0:  # a fifth of the job failed, each with a reason of 4,000 characters
+            node["last_failure"] = f"rank {8 * index} exited 1: " + "x" * 4000
+    answer = bounded(view, 0, DEFAULT_LIMIT)
+    assert len(json.dumps(answer).encode()) <= 64 * 1024
+    assert answer["total_failed"] == len(range(0, NODES, 5))
+    times = [next(n["time"] for n in view["nodes"] if n["node_id"] == f["node_id"])
+             for f in answer["failed"]]  # fmt: skip
+    assert len(times) == WORST and times == sorted(times, reverse=True)
+    assert all(len(f["last_failure"]) == 240 for f in answer["failed"])
+    assert answer["nodes"][0]["last_failure"].startswith("rank 0 exited 1: xxx")

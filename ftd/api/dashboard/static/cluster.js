@@ -137,6 +137,19 @@ function renderCluster() {
       state.tiles.delete(id);
     }
   }
+  // Every node counted (GET /v1/cluster's `counts`) where the view is a page of a larger job;
+  // else the tiles drawn (this node's from its own, fresher, status).
+  const paged = Number.isInteger(c.total_nodes) && c.total_nodes > (c.nodes || []).length;
+  const every = paged && c.counts && c.counts.state && typeof c.counts.state === "object" ? c.counts.state : null;
+  if (every) {
+    counts.clear();
+    for (const [name, n] of Object.entries(every)) if (Number.isInteger(n) && n > 0) counts.set(name, n);
+    const out = Number.isInteger(c.total_excluded) ? c.total_excluded : excluded.size;
+    if (out > 0) counts.set("excluded", out);
+  }
+  const named = c.culprit && typeof c.culprit.reason === "string" ? c.culprit : null;
+  $("cluster-culprit").hidden = !named;
+  $("cluster-culprit").textContent = named ? `the job's culprit, round ${named.round}: ${named.reason}` : "";
   const countBox = $("cluster-counts");
   countBox.replaceChildren(...[...counts.entries()].sort().map(([name, n]) => {
     const chip = el("span", `count ${name === "excluded" ? "" : stateClass(name)}`, `${n} ${name}`);
@@ -144,7 +157,9 @@ function renderCluster() {
     return chip;
   }));
   const round = c.round || {};
-  const standbys = nodes.filter((n) => n.role === "standby").length;
+  const roles = every && c.counts.role && typeof c.counts.role === "object" ? c.counts.role : null;
+  const standbys = roles ? (Number.isInteger(roles.standby) ? roles.standby : 0)
+    : nodes.filter((n) => n.role === "standby").length;
   // A page of a larger cluster (GET /v1/cluster's `offset`, `limit`): the totals say how many.
   const total = Number.isInteger(c.total_nodes) ? c.total_nodes : nodes.length;
   const shown = total > nodes.length ? ` (${nodes.length} shown)` : "";
