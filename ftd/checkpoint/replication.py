@@ -46,9 +46,12 @@ if TYPE_CHECKING:
 log = logging.getLogger("ftd.checkpoint")
 
 READ_S = 2.0
-"""How often a node looks at the ring (its successor's replica server; the replica floor node
-rank 0 gathers from every summary: job_share.py) and publishes its own summary if its
-acknowledged steps changed; a late view only keeps more snapshots."""
+"""How often a node looks at the ring: its successor's replica server until known (and after a
+push to it failed), and publishes its own summary if its acknowledged steps changed."""
+FLOOR_S = 10.0
+"""How often node rank 0 gathers the replica floor from every summary (job_share.py) and the
+others read it, and at once in a new round: a late floor only keeps more snapshots, and the
+gather reads O(N) bytes (issue 43)."""
 RETRY_S = 0.5
 PUSH_TIMEOUT_S = 60.0
 MAX_ACKED = 16
@@ -92,6 +95,9 @@ class Replication:
         self._background = Background()
         self.pulls = Pulls(key, node_id, events, self.ring, self._read_everyone, self.refused)
         self._failing: set[str] = set()
+        self._floor: int | None = None
+        self._floor_of: tuple[int, float] | None = None
+        """The round of `_floor` and when (monotonic) it was gathered or read."""
 
     async def start(self, host: str) -> None:
         """Serve replicas on `host` (this node's own address), start the pusher and the reads of
@@ -198,17 +204,22 @@ class Replication:
             return
         self.ring.number, self.ring.members, self.ring.ranks, self.ring.world = view
         successor = self.ring.successor(self.node_id)
-        if self._share.leading():
-            self.ring.read(await self._share.every_summary())
-            gathered = floor_record(self.ring, time.time())
-            await self._share.publish("replica_floor", gathered)
-            floor = floor_for(gathered, self.node_id)
-        else:
-            # Its server's address is read until known, and again after a push failed.
-            known = successor in self.ring.addresses and not self._failing
-            if successor is not None and not known:
-                self.ring.read([s for s in [await self._share.summary_of(successor)] if s])
-            floor = floor_for(await self._share.read("replica_floor"), self.node_id)
+        taken = self._floor_of
+        if taken is None or taken[0] != self.ring.number or time.monotonic() - taken[1] >= FLOOR_S:
+            gathered: dict[str, Any] | None = None
+            if self._share.leading():
+                self.ring.read(await self._share.every_summary())
+                gathered = floor_record(self.ring, time.time())
+                await self._share.publish("replica_floor", gathered)
+            else:
+                gathered = await self._share.read("replica_floor")
+            self._floor = floor_for(gathered, self.node_id)
+            self._floor_of = (self.ring.number, time.monotonic())
+        # Its server's address is read until known, and again after a push failed.
+        known = successor in self.ring.addresses and not self._failing
+        if successor is not None and not known:
+            self.ring.read([s for s in [await self._share.summary_of(successor)] if s])
+        floor = self._floor
         now = (self.ring.number, successor)
         if now != self._acked_by:
             self._acked_by, self.acked = now, []

@@ -163,6 +163,7 @@ def save(holder: CheckpointHolder, rank: int, step: int, world: int) -> Path:
 @pytest.fixture
 def fast(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(replication, "READ_S", 0.05)
+    monkeypatch.setattr(replication, "FLOOR_S", 0.05)
     monkeypatch.setattr(replication, "RETRY_S", 0.05)
     monkeypatch.setattr(replication, "PUSH_TIMEOUT_S", 1.0)
     monkeypatch.setattr(replica_pull, "RETRY_S", 0.05)
