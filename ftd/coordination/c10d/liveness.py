@@ -25,6 +25,10 @@ from ftd.tcpstore.client import StoreGone
 
 log = logging.getLogger("ftd.coordination.liveness")
 
+BEATS_PER_TIMEOUT = 3
+"""A node beats (and reads) this many times per --node-keepalive-timeout: with a reader's
+read and its own write, 6/K store operations a node per second (issue 43's budget of 2 at
+K = 5 s has room for the rest); a reader whose reads were two intervals apart was stalled."""
 KEEPALIVE_OP_MIN_TIMEOUT_S = 5.0
 """A keepalive call slower than this (and than twice the timeout) means the store is gone."""
 
@@ -46,7 +50,7 @@ def judge(
     timeout_s: float,
 ) -> tuple[dict[str, Beat], list[tuple[str, str]]]:
     """The readers' new view and the nodes now dead, each with its reason."""
-    stalled = last_read_at is not None and now - last_read_at > timeout_s / 2
+    stalled = last_read_at is not None and now - last_read_at > 2 * timeout_s / BEATS_PER_TIMEOUT
     updated: dict[str, Beat] = {}
     dead: list[tuple[str, str]] = []
     for node, previous in seen.items():
@@ -88,7 +92,7 @@ class Keepalive:
     ) -> None:
         self.node_id = node_id
         self.timeout_s = timeout_s
-        self.interval_s = max(timeout_s / 4, 0.05)
+        self.interval_s = max(timeout_s / BEATS_PER_TIMEOUT, 0.05)
         self.done = False
         self._store = store
         self._thread = thread
