@@ -1,8 +1,9 @@
 """`GET /v1/cluster` with a bound: a page of nodes (`offset`, `limit`: DEFAULT_LIMIT by default,
 the round's members alike) and aggregates over all of them (how many in each state and role,
 the round's size, the worst stragglers, the nodes whose summaries are oldest, the nodes whose
-last attempt failed, the first `limit` excluded nodes), so that the answer stays small at thousands of nodes (issue 43: at most 64 KiB
-by default) while nothing is hidden: the rest is a page away.
+last attempt failed, the first `limit` excluded nodes), so that the answer stays small at
+thousands of nodes (issue 43: at most 64 KiB by default) while nothing is hidden: the rest is a
+page away.
 
 Each node's `forward` (its ranks' times, what the straggler watch reads across nodes) is left
 out of the page: it is the daemons' input, not the operator's, and it is the part of a summary
