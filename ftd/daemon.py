@@ -50,7 +50,7 @@ from ftd.ranks.guard import GuardKeeper
 from ftd.ranks.launch import build_command
 from ftd.ranks.spawn import Spawner, get_spawner
 from ftd.ranks.spawn.rank_main import DAEMON_HANDLED_SIGNALS
-from ftd.ranks.workers_store import AttemptStores
+from ftd.ranks.workers_store import AttemptStores, own_process
 from ftd.status.board import StatusBoard
 from ftd.status.event_kind import EventKind
 from ftd.status.events import EventLog
@@ -275,7 +275,7 @@ class Daemon:
         supervisor that runs the attempts with them."""
         config = self.config
         address = self.coordinator.address if self._start_error is None else "127.0.0.1"
-        self.stores = AttemptStores(address, config.master_port or 0)
+        self.stores = AttemptStores(address, config.master_port or 0, *own_process(config))
         self._teardown.push("closing the workers' store", self.stores.close)
         for name in SECRETS_FROM_ENV:
             os.environ.pop(name, None)

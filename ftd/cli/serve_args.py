@@ -17,6 +17,7 @@ from ftd.cli.formatting import HelpFormatter, UsageParser
 
 DEFAULT_API_PORT = 29610  # ftd.config.serve.DEFAULT_API_PORT, without importing pydantic for --help
 DEFAULT_PROGRESS_FLOOR_S = 300.0  # ftd.health.progress.DEFAULT_FLOOR_S, likewise
+OWN_PROCESS_FROM_RANKS = 1536  # ftd.ranks.workers_store.OWN_PROCESS_FROM_RANKS, likewise
 USAGE = "ftd serve [options] training_script [script arguments ...]"
 
 
@@ -172,6 +173,13 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
         default=None,
         metavar="PORT",
         help="port of the workers' store (default: a free one)",
+    )
+    add(
+        *_flag("--workers-store-process"),
+        default="auto",
+        choices=["auto", "on", "off"],
+        help="the workers' store in a process of its own, where no job's init stalls the daemon "
+        f"(on), on its loop (off), or auto: on from {OWN_PROCESS_FROM_RANKS} ranks (default: auto)",
     )
     add(
         *_flag("--node-rank"),

@@ -20,6 +20,7 @@ NO_PRELOAD = "none"
 DEFAULT_API_PORT = 29610
 
 StartMethod = Literal["spawn", "fork", "forkserver", "subprocess", "zygote"]
+WorkersStoreProcess = Literal["auto", "on", "off"]
 
 
 STD_VALUES = {"0": 0, "1": 1, "2": 2, "3": 3}
@@ -66,6 +67,13 @@ class ServeConfig(BaseModel):
     master_port: int | None = Field(None, ge=0, le=65535)
     local_addr: str | None = None
     """The address other nodes reach this node at (its workers' store, when it hosts it)."""
+    workers_store_process: WorkersStoreProcess = Field(
+        "auto",
+        description="on: the workers' store runs in a process of its own, so the burst of a "
+        "whole job's init never stalls the daemon's loop (its hang verdicts); off: on the "
+        "daemon's loop; auto: in its own process when nnodes MAX x nproc-per-node reaches "
+        "ftd.ranks.workers_store.OWN_PROCESS_FROM_RANKS",
+    )
     node_rank: int | None = Field(None, ge=0, lt=2**20)
     """The scheduler's rank of this node (--node-rank, SLURM_NODEID, a pod's index): nodes
     that have one are ranked in its order, so a node that replaces another under the same

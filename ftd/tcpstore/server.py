@@ -29,6 +29,9 @@ from ftd.tcpstore.wire import QueryDecoder
 log = logging.getLogger("ftd.store")
 
 MAX_CONNECTIONS: Final = 16384
+"""The connections a store admits by default: the daemon's own loop, whose descriptors its
+ranks' pipes and sockets share. A store in a process of its own admits as many as its
+descriptors allow (`max_connections`: ftd/ranks/store_process.py)."""
 WRITE_HIGH_WATER_BYTES: Final = 1024 * 1024
 """A connection's unsent replies past this pause reading from it until they drain."""
 
@@ -117,6 +120,7 @@ class TcpStoreServer:
         """Queries carried out, every connection's (the store's load: bench/scale.py)."""
         self._connections: set[StoreConnection] = set()
         self._server: asyncio.Server | None = None
+        self.max_connections = MAX_CONNECTIONS
 
     @classmethod
     async def start(
@@ -142,7 +146,7 @@ class TcpStoreServer:
         self.queries += 1
 
     def admit(self, connection: StoreConnection) -> bool:
-        if len(self._connections) >= MAX_CONNECTIONS:
+        if len(self._connections) >= self.max_connections:
             return False
         self._connections.add(connection)
         return True

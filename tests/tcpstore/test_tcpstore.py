@@ -350,7 +350,7 @@ def test_a_client_that_never_reads_is_not_read_from(
 def test_connections_past_the_limit_are_closed_and_counted(
     ftd_store: TcpStoreServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(server_module, "MAX_CONNECTIONS", 4)
+    monkeypatch.setattr(ftd_store, "max_connections", 4)
     kept = [connect(ftd_store.port) for _ in range(4)]
     for sock in kept:  # each is admitted before the next connects
         sock.sendall(encode_query(Query(Command.PING, number=1)))
