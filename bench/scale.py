@@ -156,6 +156,9 @@ def summary(c: Coordinator, rnd: Any, wall: float) -> dict[str, Any]:
             {"global_rank": r, "forward_us": 40_000 + r % 97, "host_us": 3000}
             for r in range(first, first + NPROC)
         ),
+        # A node with the memory tier says where its replica server listens: its predecessor
+        # reads that once, not at every look of its ring.
+        "replica_addr": "127.0.0.1:1",
         "replicated_steps": (10, 11),
         "replicated_round": rnd.number,
     }
