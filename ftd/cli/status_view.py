@@ -253,13 +253,16 @@ def waiting_text(status: dict[str, Any]) -> str:
         return ""
     joined = [value(n) for n in listed(wait.get("joined"))[:64]]
     missing = [value(n) for n in listed(wait.get("missing"))[:64]]
+    count = wait.get("joined_count")
+    how_many = count if type(count) is int and count >= len(joined) else len(joined)
+    named = ", ".join(joined) + (", ..." if how_many > len(joined) else "")
     wanted = value(wait.get("nnodes_min"))
     if wait.get("nnodes_max") != wait.get("nnodes_min"):
         wanted += f" to {value(wait.get('nnodes_max'))}"
     return (
         f"waiting for nodes in round {value(wait.get('round'))} at "
-        f"{value(wait.get('endpoint'))}: {len(joined)} of {wanted} joined "
-        f"({', '.join(joined) or 'none'}); missing: {', '.join(missing) or 'none'}; gives up "
+        f"{value(wait.get('endpoint'))}: {how_many} of {wanted} joined "
+        f"({named or 'none'}); missing: {', '.join(missing) or 'none'}; gives up "
         f"in {seconds_left(wait.get('left_s'))}"
     )
 

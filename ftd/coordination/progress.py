@@ -13,6 +13,7 @@ from dataclasses import replace
 
 from ftd.config.serve import ServeConfig
 from ftd.coordination.base import Round, RoundWaits
+from ftd.coordination.shared_rounds import JOINED_NAMES_MAX
 from ftd.status.model import Connecting, Waiting
 from ftd.text import escape
 
@@ -72,27 +73,29 @@ async def report_progress(
     config: ServeConfig,
     number: int,
     last: Round | None,
-    joined: Callable[[], Awaitable[list[str]]],
+    joined: Callable[[], Awaitable[tuple[int, list[str]]]],
     deadline: float,
     waits: RoundWaits | None,
 ) -> None:
     """Until cancelled: who joined round `number` and who of the round before (`last`) is not
     back yet, read FIRST_LOOK_S into the wait for the board (`waits`), then every PROGRESS_S
     for the board and the log, with when the join timeout (`deadline`, the loop's clock) ends
-    the wait. `joined` reads the nodes with a valid join record; a read that fails is said and
+    the wait. `joined` reads how many joined and the names of at most JOINED_NAMES_MAX of them
+    (who is not back is known only while every name is read); a read that fails is said and
     tried again. The board hears that the wait is over when this ends."""
     loop = asyncio.get_running_loop()
     previous = last.node_ids if last is not None else []
 
     async def look(say: bool) -> None:
         try:
-            present = await joined()
+            count, present = await joined()
         except Exception as error:  # the wait itself says what a lost backend means
             if say:
                 log.info("round %d: waiting for nodes (cannot read who joined: %s)", number, error)
             return
         left = max(0.0, deadline - loop.time())
-        missing = [n for n in previous if n not in present]
+        every_name = count <= JOINED_NAMES_MAX
+        missing = [n for n in previous if n not in present] if every_name else []
         if waits is not None:
             waits.waiting(
                 Waiting(
@@ -103,15 +106,17 @@ async def report_progress(
                     config.nnodes_min,
                     config.nnodes_max,
                     gives_up_at=time.time() + left,
+                    joined_count=count,
                 )
             )
         if say:
             log.info(
-                "round %d: waiting for nodes: %d joined (%s), %d to %d wanted%s; "
+                "round %d: waiting for nodes: %d joined (%s%s), %d to %d wanted%s; "
                 "the join timeout in %.0fs",
                 number,
-                len(present),
+                count,
                 ", ".join(present) or "none",
+                "" if every_name else ", ...",
                 config.nnodes_min,
                 config.nnodes_max,
                 f"; not back yet: {', '.join(missing)}" if missing else "",

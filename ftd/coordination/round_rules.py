@@ -67,7 +67,9 @@ class RoundSteps(Protocol):
     async def returning(self, number: int, deadline: float) -> list[str]:
         """The members of the round before `number` that have joined `number`."""
 
-    async def joined(self, number: int) -> list[str]: ...
+    async def joined(self, number: int) -> tuple[int, list[str]]:
+        """How many joined round `number` so far, and the names of at most JOINED_NAMES_MAX of
+        them (shared_rounds.py)."""
 
     async def ask(self, number: int, request: RequestRecord, deadline: float) -> None:
         """Decide round `number`'s request (the first decided wins)."""

@@ -169,12 +169,16 @@ class Waiting:
     nnodes_max: int
     gives_up_at: float
     """When the join timeout ends the wait (time.time())."""
+    joined_count: int | None = None
+    """How many joined (`joined` names at most 64 of them: shared_rounds.JOINED_NAMES_MAX);
+    None: as many as it names."""
 
     def to_dict(self) -> dict[str, object]:
         return {
             "round": self.round,
             "endpoint": self.endpoint,
             "joined": list(self.joined),
+            "joined_count": len(self.joined) if self.joined_count is None else self.joined_count,
             "missing": list(self.missing),
             "nnodes_min": self.nnodes_min,
             "nnodes_max": self.nnodes_max,

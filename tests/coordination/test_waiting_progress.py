@@ -1,6 +1,7 @@
 """What a node waiting in a forming round tells its board (ftd/coordination/progress.py): who
 joined, who of the round before is missing, the time left, at once and at each later read;
-nothing for a read that failed; None once the wait is over. And the words `ftd status` makes of
+nothing for a read that failed; None once the wait is over; in a large round, how many joined
+and the names of a bounded few, from a bounded read. And the words `ftd status` makes of
 it, job text escaped (ftd/cli/status_view.py)."""
 
 from __future__ import annotations
@@ -14,8 +15,12 @@ from ftd.cli.status_view import waiting_text
 from ftd.config.serve import ServeConfig
 from ftd.coordination import progress
 from ftd.coordination.base import Round
-from ftd.coordination.records import Member
+from ftd.coordination.c10d.record_store import RecordStore
+from ftd.coordination.c10d.rounds import StoreRounds
+from ftd.coordination.records import Member, RecordCodec
+from ftd.coordination.shared_rounds import JOINED_NAMES_MAX
 from ftd.status.model import Standby, Waiting
+from tests.conftest import free_port
 
 CONFIG = ServeConfig(
     entrypoint=__file__, node_id="a", nnodes_min=2, nnodes_max=3, rdzv_endpoint="h:29400"
@@ -47,11 +52,11 @@ async def test_the_board_hears_soon_and_the_wait_ends_with_none(
 ) -> None:
     board, reads = Board(), [["a"], OSError("store lost"), ["a", "c"]]
 
-    async def joined() -> list[str]:
+    async def joined() -> tuple[int, list[str]]:
         answer = reads.pop(0) if reads else ["a", "c"]
         if isinstance(answer, Exception):
             raise answer
-        return answer
+        return len(answer), answer
 
     monkeypatch.setattr(progress, "PROGRESS_S", 0.01)
     monkeypatch.setattr(progress, "FIRST_LOOK_S", 0.01)
@@ -83,3 +88,56 @@ def test_waiting_text_and_the_time_left_read_live() -> None:
     hostile = waiting_text({"waiting": {**shown, "joined": ["\x1b]0;owned\x07"], "missing": 7}})
     assert "\x1b" not in hostile and "missing: none" in hostile, hostile
     assert waiting_text({"waiting": None}) == "" and waiting_text({}) == ""
+
+
+async def test_a_large_round_names_some_joiners_and_counts_them_all(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Past JOINED_NAMES_MAX joiners the wait says how many joined and names the first of them;
+    who is not back is not known (every join record is not read) and is not made up."""
+    board = Board()
+    names = [f"n{i:04d}" for i in range(JOINED_NAMES_MAX)]
+
+    async def joined() -> tuple[int, list[str]]:
+        return 1000, names
+
+    monkeypatch.setattr(progress, "FIRST_LOOK_S", 0.01)
+    deadline = asyncio.get_running_loop().time() + 100
+    task = asyncio.create_task(progress.report_progress(CONFIG, 4, LAST, joined, deadline, board))
+    while not board.seen:
+        board.changed.clear()
+        await board.changed.wait()
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    wait = board.seen[0]
+    assert wait is not None and wait.joined == tuple(names) and wait.missing == ()
+    shown = wait.to_dict()
+    assert shown["joined_count"] == 1000
+    line = waiting_text({"waiting": shown})
+    assert ": 1000 of 2 to 3 joined (n0000, " in line and "n0063, ...); missing: none" in line
+    forged = waiting_text({"waiting": {**shown, "joined_count": -5}})  # never fewer than named
+    assert f": {JOINED_NAMES_MAX} of 2 to 3 joined" in forged, forged
+
+
+def test_a_waiting_c10d_node_reads_one_counter_and_a_bounded_number_of_join_records() -> None:
+    """A round of 100 joiners on a real store: how many joined, from the counter; the first
+    JOINED_NAMES_MAX records read, not every one (forged ones skipped)."""
+    from ftd_client.store import tcp_store_server
+
+    port = free_port()
+    server = tcp_store_server("127.0.0.1", port)
+    codec = RecordCodec("job", b"s" * 32)
+    store = RecordStore("127.0.0.1", port, "ftd/job/", codec, 10)
+    try:
+        for i in range(1, 101):
+            store.put(f"r0/node/{i}", Member(node_id=f"n{i:03d}", addr="h", nproc=1, store_port=1))
+        store.set("r0/node/2", 'ftd1 - {"node_id": "mallory"}')  # unsigned: skipped
+        store.add("r0/joined", 100)
+        before = store.ops
+        count, names = StoreRounds(CONFIG).joined_some(store, 0)
+        assert count == 100 and len(names) == JOINED_NAMES_MAX - 1 and "n002" not in names
+        assert names[0] == "n001" and names[-1] == f"n{JOINED_NAMES_MAX:03d}"
+        assert store.ops - before <= 3  # the counter, and one read of the records
+    finally:
+        store.close()
+        del server

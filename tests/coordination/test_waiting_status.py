@@ -54,6 +54,7 @@ async def test_a_waiting_node_says_who_joined_who_is_missing_and_the_time_left(
         "round": 0,
         "endpoint": cluster.endpoint,
         "joined": ["a"],
+        "joined_count": 1,
         "missing": [],
         "nnodes_min": 2,
         "nnodes_max": 2,

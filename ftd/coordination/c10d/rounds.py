@@ -24,6 +24,7 @@ from ftd.coordination.records import (
     RoundRecord,
 )
 from ftd.coordination.shared_rounds import (
+    JOINED_NAMES_MAX,
     Late,
     aborted_round,
     excluded_error,
@@ -206,6 +207,13 @@ class StoreRounds:
     def joined_ids(self, s: RecordStore, number: int) -> list[str]:
         """Blocking: the nodes with a valid join record in round `number` so far."""
         return sorted({m.node_id for m in self.join_records(s, number)[1].values()})
+
+    def joined_some(self, s: RecordStore, number: int) -> tuple[int, list[str]]:
+        """Blocking: how many joined round `number` so far, and the nodes of its first
+        JOINED_NAMES_MAX join records that are valid."""
+        joined = s.count(key(number, "joined"), 0, partial(self.joiners_written, s, number))
+        keys = [key(number, f"node/{i}") for i in range(1, min(joined, JOINED_NAMES_MAX) + 1)]
+        return joined, sorted({m.node_id for m in s.read_many(keys, Member).values()})
 
     def returning(self, s: RecordStore, number: int) -> list[str]:
         """Blocking: the members of round `number - 1` that round `number` still gives a last

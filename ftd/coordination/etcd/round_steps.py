@@ -43,8 +43,8 @@ class EtcdRoundSteps:
         what = f"read round {number - 1}'s members"
         return await self._kv.call(what, lambda: self.book.returning(number), deadline)
 
-    async def joined(self, number: int) -> list[str]:
-        return await self.book.joined_ids(number)
+    async def joined(self, number: int) -> tuple[int, list[str]]:
+        return await self.book.joined_some(number)
 
     async def ask(self, number: int, request: RequestRecord, deadline: float) -> None:
         decided = key(number, "request")

@@ -47,6 +47,7 @@ from ftd.coordination.records import (
     RoundRecord,
 )
 from ftd.coordination.shared_rounds import (
+    JOINED_NAMES_MAX,
     Late,
     aborted_round,
     excluded_error,
@@ -205,13 +206,15 @@ class EtcdRounds:
             log.info("joined round %d as joiner %d", number, joiner)
             return number, joiner
 
-    async def joined_ids(self, number: int) -> list[str]:
-        """The nodes with a valid join record in round `number` so far."""
-        _, (joins,) = await self.kv.reads(Get(key(number, "join/"), prefix=True))
-        valid = self.kv.valid(joins, Member)
-        return sorted(
-            {m.node_id for k, m in valid.items() if k == key(number, f"join/{m.node_id}")}
+    async def joined_some(self, number: int) -> tuple[int, list[str]]:
+        """How many join records round `number` has so far, and the nodes of the first
+        JOINED_NAMES_MAX of them (by key) that are valid."""
+        _, (joins,) = await self.kv.reads(
+            Get(key(number, "join/"), prefix=True, limit=JOINED_NAMES_MAX)
         )
+        valid = self.kv.valid(joins, Member)
+        names = {m.node_id for k, m in valid.items() if k == key(number, f"join/{m.node_id}")}
+        return max(joins.count, len(joins.kvs)), sorted(names)
 
     async def returning(self, number: int) -> list[str]:
         """The members of round `number - 1` that round `number` still gives a last call

@@ -50,11 +50,14 @@ function renderWaiting(wait, reach, final) {
   }
   const joined = Array.isArray(wait.joined) ? wait.joined.map(String) : [];
   const missing = Array.isArray(wait.missing) ? wait.missing.map(String) : [];
+  const count = Number.isInteger(wait.joined_count) && wait.joined_count >= joined.length ?
+    wait.joined_count : joined.length;
+  const named = joined.join(", ") + (count > joined.length ? ", …" : "");
   const wanted = wait.nnodes_max === wait.nnodes_min ? `${wait.nnodes_min}` :
     `${wait.nnodes_min} to ${wait.nnodes_max}`;
   const left = typeof wait.left_s === "number" ? `${Math.round(wait.left_s)} s` : "–";
   box.textContent = `waiting for nodes in round ${wait.round} at ${wait.endpoint}: ` +
-    `${joined.length} of ${wanted} joined (${joined.join(", ") || "none"}); ` +
+    `${count} of ${wanted} joined (${named || "none"}); ` +
     `missing: ${missing.join(", ") || "none"}; gives up in ${left}`;
 }
 

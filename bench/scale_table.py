@@ -1,0 +1,93 @@
+"""bench/SCALE.md's table in one command: bench/scale.py for each backend and size, one after
+another (each run has the machine to itself), each JSON kept, the table printed in Markdown.
+
+    python bench/scale_table.py --out DIR [--nodes 64 256 1024 4096] [--backends c10d etcd]
+        [--keepalive 30] [--seconds 20] [--rounds 2]
+
+A run that exists in DIR already (DIR/<backend>-<nodes>.json) is not made again: delete it to
+measure again. `--table-only` prints the table of what DIR holds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+
+COLUMNS = (
+    ("backend", lambda r: r["backend"]),
+    ("nodes", lambda r: f"{r['nodes']:,}"),
+    ("round formed (s)", lambda r: r.get("round_formed_s")),
+    ("propagation p50 / p99 / max (s)", lambda r: triple(r.get("propagation_s"))),
+    ("culprit named (s)", lambda r: culprit(r.get("culprit"))),
+    ("node lost (s)", lambda r: (r.get("node_lost_s") or {}).get("max")),
+    ("store ops /s /node", lambda r: r.get("steady_store_ops_per_s_per_node")),
+    ("store CPU (cores)", lambda r: r.get("store_host_cpu")),
+    ("store RSS (MiB)", lambda r: r.get("store_host_rss_mb")),
+    ("cluster page (KiB / s)", lambda r: page(r)),
+    ("saturated", lambda r: "**yes**" if r.get("saturated") else "no"),
+)
+
+
+def triple(p: dict[str, Any] | None) -> str | None:
+    return None if not p else f"{p['p50']:.3f} / {p['p99']:.3f} / {p['max']:.3f}"
+
+
+def culprit(c: dict[str, Any] | None) -> str | None:
+    if not c or c.get("named_after_s") is None:
+        return None
+    return f"{c['named_after_s']:.3f}" + ("" if c.get("right") else " (wrong)")
+
+
+def page(r: dict[str, Any]) -> str | None:
+    if r.get("cluster_view_bytes") is None:
+        return None
+    return f"{r['cluster_view_bytes'] / 1024:.1f} / {r['cluster_view_s']:.3f}"
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    lines = ["| " + " | ".join(name for name, _ in COLUMNS) + " |"]
+    lines.append("|" + "---|" * len(COLUMNS))
+    for r in results:
+        cells = [cell(r) for _, cell in COLUMNS]
+        lines.append("| " + " | ".join("—" if c is None else str(c) for c in cells) + " |")
+        if r.get("error"):
+            lines.append(f"|  | ↳ {r['error'][:200]} |" + " |" * (len(COLUMNS) - 2))
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--nodes", type=int, nargs="+", default=[64, 256, 1024, 4096])
+    parser.add_argument("--backends", nargs="+", default=["c10d", "etcd"])
+    parser.add_argument("--keepalive", type=float, default=30.0)
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--table-only", action="store_true")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    results = []
+    for nodes in args.nodes:
+        for backend in args.backends:
+            path = args.out / f"{backend}-{nodes}.json"
+            if not path.exists() and not args.table_only:
+                subprocess.run(
+                    [sys.executable, str(HERE / "scale.py"), "--backend", backend,
+                     "--nodes", str(nodes), "--keepalive", str(args.keepalive),
+                     "--seconds", str(args.seconds), "--rounds", str(args.rounds),
+                     "--json", str(path)],
+                    check=False, stdout=subprocess.DEVNULL,
+                )  # fmt: skip
+            if path.exists():
+                results.append(json.loads(path.read_text()))
+    print(table(results))
+
+
+if __name__ == "__main__":
+    main()
