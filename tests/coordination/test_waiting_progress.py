@@ -138,6 +138,8 @@ def test_a_waiting_c10d_node_reads_one_counter_and_a_bounded_number_of_join_reco
         assert count == 100 and len(names) == JOINED_NAMES_MAX - 1 and "n002" not in names
         assert names[0] == "n001" and names[-1] == f"n{JOINED_NAMES_MAX:03d}"
         assert store.ops - before <= 3  # the counter, and one read of the records
+        store.add("r1/joined", -5)  # forged below zero: none joined, none read
+        assert StoreRounds(CONFIG).joined_some(store, 1) == (0, [])
     finally:
         store.close()
         del server

@@ -213,7 +213,8 @@ class StoreRounds:
         JOINED_NAMES_MAX join records that are valid."""
         joined = s.count(key(number, "joined"), 0, partial(self.joiners_written, s, number))
         keys = [key(number, f"node/{i}") for i in range(1, min(joined, JOINED_NAMES_MAX) + 1)]
-        return joined, sorted({m.node_id for m in s.read_many(keys, Member).values()})
+        names = sorted({m.node_id for m in s.read_many(keys, Member).values()})
+        return max(joined, 0), names  # a forged counter may hold a negative number
 
     def returning(self, s: RecordStore, number: int) -> list[str]:
         """Blocking: the members of round `number - 1` that round `number` still gives a last
