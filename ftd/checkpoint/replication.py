@@ -338,7 +338,7 @@ def replication_for(
             return None
         placement = rnd.placement()
         first = placement.base_global_rank
-        ranks = range(first, first + rnd.members[rnd.group_rank].nproc)
+        ranks = range(first, first + rnd.nproc)
         return rnd.number, rnd.node_ids, ranks, placement.world_size
 
     def replication(holder: CheckpointHolder) -> Replication:

@@ -21,7 +21,15 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from ftd.coordination.records import Collectives, JobCulprit, Member, RecordCodec, RequestRecord
+from ftd.coordination.records import (
+    Collectives,
+    JobCulprit,
+    Member,
+    MemberRow,
+    RecordCodec,
+    RequestRecord,
+    RoundMember,
+)
 from ftd.status.model import Connecting, Standby, Waiting
 
 ErrorCode = Literal["failed", "excluded", "store_lost", "stopped", "succeed", "fail"]
@@ -73,7 +81,7 @@ class CoordinationError(Exception):
 @dataclass(frozen=True)
 class Round:
     number: int
-    members: tuple[Member, ...]
+    members: tuple[MemberRow, ...]
     restarts: int
     """Restarts used before this round (the budget is counted across the cluster)."""
     group_rank: int
@@ -81,21 +89,27 @@ class Round:
 
     @property
     def node_ids(self) -> list[str]:
-        return [m.node_id for m in self.members]
+        return [row[0] for row in self.members]
 
     @property
     def store_host(self) -> tuple[str, int]:
         """Where this round's workers' store listens: node rank 0's, ready before it joined."""
-        first = self.members[0]
+        first = RoundMember._make(self.members[0])
         return first.addr, first.store_port
+
+    @property
+    def nproc(self) -> int:
+        """This node's ranks in this round."""
+        return RoundMember._make(self.members[self.group_rank]).nproc
 
     def placement(self) -> Placement:
         host, port = self.store_host
+        nprocs = [row[2] for row in self.members]  # RoundMember.nproc
         return Placement(
             group_rank=self.group_rank,
             group_world_size=len(self.members),
-            base_global_rank=sum(m.nproc for m in self.members[: self.group_rank]),
-            world_size=sum(m.nproc for m in self.members),
+            base_global_rank=sum(nprocs[: self.group_rank]),
+            world_size=sum(nprocs),
             master_addr=host,
             master_port=port,
         )
@@ -120,7 +134,7 @@ def new_request(
     )
 
 
-def order_members(joined: list[Member], previous: list[str]) -> list[Member]:
+def order_members(joined: list[Member], previous: list[str]) -> list[RoundMember]:
     """Node ranks: nodes with the scheduler's rank (`order`) first, in its order; then nodes of
     the previous round in theirs, newcomers following by id; a node id joins once per round
     (the first record wins)."""
@@ -134,7 +148,7 @@ def order_members(joined: list[Member], previous: list[str]) -> list[Member]:
             return (0, m.order, m.node_id)
         return (1, rank.get(m.node_id, len(rank)), m.node_id)
 
-    return sorted(unique.values(), key=key)
+    return [RoundMember.of(m) for m in sorted(unique.values(), key=key)]
 
 
 class Coordinator(Protocol):

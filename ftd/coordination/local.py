@@ -12,7 +12,14 @@ import logging
 from typing import Any
 
 from ftd.coordination.base import NodeLost, Round, RoundWaits, new_request
-from ftd.coordination.records import Collectives, JobCulprit, Member, RecordCodec, RequestRecord
+from ftd.coordination.records import (
+    Collectives,
+    JobCulprit,
+    Member,
+    RecordCodec,
+    RequestRecord,
+    RoundMember,
+)
 from ftd.tcpstore.server import TcpStoreServer
 
 log = logging.getLogger("ftd.coordination.local")
@@ -48,7 +55,7 @@ class LocalCoordinator:
 
     async def join(self, me: Member, waits: RoundWaits | None = None) -> Round:
         number, self._next = self._next, self._next + 1
-        self.round = Round(number, (me,), self._restarts, 0, {})
+        self.round = Round(number, (RoundMember.of(me),), self._restarts, 0, {})
         return self.round
 
     def _future(self, rnd: Round) -> asyncio.Future[RequestRecord]:

@@ -108,7 +108,7 @@ async def join(
             raise CoordinationError(record.aborted)
         book.exclusions.learn(record)
         on_record(record)
-        ids = [m.node_id for m in record.members]
+        ids = record.node_ids()
         if me.node_id not in ids and me.node_id in record.excluded:
             raise excluded_error(me.node_id, config.run_id, record.excluded[me.node_id])
         book.round_hint = number + 1

@@ -74,7 +74,7 @@ def late_request(late: Late, node_id: str, nnodes_max: int) -> RequestRecord | N
     id: the ranks it ran there are gone, and its keepalive, beating again, hides that from the
     others), a scale-up where the round has room, else nothing: it waits for the round's end
     as a standby, and joins the next."""
-    members = [m.node_id for m in late.record.members]
+    members = late.record.node_ids()
     if node_id in members:
         reason = f"node {node_id} came back: its ranks of round {late.number} are gone"
         return new_request("restart", reason, node_id)
@@ -123,7 +123,7 @@ def returning_members(
     if previous is None or previous.aborted:
         return []
     gone = {*joined, *excluded, *unhealthy}
-    return [m.node_id for m in previous.members if m.node_id not in gone]
+    return [node for node in previous.node_ids() if node not in gone]
 
 
 async def last_call(

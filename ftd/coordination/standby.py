@@ -52,7 +52,7 @@ class ClusterView:
 
 def viewed_round(rnd: Round | None, standing_by: Late | None, me: str) -> ClusterView:
     if standing_by is not None and (rnd is None or standing_by.number > rnd.number):
-        members = tuple(m.node_id for m in standing_by.record.members)
+        members = tuple(standing_by.record.node_ids())
         return ClusterView(standing_by.number, members, me, standby=True)
     if rnd is None:
         return ClusterView(None, (), me, standby=False)

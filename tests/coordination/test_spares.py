@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ftd.coordination.records import Member, RoundRecord
+from ftd.coordination.records import RoundMember, RoundRecord
 from ftd.coordination.shared_rounds import returning_members
 from tests.conftest import Backend, ServeFactory, events_in
 from tests.support.cluster import Cluster, run_dir
@@ -29,10 +29,7 @@ nodes = st.sampled_from("abcdefgh")
 def test_a_round_waits_only_for_members_of_the_round_before_that_may_come_back(
     previous: list[str], joined: set[str], excluded: set[str], unhealthy: set[str]
 ) -> None:
-    members = tuple(
-        Member(node_id=n, addr="127.0.0.1", nproc=1, store_port=1 + i)
-        for i, n in enumerate(previous)
-    )
+    members = tuple(RoundMember(n, "127.0.0.1", 1, 1 + i) for i, n in enumerate(previous))
     record = RoundRecord(number=3, members=members, restarts=0)
     awaited = returning_members(record, joined, excluded, unhealthy)
     assert awaited == [n for n in previous if n not in joined | excluded | unhealthy]

@@ -15,7 +15,7 @@ from ftd.config.serve import ServeConfig
 from ftd.coordination.base import Round
 from ftd.coordination.c10d.record_store import RecordStore
 from ftd.coordination.c10d.rounds import StoreRounds
-from ftd.coordination.records import MAX_RECORD_BYTES, Member, RecordCodec, RoundRecord
+from ftd.coordination.records import MAX_RECORD_BYTES, RecordCodec, RoundMember, RoundRecord
 from ftd.coordination.shared_rounds import Late
 from ftd.coordination.standby import (
     MAX_STANDBYS_READ,
@@ -31,8 +31,8 @@ KEY = "r0/standby/1"
 SIGNED = RecordCodec("job", SECRET)
 
 
-def _member(node_id: str) -> Member:
-    return Member(node_id=node_id, addr="127.0.0.1", nproc=1, store_port=1)
+def _member(node_id: str) -> RoundMember:
+    return RoundMember(node_id, "127.0.0.1", 1, 1)
 
 
 def _round(*members: str) -> Round:

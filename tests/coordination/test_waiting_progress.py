@@ -17,7 +17,7 @@ from ftd.coordination import progress
 from ftd.coordination.base import Round
 from ftd.coordination.c10d.record_store import RecordStore
 from ftd.coordination.c10d.rounds import StoreRounds
-from ftd.coordination.records import Member, RecordCodec
+from ftd.coordination.records import Member, RecordCodec, RoundMember
 from ftd.coordination.shared_rounds import JOINED_NAMES_MAX
 from ftd.status.model import Standby, Waiting
 from tests.conftest import free_port
@@ -27,7 +27,7 @@ CONFIG = ServeConfig(
 )
 LAST = Round(
     3,
-    tuple(Member(node_id=n, addr="h", nproc=1, store_port=1) for n in ("a", "b", "c")),
+    tuple(RoundMember(n, "h", 1, 1) for n in ("a", "b", "c")),
     0,
     0,
     {},

@@ -43,6 +43,7 @@ from ftd.coordination.records import (
     NodeSummary,
     RecordCodec,
     RequestRecord,
+    RoundMember,
     RoundRecord,
 )
 from ftd.errors import InvalidRequest
@@ -91,7 +92,7 @@ _MODELS: list[type[BaseModel]] = [
 _member = Member(node_id="node-a", addr="10.0.0.1", nproc=2, store_port=29500)
 _SAMPLES: list[tuple[str, BaseModel]] = [
     ("r/0/members/node-a", _member),
-    ("r/round/3", RoundRecord(number=3, members=(_member,), restarts=1)),
+    ("r/round/3", RoundRecord(number=3, members=(RoundMember.of(_member),), restarts=1)),
     ("r/round/3/request", RequestRecord(action="restart", reason="rank 1 failed", by="node-a")),
     ("r/alive/node-a", AliveRecord(seq=7)),
     ("r/round/3/mark/node-a", MarkRecord(node_id="node-a", reason="unhealthy")),

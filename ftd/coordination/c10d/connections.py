@@ -6,7 +6,9 @@
   as long as what it waits for, with no c10d timeout (so no c10d warnings), and never holds up
   a short call. A wait for a decided record (`wait_decided`) is backed by a look at its key
   BACKUP_CHECK_S after it began, then at twice the interval each time, on the operations
-  connection.
+  connection; a record found there is read here only if the wait has not returned it one
+  interval later (on a busy machine the woken wait is reading it: read twice, a round's
+  closing record cost 1,024 virtual nodes twice the CPU, bench/SCALE.md).
 
 A call that fails with a store error or outlives its bound is reported to the coordinator
 (`store_lost`), which marks the store lost and gives the CoordinationError raised.
@@ -110,9 +112,12 @@ class StoreConnections:
         wait: Callable[[RecordStore, int], T],
         now: Callable[[RecordStore, int], T | None],
         number: int,
+        slot: str,
         what: str,
     ) -> T:
-        """`wait` for round `number`'s decided record, backed by `now` every BACKUP_CHECK_S."""
+        """`wait` for round `number`'s decided record at `slot`, backed by a look every
+        BACKUP_CHECK_S: where the record is there, the wait is given one more interval to
+        return (on a busy machine it is reading it) before `now` reads it again here."""
         waiting = asyncio.ensure_future(self.wait(wait, number))
         # Its error (a lost store) may come while this is cancelled: retrieved here, always.
         waiting.add_done_callback(lambda done: done.cancelled() or done.exception())
@@ -120,16 +125,23 @@ class StoreConnections:
         try:
             while True:
                 done, _ = await asyncio.wait({waiting}, timeout=pause)
-                pause = min(pause * 2, BACKUP_CHECK_MAX_S)
+                if waiting in done:
+                    return waiting.result()
+                if not await self.call(lambda s: s.check([slot])):
+                    pause = min(pause * 2, BACKUP_CHECK_MAX_S)
+                    continue
+                seen = time.monotonic()
+                done, _ = await asyncio.wait({waiting}, timeout=BACKUP_CHECK_S)
                 if waiting in done:
                     return waiting.result()
                 found = await self.call(now, number)
                 if found is not None:
                     log.warning(
-                        "round %d: %s is decided but this node's store wait did not wake "
-                        "(after %.1fs); going on without it",
+                        "round %d: %s was in the store %.1fs ago but this node's store wait "
+                        "had not returned it (waiting %.1fs); going on without it",
                         number,
                         what,
+                        time.monotonic() - seen,
                         time.monotonic() - since,
                     )
                     return found

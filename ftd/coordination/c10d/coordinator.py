@@ -10,6 +10,8 @@ belonging to round N (a decided key is a chain `k`, `k#1`, ...: the first valid 
                         excluded nodes (or `aborted`: the round could not form)
   r<N>/request          decided RequestRecord ending the round: restart, fail or succeed
   r<N>/succeeded/<node>, r<N>/unhealthy/<node>, r<N>/acked/<node>   a node's marks
+  r<N>/succeeded-count, r<N>/unhealthy-count   how many marks of each were made (rounds.py:
+                        a node reads two counts at the job's end, the last reads the marks)
   r<N>/respawns, r<N>/respawn/<k>   in-process respawns charged to the budget
   alive/<node>          AliveRecord, keepalive (liveness.py)
   status/<node>         NodeSummary for GET /v1/cluster
@@ -199,7 +201,11 @@ class StoreCoordinator:
     def ended(self, rnd: Round) -> asyncio.Future[RequestRecord]:
         future: asyncio.Future[RequestRecord] = asyncio.ensure_future(
             self._connections.wait_decided(
-                self._rounds.await_request, self._rounds.request_now, rnd.number, "its request"
+                self._rounds.await_request,
+                self._rounds.request_now,
+                rnd.number,
+                key(rnd.number, "request"),
+                "its request",
             )
         )
         # A lost store is also reported through `lost`, which the loop may see first.

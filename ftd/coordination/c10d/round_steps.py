@@ -30,8 +30,9 @@ class StoreRoundSteps:
     async def closing(self, number: int) -> tuple[RoundRecord, int | None]:
         rounds = self.book
         wait = self._connections.wait_decided
+        slot = key(number, "closed")
         return await wait(
-            rounds.await_closed, rounds.closed_now, number, "its closing record"
+            rounds.await_closed, rounds.closed_now, number, slot, "its closing record"
         ), None
 
     async def close(self, number: int, abort: bool, deadline: float) -> None:
@@ -49,7 +50,8 @@ class StoreRoundSteps:
 
     async def ending(self, number: int) -> RequestRecord:
         rounds, wait = self.book, self._connections.wait_decided
-        return await wait(rounds.await_request, rounds.request_now, number, "its request")
+        slot = key(number, "request")
+        return await wait(rounds.await_request, rounds.request_now, number, slot, "its request")
 
     async def register_standby(self, late: Late, since: float) -> None:
         await self._connections.call(self.book.stand_by, late, since)

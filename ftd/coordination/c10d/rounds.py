@@ -7,6 +7,7 @@ See tcpstore.py for the keys. Each call runs on a StoreThread; the coordinator's
 from __future__ import annotations
 
 import logging
+import uuid
 from functools import partial
 from typing import Any
 
@@ -177,7 +178,7 @@ class StoreRounds:
                 cfg, number, len(joined), count - len(found), self.known_restarts, excluded
             ).model_copy(update={"excluded_epoch": epoch})
         else:
-            before = [m.node_id for m in previous.members] if previous else []
+            before = previous.node_ids() if previous else []
             members = order_members(joined, before)[: cfg.nnodes_max]
             record = RoundRecord(
                 number=number,
@@ -224,7 +225,7 @@ class StoreRounds:
         previous = s.decided(key(number - 1, "closed"), RoundRecord, MAX_ROUND_RECORD_BYTES)
         if previous is None:
             return []
-        unhealthy = self.marks(s, number - 1, [m.node_id for m in previous.members], "unhealthy")
+        unhealthy = self.marks(s, number - 1, previous.node_ids(), "unhealthy")
         joined = self.joined_ids(s, number)
         return returning_members(previous, joined, self.read_excluded(s), unhealthy)
 
@@ -256,8 +257,13 @@ class StoreRounds:
 
     def mark_succeeded(self, s: RecordStore, rnd: Round) -> None:
         """This node's ranks exited 0; the last node to say so (or to be unhealthy) ends the
-        round as succeeded."""
-        s.put(key(rnd.number, f"succeeded/{self.node_id}"), MarkRecord(node_id=self.node_id))
+        round as succeeded. Each node reads two counts; only a node whose counts say every
+        member may be done reads the members' marks: O(N) once at the job's end, not by each of
+        N nodes (issue 43)."""
+        succeeded = self.mark(s, rnd, "succeeded", self.node_id)
+        unhealthy = self.marked(s, rnd, "unhealthy", 0)
+        if succeeded + unhealthy < len(rnd.members):
+            return
         done = self.marks(s, rnd.number, rnd.node_ids, "succeeded") | self.marks(
             s, rnd.number, rnd.node_ids, "unhealthy"
         )
@@ -266,9 +272,39 @@ class StoreRounds:
             s.decide(key(rnd.number, "request"), request, RequestRecord)
 
     def mark_unhealthy(self, s: RecordStore, rnd: Round, node_id: str) -> int:
-        """`node_id` is unhealthy; how many members are not."""
-        s.put(key(rnd.number, f"unhealthy/{node_id}"), MarkRecord(node_id=node_id))
-        return len(rnd.members) - len(self.marks(s, rnd.number, rnd.node_ids, "unhealthy"))
+        """`node_id` is unhealthy; how many members are not, as counted (where several nodes
+        mark one node at once, the others may answer before its maker's count has it: the
+        maker's answer, and every later one, does)."""
+        return len(rnd.members) - self.mark(s, rnd, "unhealthy", node_id)
+
+    def mark(self, s: RecordStore, rnd: Round, kind: str, node_id: str) -> int:
+        """Write `node_id`'s mark of `kind` unless it has one; how many members have one. A
+        mark made here adds one to the kind's count after it is written, so the count a node
+        reads covers every mark written before its own (the last to mark sees them all); a
+        mark already there (another node's word on the same node) adds nothing."""
+        slot = key(rnd.number, f"{kind}/{node_id}")
+        # The nonce makes this write's bytes its own: compare_set answers with them only
+        # where this call created the mark.
+        mark = MarkRecord(node_id=node_id, reason=f"by {self.node_id} {uuid.uuid4().hex[:8]}")
+        mine = s.codec.encode(slot, mark)
+        held = s.compare_set(slot, "", mine)
+        made = held == mine.encode()
+        if not made:
+            found = s.codec.decode(slot, held, MarkRecord)
+            if found is None or found.node_id != node_id:  # forged: overwritten, as ever
+                s.set(slot, mine)
+                made = True
+        return self.marked(s, rnd, kind, 1 if made else 0)
+
+    def marked(self, s: RecordStore, rnd: Round, kind: str, adding: int) -> int:
+        """The count of members marked `kind` (after adding `adding`); a forged count is
+        repaired from the marks themselves."""
+        members = rnd.node_ids
+        return s.count(
+            key(rnd.number, f"{kind}-count"),
+            adding,
+            lambda: len(self.marks(s, rnd.number, members, kind)),
+        )
 
     def cluster_view(
         self, s: RecordStore, rnd: Round | None

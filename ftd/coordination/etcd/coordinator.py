@@ -207,7 +207,13 @@ class EtcdCoordinator:
 
     async def succeeded(self, rnd: Round) -> None:
         async def mark() -> None:
-            done, unhealthy = await self._rounds.mark(rnd, "succeeded", self.node_id, "unhealthy")
+            # Counts first: only a node whose counts say every member may be done reads the
+            # marks (O(N) once at the job's end, not by each of N nodes).
+            rounds = self._rounds
+            counts = await rounds.mark(rnd, "succeeded", self.node_id, "unhealthy", counts=True)
+            if sum(r.count for r in counts) < len(rnd.members):
+                return
+            done, unhealthy = await self._rounds.marks_now(rnd, "succeeded", "unhealthy")
             if done | unhealthy >= set(rnd.node_ids):
                 request = new_request("succeed", "every node's ranks exited 0", self.node_id)
                 await self._kv.decide(key(rnd.number, "request"), request, RequestRecord)
@@ -215,10 +221,10 @@ class EtcdCoordinator:
         await self._call("mark this node succeeded", mark)
 
     async def unhealthy(self, rnd: Round, node_id: str) -> int:
-        (marked,) = await self._call(
+        (found,) = await self._call(
             f"mark {node_id} unhealthy", lambda: self._rounds.mark(rnd, "unhealthy", node_id)
         )
-        return len(rnd.members) - len(marked)
+        return len(rnd.members) - len(self._rounds.marked(rnd, "unhealthy", found))
 
     async def leave(self, rnd: Round) -> None:
         """The job is over for this node: say so, so that its keys going is no loss."""
@@ -344,7 +350,7 @@ class EtcdCoordinator:
             me = Member(node_id=self.node_id, addr=host, nproc=1, store_port=port)
             await self._call("publish the in-process store", lambda: self._kv.put(slot, me))
             return host, port
-        leader = rnd.members[0].node_id
+        leader = rnd.node_ids[0]
         published = self._spawn(self._kv.await_decided(slot, Member), "member-published")
         ended = self.ended(rnd)
         timeout_s = self.config.rdzv_join_timeout_s

@@ -312,7 +312,7 @@ class EtcdRounds:
         if len(joined) < cfg.nnodes_min:
             aborted = aborted_round(cfg, number, len(joined), failed, self.known_restarts, excluded)
             return aborted.model_copy(update={"excluded_epoch": epoch})
-        before = [m.node_id for m in previous.members] if previous is not None else []
+        before = previous.node_ids() if previous is not None else []
         restarts = self.known_restarts
         if number > 0:
             restarts = (previous.restarts if previous is not None else 0) + respawns
@@ -328,7 +328,7 @@ class EtcdRounds:
 
     # -- marks -------------------------------------------------------------------------------
 
-    def _marks(self, rnd: Round, kind: str, found: RangeResult) -> set[str]:
+    def marked(self, rnd: Round, kind: str, found: RangeResult) -> set[str]:
         """Members with a valid mark of `kind` (a mark names the node its key names)."""
         members = set(rnd.node_ids)
         return {
@@ -337,19 +337,22 @@ class EtcdRounds:
             if k == key(rnd.number, f"{kind}/{mark.node_id}") and mark.node_id in members
         }
 
-    async def mark(self, rnd: Round, kind: str, node_id: str, *also: str) -> list[set[str]]:
-        """Write `node_id`'s mark of `kind`, then read the members marked `kind` and each of
-        `also`, at once."""
-        kinds = (kind, *also)
-        result = await self.kv.txn(
-            (),
-            [
-                self.kv.put_op(key(rnd.number, f"{kind}/{node_id}"), MarkRecord(node_id=node_id)),
-                *(Get(key(rnd.number, f"{k}/"), prefix=True) for k in kinds),
-            ],
-        )
-        ranges = [r for r in result.responses if isinstance(r, RangeResult)]
-        return [self._marks(rnd, k, r) for k, r in zip(kinds, ranges, strict=True)]
+    async def mark(
+        self, rnd: Round, kind: str, node_id: str, *also: str, counts: bool = False
+    ) -> list[RangeResult]:
+        """Write `node_id`'s mark of `kind`, then read the marks of `kind` and each of `also`,
+        at once (`counts`: how many only, one number per kind, not every member's mark)."""
+        slot = key(rnd.number, f"{kind}/{node_id}")
+        reads = [
+            Get(key(rnd.number, f"{k}/"), prefix=True, limit=int(counts)) for k in (kind, *also)
+        ]
+        result = await self.kv.txn((), [self.kv.put_op(slot, MarkRecord(node_id=node_id)), *reads])
+        return [r for r in result.responses if isinstance(r, RangeResult)]
+
+    async def marks_now(self, rnd: Round, *kinds: str) -> list[set[str]]:
+        """The members marked each of `kinds`, read at one revision."""
+        _, found = await self.kv.reads(*(Get(key(rnd.number, f"{k}/"), prefix=True) for k in kinds))
+        return [self.marked(rnd, k, r) for k, r in zip(kinds, found, strict=True)]
 
     async def respawns(self, number: int) -> int:
         _, (found,) = await self.kv.reads(Get(key(number, "respawn/"), prefix=True))

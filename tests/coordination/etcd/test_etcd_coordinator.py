@@ -30,6 +30,7 @@ from ftd.coordination.records import (
     Member,
     RecordCodec,
     RequestRecord,
+    RoundMember,
     RoundRecord,
 )
 from tests.conftest import ROOT, WORKER, Backend, Serve, ServeFactory, events_in, wait_pids_gone
@@ -221,7 +222,7 @@ async def test_forged_replayed_and_garbage_values_are_ignored(
         "r0/join/evil": unsigned.encode("r0/join/evil", evil),
         "r0/respawn/x": "ftd1 - not json",
         "r1/closed": mine.encode(
-            "r9/closed", RoundRecord(number=1, members=(evil,), restarts=0)
+            "r9/closed", RoundRecord(number=1, members=(RoundMember.of(evil),), restarts=0)
         ),  # replayed from another round
         "r1/request": mine.encode("r0/request", fail),  # replayed from round 0
     }
@@ -342,7 +343,7 @@ async def test_a_lease_etcd_ended_is_replaced_and_the_others_see_the_node_leave(
         await b.start(lambda node, reason: None)
         me = [Member(node_id=n, addr="127.0.0.1", nproc=1, store_port=1) for n in ("a", "b")]
         rounds = await asyncio.gather(a.join(me[0]), b.join(me[1]))
-        assert {tuple(m.node_id for m in r.members) for r in rounds} == {("a", "b")}, rounds
+        assert {tuple(r.node_ids) for r in rounds} == {("a", "b")}, rounds
         assert b._liveness is not None
         old = b._liveness.lease_id
         async with EtcdClient(members.endpoints) as admin:
