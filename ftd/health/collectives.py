@@ -60,4 +60,4 @@ class AttemptCollectives:
         """Taken now unless taken before in this attempt."""
         if not self._done:
             self._done = True
-            self.frozen = of_ranks(self._progress.reporting(), judged, time.monotonic())
+            self.frozen = of_ranks(self._progress.reported(), judged, time.monotonic())

@@ -92,9 +92,9 @@ class RankProgress:
             "last_step_age_s": (
                 round(now - self.last_step_at, 3) if self.last_step_at is not None else None
             ),
-            "step_time_s": (
-                round(statistics.median(self.step_times), 6) if self.step_times else None
-            ),
+            "step_time_s": round(statistics.median(self.step_times), 6)
+            if self.step_times
+            else None,
             "forward_s": self.own_s.get("forward"),
             "host_s": self.own_s.get("host"),
             "collectives_entered": entered,
@@ -132,6 +132,7 @@ class ProgressWatch:
         self.enabled = enabled
         """False (`--progress off`): reports are kept for status, never judged."""
         self._ranks: dict[int, RankProgress] = {}
+        self._ended: dict[int, RankProgress] = {}  # a rank that exited: see reported()
         self._longest_interval = 0.0
         self._auto_longest: dict[str, float] = {}
         self._judged = False
@@ -144,8 +145,7 @@ class ProgressWatch:
 
     def attach(self, now: float | None = None) -> None:
         """A new attempt: its ranks start afresh (what was learned stays: the same job)."""
-        self._ranks = {}
-        self._judged = False
+        self._ranks, self._ended, self._judged = {}, {}, False
         self.node.attempt(time.monotonic() if now is None else now)
         self._armed_at = None
 
@@ -226,7 +226,7 @@ class ProgressWatch:
         observer did), so it stops no one."""
         entry = self._ranks.get(rank.local_rank)
         if entry is not None and entry.rank is rank and entry.link == link:
-            del self._ranks[rank.local_rank]
+            self._ended[rank.local_rank] = self._ranks.pop(rank.local_rank)
 
     def paused(self, lost_s: float) -> None:
         """The daemon did not run for `lost_s` (a stall): no rank is blamed for that time."""
@@ -276,6 +276,11 @@ class ProgressWatch:
     def reporting(self) -> list[RankProgress]:
         """The ranks that report their progress now."""
         return list(self._ranks.values())
+
+    def reported(self) -> list[RankProgress]:
+        """reporting() and this attempt's ranks that exited, as they last reported: a rank
+        blocked on a killed peer may exit before its node's share is taken (collectives.py)."""
+        return list({**self._ended, **self._ranks}.values())
 
     def stalled_ranks(self, now: float) -> list[RankHealth]:
         """The ranks without progress for a while, culprit first."""

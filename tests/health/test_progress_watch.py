@@ -164,6 +164,25 @@ def test_a_rank_whose_reports_ended_stops_no_one() -> None:
     assert watch.check(now + 100 + watch.deadline_s + 0.1) is not None
 
 
+def test_a_rank_that_exited_still_counts_in_its_nodes_part_of_the_jobs_culprit() -> None:
+    """A rank blocked in a collective on a peer that was killed may exit before its node's
+    collectives are taken: they are taken with its last counts (seen under load, 1 run in 6)."""
+    from ftd.health.collectives import AttemptCollectives
+
+    watch, group = ProgressWatch(FLOOR), ranks(2)
+    now = train(watch, group, 3, 0.1)
+    watch.observe(group[0], 0, report(3, 7), now + 0.01)  # rank 0 waits in collective 7
+    watch.forget(group[0], link=0)
+    watch.forget(group[1], link=1)
+    assert watch.reporting() == [] and len(watch.reported()) == 2
+    collectives = AttemptCollectives(watch)
+    collectives.freeze(judged=False)
+    frozen = collectives.frozen
+    assert frozen is not None and (frozen.lowest, frozen.rank, frozen.waiting) == (6, 1, 1)
+    watch.attach(now + 1)
+    assert watch.reported() == []  # a new attempt starts afresh
+
+
 def test_a_heartbeat_verdict_names_the_rank_the_others_wait_on() -> None:
     watch, group = ProgressWatch(FLOOR), ranks(2)
     now = train(watch, group, 3, 0.1)
