@@ -45,6 +45,7 @@ from ftd.coordination.records import (
     Record,
     RecordCodec,
     RequestRecord,
+    RoundMember,
     RoundRecord,
 )
 from ftd.coordination.round_rules import join
@@ -213,7 +214,7 @@ class EtcdCoordinator:
             counts = await rounds.mark(rnd, "succeeded", self.node_id, "unhealthy", counts=True)
             if sum(r.count for r in counts) < len(rnd.members):
                 return
-            done, unhealthy = await self._rounds.marks_now(rnd, "succeeded", "unhealthy")
+            done, unhealthy = await rounds.marks_now(rnd, "succeeded", "unhealthy")
             if done | unhealthy >= set(rnd.node_ids):
                 request = new_request("succeed", "every node's ranks exited 0", self.node_id)
                 await self._kv.decide(key(rnd.number, "request"), request, RequestRecord)
@@ -350,7 +351,7 @@ class EtcdCoordinator:
             me = Member(node_id=self.node_id, addr=host, nproc=1, store_port=port)
             await self._call("publish the in-process store", lambda: self._kv.put(slot, me))
             return host, port
-        leader = rnd.node_ids[0]
+        leader = RoundMember._make(rnd.members[0]).node_id
         published = self._spawn(self._kv.await_decided(slot, Member), "member-published")
         ended = self.ended(rnd)
         timeout_s = self.config.rdzv_join_timeout_s

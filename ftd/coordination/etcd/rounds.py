@@ -343,9 +343,8 @@ class EtcdRounds:
         """Write `node_id`'s mark of `kind`, then read the marks of `kind` and each of `also`,
         at once (`counts`: how many only, one number per kind, not every member's mark)."""
         slot = key(rnd.number, f"{kind}/{node_id}")
-        reads = [
-            Get(key(rnd.number, f"{k}/"), prefix=True, limit=int(counts)) for k in (kind, *also)
-        ]
+        limit = 1 if counts else 0  # 1: the range's count, one key at most
+        reads = [Get(key(rnd.number, f"{k}/"), prefix=True, limit=limit) for k in (kind, *also)]
         result = await self.kv.txn((), [self.kv.put_op(slot, MarkRecord(node_id=node_id)), *reads])
         return [r for r in result.responses if isinstance(r, RangeResult)]
 
