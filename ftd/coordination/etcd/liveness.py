@@ -1,4 +1,4 @@
-"""Node liveness over etcd: a lease per daemon, and a watch on the others' `alive/` keys.
+"""Node liveness over etcd: a lease per daemon, and a watch on the alive keys it reports.
 
 Each daemon holds one lease (TTL `lease_ttl`, by default --node-keepalive-timeout) and writes
 its `alive/<node>`, join and status keys with it. When a daemon stops renewing (killed, frozen,
@@ -6,6 +6,12 @@ cut off), etcd deletes its keys once the TTL runs out, and every watcher sees th
 once: no keepalive counters, no reading in a loop. As under the TCPStore backend, node rank 0
 reports every other member of the round, the others report node rank 0. A node that finished
 says so (`done`) before its keys go, and is not reported.
+
+Each node watches only what it reports, from its round's closing revision: node rank 0 the
+`alive/` prefix, the others node rank 0's key alone, and nobody before its first round. Every
+node watching the whole prefix from its start was N² (each node's alive key sent to every
+node as the job started: a million events at 1,024 nodes, and round 0 never formed within
+etcd's read timeout, bench/SCALE.md).
 
 While etcd has no leader it expires no lease, and a new leader gives every lease a fresh TTL,
 so a quorum loss kills nobody: the keepalive goes on trying (`outlast_silence`). Only when etcd
@@ -69,10 +75,15 @@ class EtcdLiveness:
         self._report = report
         self._lease: Lease | None = None
         self._seq = time.time_ns() // 1000
-        self._present: dict[str, AliveRecord] = {}
         self._done: set[str] = set()
         self._watched: set[str] = set()
         self._since = 0
+        self._scope: str | None = None
+        """What the watch follows: ALIVE (a prefix: node rank 0), one node's alive key (the
+        others), or None (no round yet)."""
+        self._follower: asyncio.Task[None] | None = None
+        self._granted = asyncio.Event()
+        """Set as a lease is granted (`replaced` waits for it)."""
         self._declared: set[str] = set()
         self._tasks = Background()
         self._stopping = False
@@ -86,7 +97,6 @@ class EtcdLiveness:
         """Grant the lease and write this node's alive key (the caller bounds and retries)."""
         await self._grant()
         self._tasks.spawn(self._keep(), "ftd-etcd-lease")
-        self._tasks.spawn(self._watch_alive(), "ftd-etcd-alive")
 
     async def _grant(self) -> None:
         lease = await self.kv.etcd.grant_lease(self.ttl_s, outlast_silence=True)
@@ -96,8 +106,29 @@ class EtcdLiveness:
             await lease.stop_keepalive()
             raise
         self._lease = lease
+        self._granted.set()
         if lease.ttl_s != self.ttl_s:
             log.info("etcd gave this node's lease a TTL of %d s", lease.ttl_s)
+
+    async def replaced(self, refused: int) -> int:
+        """etcd refused a write under lease `refused`: it has it no more (it expired while
+        this node's keepalives went unanswered; the others saw the node leave). The lease is
+        replaced (`_keep`); the new one's id, within the TTL, or the store is lost."""
+        lease = self._lease
+        if lease is not None and lease.id == refused:
+            lease.ended("etcd refused a write under it: it has no such lease")
+        try:
+            async with asyncio.timeout(self.ttl_s):
+                while (lease := self._lease) is None or lease.id == refused:
+                    self._granted.clear()
+                    await self._granted.wait()
+        except TimeoutError:
+            raise CoordinationError(
+                f"store lost: etcd ended this node's lease and no new one came within its TTL "
+                f"of {self.ttl_s} s",
+                "store_lost",
+            ) from None
+        return lease.id
 
     async def _beat(self, lease_id: int, done: bool) -> None:
         self._seq += 1
@@ -153,51 +184,65 @@ class EtcdLiveness:
         self._watched = {node for node in nodes if node != self.node_id}
         self._declared = set()
         self._since = since_revision
-        if self._watched:
-            self._tasks.spawn(self._confirm(set(self._watched)), "ftd-etcd-confirm")
-
-    async def _confirm(self, nodes: set[str]) -> None:
-        """A member without an alive key when its round closed is gone: read to make sure
-        (the watch may not have delivered its key yet)."""
-        order = sorted(nodes)
-        with contextlib.suppress(CoordinationError):  # stopping, or etcd refuses
-            _, found = await self.kv.call(
-                "read the members' alive keys",
-                lambda: self.kv.reads(*(Get(alive_key(n)) for n in order)),
-                None,
+        others = sorted(self._watched)
+        scope = None if not others else alive_key(others[0]) if len(others) == 1 else ALIVE
+        if scope is not None:
+            self._tasks.spawn(self._confirm(scope), "ftd-etcd-confirm")
+        if scope != self._scope:
+            self._scope = scope
+            if self._follower is not None:
+                self._follower.cancel()
+            self._follower = (
+                None
+                if scope is None
+                else self._tasks.spawn(self._watch_alive(scope), "ftd-etcd-alive")
             )
-            for node, result in zip(order, found, strict=True):
-                record, _ = self.kv.first(result, AliveRecord)
-                if result.kvs == () and node in self._watched and node not in self._done:
-                    self._declare(node)
-                elif record is not None and record.done:
-                    self._done.add(node)
 
-    async def _watch_alive(self) -> None:
+    async def _confirm(self, scope: str) -> None:
+        """A member without an alive key when its round closed is gone: read to make sure
+        (the watch may not have delivered its key yet). One read of what this node watches:
+        node rank 0's is one range over the prefix (a request per member was 1,023 requests
+        at once, which starved its own lease's keepalive at 1,024 nodes)."""
+        with contextlib.suppress(CoordinationError):  # stopping, or etcd refuses
+            await self.kv.call(
+                "read the members' alive keys", lambda: self._read_alive(scope), None
+            )
+
+    async def _watch_alive(self, scope: str) -> None:
         try:
-            await self._follow_alive()
+            await self._follow_alive(scope)
         except CoordinationError as error:  # etcd refuses (permissions), or stopping
             if not self._stopping:
                 self._on_lost(f"store lost: cannot watch the other nodes: {error.reason}")
 
-    async def _follow_alive(self) -> None:
+    async def _follow_alive(self, scope: str) -> None:
+        """From the round's closing revision (what went before it: `_confirm`), or, where etcd
+        compacted that away, from a read of `scope` now."""
+        start = self._since + 1
         while not self._stopping:
-            revision, _ = await self.kv.call("read the alive keys", self._read_alive, None)
             watch = self.kv.etcd.watch(
-                ALIVE, prefix=True, start_revision=revision + 1, idle_timeout_s=WATCH_IDLE_S
+                scope, prefix=scope == ALIVE, start_revision=start, idle_timeout_s=WATCH_IDLE_S
             )
             try:
                 await self._follow(watch)
             except EtcdCompacted:
-                continue  # read again from now
+                revision, _ = await self.kv.call(
+                    "read the alive keys", lambda: self._read_alive(scope), None
+                )
+                start = revision + 1
             finally:
                 await watch.aclose()
 
-    async def _read_alive(self) -> tuple[int, None]:
-        revision, (found,) = await self.kv.reads(Get(ALIVE, prefix=True))
-        self._present = {}
+    async def _read_alive(self, scope: str) -> tuple[int, None]:
+        """Read `scope` now; a watched node whose key is gone, and that had not finished, is
+        reported."""
+        revision, (found,) = await self.kv.reads(Get(scope, prefix=scope == ALIVE))
+        present = set()
         for kv in found.kvs:
             self._seen_put(kv)
+            present.add(self._node_of(kv))
+        for node in sorted(self._watched - present - self._done):
+            self._declare(node)
         return revision, None
 
     async def _follow(self, watch: Watch) -> None:
@@ -223,7 +268,6 @@ class EtcdLiveness:
         if record is None:
             return  # logged by the codec; neither alive nor dead
         node = self._node_of(kv)
-        self._present[node] = record
         if record.done:
             self._done.add(node)
         else:
@@ -231,7 +275,6 @@ class EtcdLiveness:
 
     def _seen_delete(self, kv: KeyValue) -> None:
         node = self._node_of(kv)
-        self._present.pop(node, None)
         if node in self._watched and node not in self._done and kv.mod_revision >= self._since:
             self._declare(node)
 

@@ -7,6 +7,7 @@ import asyncio
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+from ftd.coordination.etcd.client import EtcdError, lease_gone
 from ftd.coordination.etcd.kv import RecordKv
 from ftd.coordination.etcd.liveness import EtcdLiveness
 from ftd.coordination.etcd.rounds import EtcdRounds
@@ -27,8 +28,18 @@ class EtcdRoundSteps:
         self._tasks = tasks
 
     async def enter(self, me: Member, deadline: float) -> tuple[int, int] | Late:
-        lease = self._liveness.lease_id
-        return await self._kv.call("join a round", lambda: self.book.enter(me, lease), deadline)
+        async def join() -> tuple[int, int] | Late:
+            lease = self._liveness.lease_id
+            try:
+                return await self.book.enter(me, lease)
+            except EtcdError as error:
+                if not lease_gone(error):
+                    raise
+            # It expired as this node's keepalives went unanswered (a loaded etcd, at 1,024
+            # nodes on 2 cores): the node joins under the lease that replaces it.
+            return await self.book.enter(me, await self._liveness.replaced(lease))
+
+        return await self._kv.call("join a round", join, deadline)
 
     async def closing(self, number: int) -> tuple[RoundRecord, int | None]:
         return await self._kv.await_decided(

@@ -11,6 +11,7 @@ from ftd.coordination.etcd.client.errors import (
     EtcdError,
     EtcdUnavailable,
     GrpcCode,
+    lease_gone,
 )
 from ftd.coordination.etcd.client.lease import Lease, next_renewal
 from ftd.coordination.etcd.client.records import (
@@ -52,6 +53,7 @@ __all__ = [
     "TxnResult",
     "Watch",
     "WatchEvent",
+    "lease_gone",
     "next_renewal",
     "prefix_end",
 ]

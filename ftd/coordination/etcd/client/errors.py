@@ -88,6 +88,11 @@ class EtcdUnavailable(EtcdError):
         self.maybe_applied = maybe_applied
 
 
+def lease_gone(error: EtcdError) -> bool:
+    """etcd refused a request because the lease it names is no more (expired, revoked)."""
+    return error.code == GrpcCode.NOT_FOUND and "lease not found" in error.message
+
+
 class AttemptFailed(Exception):
     """One endpoint did not give an answer. `sent`: the request may have reached etcd (so a
     change may have been applied); `bad_answer`: what came back was not etcd's."""

@@ -116,6 +116,13 @@ class Lease:
         self.gone = True
         self._mark_lost("revoked")
 
+    def ended(self, reason: str) -> None:
+        """etcd said, answering another request, that it has this lease no more: stop
+        renewing it, and it is lost."""
+        self.gone = True
+        self._stop.set()
+        self._mark_lost(reason)
+
     def _mark_lost(self, reason: str) -> None:
         if not self.lost:
             self.lost_reason = reason
