@@ -12,24 +12,26 @@ gRPC messages received, lease keepalives and the HTTP gateway's included: /metri
 
     python bench/scale.py --backend c10d|etcd --nodes V --json OUT
         [--procs P] [--seconds 30] [--keepalive 5] [--join-timeout 300] [--rounds 3]
-        [--hangs 5] [--etcd-members 3] [--etcd-read-timeout 5]
+        [--hangs 5] [--etcd-members 3] [--etcd-read-timeout 5] [--quiet-events]
 
-In order: every node starts (connects, beats); round 0: every node but the last joins and takes
-its place, then the last joins, and `round_formed_s` runs from the last joiner's ask until every
-node has the round (`round_all_joined_s`: from the first ask); the steady window (`--seconds`)
-after every look ran once; node 0's cluster page; `--rounds` times: one node requests the
-round's restart and every node's `ended` future (armed as it joined: a blocking store wait, an
-etcd watch) resolving is that node about to stop its ranks (`propagation_s`, from the request,
-pooled over the rounds), then every node joins the next round (`later_rounds_formed_s`); then a
-hang: one node's verdict requests the restart as a hang verdict does, and every node takes its
-part in naming the job's culprit as its round ends, with the daemon's own code
-(supervision/job_culprit.py: its collectives shared, node rank 0 gathers and decides, the
-others read the decision); `culprit` {node, rank, named_after_s: the verdict until the last node
-knew, right: every node learned the hung node and rank; `--hangs` (5) runs, each in `runs`,
-the worst time and all right above}; last, the last worker process is
-SIGKILLed, its V/P nodes with it, and the survivors hear it as a daemon does: node rank 0's
-liveness calls `on_node_lost`, which requests the round's restart (supervision/node_loss.py),
-and every survivor's `ended` resolves (`node_lost_s`, from the kill).
+In order: every node starts (connects, beats); round 0: every node but the last joins and takes its
+place, then the last joins, and `round_formed_s` runs from the last joiner's ask until every node
+has the round (`round_all_joined_s`: from the first ask); the steady window (`--seconds`) after
+every look ran once; with `--quiet-events` every node's looks stop here (the JSON says
+`looks_in_events: false`: at 4,096 nodes the looks alone took both of this machine's cores, and
+node 0's page waited on them over a minute); node 0's cluster page; `--rounds` times: one node
+requests the round's restart and every node's `ended` future (armed as it joined: a blocking store
+wait, an etcd watch) resolving is that node about to stop its ranks (`propagation_s`, from the
+request, pooled over the rounds), then every node joins the next round (`later_rounds_formed_s`);
+then a hang: one node's verdict requests the restart as a hang verdict does, and every node takes
+its part in naming the job's culprit as its round ends, with the daemon's own code
+(supervision/job_culprit.py: its collectives shared, node rank 0 gathers and decides, the others
+read the decision); `culprit` {node, rank, named_after_s: the verdict until the last node knew,
+right: every node learned the hung node and rank; `--hangs` (5) runs, each in `runs`, the worst
+time and all right above}; last, the last worker process is SIGKILLed, its V/P nodes with it, and
+the survivors hear it as a daemon does: node rank 0's liveness calls `on_node_lost`, which requests
+the round's restart (supervision/node_loss.py), and every survivor's `ended` resolves
+(`node_lost_s`, from the kill).
 
 Writes one JSON object: nodes, backend, procs, the parameters (keepalive_s, join_timeout_s,
 rounds, window_s), formed, round_formed_s, later_rounds_formed_s, propagation_s {p50, p99, max,
@@ -54,6 +56,12 @@ operations, the keepalive, and one per blocking wait: c10d/connections.py), so 1
 ~3,300 threads. In one process they share one GIL: the harness's threads starve each other
 long before the store is busy (one process saturated at 512 nodes). 32 nodes a process keeps
 ~100 threads behind each GIL; each worker takes ~170 MiB.
+
+The store's process (etcd's members) is started in a session of its own (STORE_GROUP): Linux
+schedules each session as one group (autogroup), so the store shares the cores with the
+workers as a whole, as node rank 0's machine would hold its own cores beside the others'. In
+the workers' session it was one thread of ~13,000 at 4,096 nodes (load average 1,044) and got a
+thousandth of a core: the nodes' store calls outlived their bound and no round formed.
 """
 
 from __future__ import annotations
@@ -178,6 +186,7 @@ class Store:
             stdout=subprocess.PIPE,
             env=child_env(),
             cwd=ROOT,
+            start_new_session=True,  # STORE_GROUP: scheduled as a machine of its own
         )
         assert self.process.stdout is not None
         self.port = int(self.process.stdout.readline())
@@ -229,6 +238,7 @@ class Etcd:
                  f"--listen-peer-urls={peer}", f"--initial-advertise-peer-urls={peer}",
                  f"--initial-cluster={initial}", "--initial-cluster-state=new"],
                 stdout=subprocess.DEVNULL, stderr=log.open("wb"),
+                start_new_session=True,  # STORE_GROUP
             ))  # fmt: skip
         for log in logs:
             wait_for(lambda log=log: READY in log.read_bytes(), 60, "etcd ready")
@@ -592,7 +602,10 @@ async def measure(args: argparse.Namespace, host: Store | Etcd, work: Path) -> d
             threads=sum(a["threads"] for a in windows),
         )
         steady = (cores, late)
-        view = await workers[0].call("view", 60)
+        if args.quiet_events:
+            await everyone(workers, "quiet", 120)
+            result["looks_in_events"] = False
+        view = await workers[0].call("view", 60 + 0.05 * v)
         result.update(cluster_view_bytes=view["bytes"], cluster_view_s=round(view["s"], 4))
         phase = say("propagation")
         await propagation(args, workers, result)
@@ -650,6 +663,12 @@ def main() -> None:
         type=float,
         default=5.0,
         help="--rdzv-conf read_timeout (default: 5, ftd's): a busy machine's members answer late",
+    )
+    parser.add_argument(
+        "--quiet-events",
+        action="store_true",
+        help="stop the nodes' looks after the steady window, before the cluster view and the "
+        "events (for sizes whose looks alone take this machine's cores: 4,096 nodes on 2)",
     )
     parser.add_argument("--etcd-members", type=int, default=3, help="etcd's cluster size")
     parser.add_argument("--json", type=Path)

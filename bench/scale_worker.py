@@ -21,6 +21,8 @@ Times in answers are wall clock (time.time(): one clock for every process of the
     steady   {}: start every node's looks (they run until `stop`)
     measure  {seconds}: the steady window: this process's CPU, its coordinators' operations,
               how late the looks fell
+    quiet    {}: stop every node's looks (the summaries, the job's times, the ring): the
+              liveness and the rounds' waits go on
     view     {}: node 0's bounded cluster page (GET /v1/cluster), its size and time
     request  {node, hang}: that node requests its round's restart (`hang`: as a hang verdict
               does); when it asked. Where it is a hang, every node takes its part in naming the
@@ -420,6 +422,11 @@ class Worker:
             "named": named,
             "unnamed": len(tasks) - sum(c is not None for c in decided),
         }
+
+    async def do_quiet(self, msg: dict[str, Any]) -> dict[str, Any]:
+        self.stop_looks.set()
+        await asyncio.gather(*self.looks, return_exceptions=True)
+        return {}
 
     async def do_stop(self, msg: dict[str, Any]) -> dict[str, Any]:
         self.stop_looks.set()
