@@ -133,10 +133,14 @@ class HangHandler:
         group = self.group
         if group is None:
             return
+
         # A rank may die while its stacks are written (faulthandler reads other threads'
         # frames unlocked: a thread that runs meanwhile can crash it): still this hang.
-        died = f"{reason}; the rank died while its stacks were written"
-        group.judged(_hang_failure(rank, died, time.time(), origin))
+        def died(*known: str) -> None:  # what was learnt of it before it died is kept
+            dead = "; ".join([reason, *known, "the rank died while its stacks were written"])
+            group.judged(_hang_failure(rank, dead, time.time(), origin))
+
+        died()
         section = max(rank.open_sections, key=rank.open_sections.__getitem__, default=None)
         # The victims' stacks are written beside the culprit's, and never delay its kill.
         victims = asyncio.ensure_future(self._explain_each(group, others))
@@ -145,7 +149,7 @@ class HangHandler:
         killed = False
         try:
             containment.inject("hangs")
-            notes = await self._explain_each(group, [rank], unnamed=rank)
+            notes = await self._explain_each(group, [rank], unnamed=rank, heard=died)
             # Its exit may be seen before the victims' stacks are written: it ends the attempt
             # with what is known of it by then (its own notes).
             killed_as = f"{reason}; {'; '.join(notes)}; terminated with {self.termination_signal}"
@@ -172,12 +176,18 @@ class HangHandler:
         return await self._explain_each(group, ranks)
 
     async def _explain_each(
-        self, group: WorkerGroup, ranks: list[RankHealth], unnamed: RankHealth | None = None
+        self,
+        group: WorkerGroup,
+        ranks: list[RankHealth],
+        unnamed: RankHealth | None = None,
+        heard: Callable[[str], None] | None = None,
     ) -> list[str]:
-        """Every rank's stacks at once; notes prefixed with the rank (but `unnamed`'s)."""
+        """Every rank's stacks at once; notes prefixed with the rank (but `unnamed`'s, whose
+        note on a stopped rank is `heard` as soon as it is made)."""
         notes: list[str] = []
         results = await asyncio.gather(
-            *(self._explain(group, r) for r in ranks), return_exceptions=True
+            *(self._explain(group, r, heard if r is unnamed else None) for r in ranks),
+            return_exceptions=True,
         )
         for who, result in zip(ranks, results, strict=True):
             if isinstance(result, BaseException):
@@ -188,7 +198,9 @@ class HangHandler:
                 notes.extend(prefix + note for note in result)
         return notes
 
-    async def _explain(self, group: WorkerGroup, rank: RankHealth) -> list[str]:
+    async def _explain(
+        self, group: WorkerGroup, rank: RankHealth, heard: Callable[[str], None] | None
+    ) -> list[str]:
         stacks = Path(group.attempt_log_dir) / str(rank.local_rank)
         stacks_file = stacks / "stacks.txt"
         notes: list[str] = []
@@ -201,6 +213,8 @@ class HangHandler:
             # main thread, whose frames stay still while the handler reads them.
             if _is_stopped(rank.pid):
                 notes.append("the rank was stopped (SIGSTOP/SIGTSTP): resumed with SIGCONT")
+                if heard is not None:
+                    heard(notes[-1])
                 group.signal_rank(rank.local_rank, signal.SIGCONT)
 
         if rank.stack_signal is None:

@@ -76,6 +76,10 @@ def main() -> None:
             elif mode == "sigstop":
                 os.kill(os.getpid(), signal.SIGSTOP)
                 time.sleep(3600)  # resumed by the daemon only to dump its stacks
+            elif mode == "sigstop-then-die":  # dies as soon as it is resumed
+                signal.signal(signal.SIGCONT, lambda *_: os._exit(7))
+                os.kill(os.getpid(), signal.SIGSTOP)
+                time.sleep(3600)
         if mode == "no-first-heartbeat" and bad:
             time.sleep(3600)
         with client.section("step"):

@@ -123,6 +123,19 @@ async def test_stopped_rank_is_a_hang_resumed_then_killed(serve: ServeFactory) -
     assert "terminated with SIGKILL" in run.stderr.text
 
 
+async def test_a_stopped_rank_that_dies_as_it_is_resumed_is_still_said_to_be_stopped(
+    serve: ServeFactory,
+) -> None:
+    # NVIDIA's example's SIGSTOPped rank died once resumed for its stacks (1 CI run in ~20):
+    # the attempt's failure said only that it died, not what was known of it by then.
+    run = await run_mode(serve, "sigstop-then-die", "--ft-param-rank_heartbeat_timeout=0.5")
+    assert await run.wait() == 0, run.stderr.text[-3000:]
+    [failed] = run.event_data("attempt_failed")
+    reason = failed["failure"]["reason"]
+    assert failed["failure"]["kind"] == "hang", failed
+    assert "the rank was stopped (SIGSTOP/SIGTSTP): resumed with SIGCONT" in reason, reason
+
+
 async def test_hang_inside_gloo_allreduce_names_the_hung_rank(serve: ServeFactory) -> None:
     run = await serve(
         "--nproc-per-node", "3", "--max-restarts", "1", "--ft-param-rank_heartbeat_timeout=3",

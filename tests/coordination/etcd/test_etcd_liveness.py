@@ -46,12 +46,15 @@ async def test_node_rank_0_watches_every_alive_key_the_others_only_its_own(
 ) -> None:
     members = await etcd(1)
     asked: list[tuple[str, bool]] = []
+    every_node_watches = asyncio.Event()
     watch = EtcdClient.watch
 
     def recorded(self: EtcdClient, key: bytes | str, **options: Any) -> Any:
         text = key.decode() if isinstance(key, bytes) else key
         if text.startswith("alive/"):
             asked.append((text, bool(options.get("prefix"))))
+            if len(asked) >= NODES:
+                every_node_watches.set()
         return watch(self, key, **options)
 
     monkeypatch.setattr(EtcdClient, "watch", recorded)
@@ -65,10 +68,7 @@ async def test_node_rank_0_watches_every_alive_key_the_others_only_its_own(
         me = [Member(node_id=i, addr="127.0.0.1", nproc=1, store_port=1) for i in ids]
         rounds = await asyncio.gather(*(n.join(m) for n, m in zip(nodes, me, strict=True)))
         first = rounds[0].node_ids[0]
-        for _ in range(50):  # each watch is asked for by a task the join started
-            if len(asked) == NODES:
-                break
-            await asyncio.sleep(0.05)
+        await asyncio.wait_for(every_node_watches.wait(), 30)  # by tasks the joins started
         assert sorted(asked) == sorted(
             [("alive/", True)] + [(f"alive/{first}", False)] * (NODES - 1)
         ), asked
