@@ -686,8 +686,8 @@ def main() -> None:
         result["etcd_members"] = args.etcd_members
         result["etcd_read_timeout_s"] = args.etcd_read_timeout
     result["machine"] = f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}"
-    if "error" in result:
-        result["logs"] = str(work)  # the workers' and etcd's, kept to read
+    if "error" in result or not (result.get("culprit") or {}).get("right", True):
+        result["logs"] = str(work)  # the workers' and etcd's, kept to read (a culprit missed too)
     else:
         shutil.rmtree(work, ignore_errors=True)
     print(json.dumps(result))
