@@ -459,7 +459,9 @@ async def culprits(args: argparse.Namespace, workers: list[Worker], result: dict
             **runs[-1],
             "named_after_s": max(r["named_after_s"] or math.inf for r in runs),
             "right": all(r["right"] for r in runs),
-            "runs": [{k: r[k] for k in ("node", "rank", "named_after_s", "right")} for r in runs],
+            "runs": [
+                {k: r[k] for k in ("node", "rank", "named_after_s", "right", "steps")} for r in runs
+            ],
         }
 
 
@@ -485,6 +487,7 @@ async def culprit(args: argparse.Namespace, workers: list[Worker], hung: int) ->
         "nodes": len(named_at),
         "unnamed": sum(a["unnamed"] for a in answers),
         "decisions": len(named),
+        "steps": culprit_steps(answers, asked["asked_at"]),
     }
     if len(named) == 1:
         ((node, rank),) = named
@@ -499,6 +502,27 @@ async def culprit(args: argparse.Namespace, workers: list[Worker], hung: int) ->
     formed, _, _ = await join_all(workers, args.join_timeout + 60, args.nodes - 1)
     found["next_round_formed_s"] = round(formed, 3)
     return found
+
+
+def culprit_steps(answers: list[dict[str, Any]], asked_at: float) -> dict[str, Any]:
+    """Where a culprit's time went, from the verdict: the nodes' rounds ended, their
+    collectives shared (p50 / max); node rank 0's gathering done (and how many it had) and its
+    decision written; the nodes told."""
+
+    def spread(times: list[float]) -> dict[str, float] | None:
+        told = [t - asked_at for t in times]
+        return {"p50": percentiles(told)["p50"], "max": round(max(told), 3)} if told else None
+
+    steps = [s for a in answers for s in a["steps"]]
+    leader = next((s for s in steps if "gathered" in s), {})
+    return {
+        "ended": spread([t for a in answers for t in a["ended_at"] if t is not None]),
+        "shared": spread([s["shared"] for s in steps if "shared" in s]),
+        "gathered_s": round(leader["gathered"] - asked_at, 3) if leader else None,
+        "gathered_count": leader.get("gathered_count"),
+        "decided_s": round(leader["decided"] - asked_at, 3) if "decided" in leader else None,
+        "named": spread([t for a in answers for t in a["named_at"] if t is not None]),
+    }
 
 
 async def node_loss(

@@ -161,6 +161,7 @@ class VirtualNode:
         self.hung_node: int | None = None
         self.culprit_task: asyncio.Future[Any] | None = None
         self.named_at: float | None = None
+        self.culprit_steps: dict[str, Any] = {}
 
     def watch_entry(self) -> None:
         """`entered` is set once this node has taken its place in the round it joins."""
@@ -193,7 +194,7 @@ class VirtualNode:
         """This node's part in naming the job's culprit: the daemon's (JobCulpritShare)."""
         since = time.time()
         health = SimpleNamespace(collectives=lambda: self.collectives(rnd, since))
-        tools = SimpleNamespace(coordinator=self.c, config=self.config, health=health)
+        tools = SimpleNamespace(coordinator=self.timed(), config=self.config, health=health)
         share = JobCulpritShare(tools, None, None)  # type: ignore[arg-type]
 
         async def decided() -> Any:
@@ -203,6 +204,31 @@ class VirtualNode:
             return culprit
 
         self.culprit_task = asyncio.ensure_future(decided())
+
+    def timed(self) -> Any:
+        """The coordinator, each culprit step's end noted in `culprit_steps` (shared,
+        gathered with its count, decided)."""
+        steps, c = self.culprit_steps, self.c
+
+        async def share(*args: Any) -> Any:
+            await c.share_collectives(*args)
+            steps["shared"] = time.time()
+
+        async def gather(*args: Any) -> Any:
+            found = await c.gather_collectives(*args)
+            steps.update(gathered=time.time(), gathered_count=len(found))
+            return found
+
+        async def decide(*args: Any) -> Any:
+            decision = await c.decide_culprit(*args)
+            steps["decided"] = time.time()
+            return decision
+
+        proxy = SimpleNamespace(
+            share_collectives=share, gather_collectives=gather, decide_culprit=decide
+        )
+        proxy.await_culprit = c.await_culprit
+        return proxy
 
     def _view(self) -> tuple[int, list[str], range, int] | None:
         rnd = self.c.round
@@ -214,7 +240,7 @@ class VirtualNode:
     def arm(self, rnd: Round) -> None:
         """Watch `rnd`'s end: the moment this node would stop its ranks."""
         self.ended_at, self.ended_by = None, None
-        self.culprit_task, self.named_at = None, None
+        self.culprit_task, self.named_at, self.culprit_steps = None, None, {}
         self.ended = future = self.c.ended(rnd)
 
         def seen(done: asyncio.Future[RequestRecord]) -> None:
@@ -419,6 +445,8 @@ class Worker:
         return {
             "took_part": len(tasks),
             "named_at": [v.named_at for v in self.nodes],
+            "ended_at": [v.ended_at for v in self.nodes],
+            "steps": [v.culprit_steps for v in self.nodes],
             "named": named,
             "unnamed": len(tasks) - sum(c is not None for c in decided),
         }

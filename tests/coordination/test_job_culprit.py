@@ -6,6 +6,7 @@ the job's size; a forged record is refused and counted."""
 from __future__ import annotations
 
 import asyncio
+import signal
 from collections.abc import Sequence
 from typing import Any
 
@@ -81,14 +82,21 @@ def test_the_reason_says_who_waits_and_who_stopped_first() -> None:
     assert decide(4, [shared(0, 4)], 1.0) is None, "another round's collectives are not read"
 
 
+async def joined_rounds(coordinators: Sequence[Any], nproc: int = 8) -> list[Any]:
+    """Every coordinator started and joined to one round: its round, in the same order."""
+    for coordinator in coordinators:
+        await coordinator.start(lambda node, reason: None)
+    me = [
+        Member(node_id=c.node_id, addr="127.0.0.1", nproc=nproc, store_port=1) for c in coordinators
+    ]
+    return list(await asyncio.gather(*(c.join(m) for c, m in zip(coordinators, me, strict=True))))
+
+
 async def culprit_of_every_node(coordinators: Sequence[Any], lowest: dict[int, int]) -> list[Any]:
     """Every node joins a round and shares its collectives (node rank r entered lowest[r], else
     20); node rank 0 gathers and decides, every other node awaits the decision. The decisions
     each node read, by node rank, and the operations each spent."""
-    for coordinator in coordinators:
-        await coordinator.start(lambda node, reason: None)
-    me = [Member(node_id=c.node_id, addr="127.0.0.1", nproc=8, store_port=1) for c in coordinators]
-    rounds = await asyncio.gather(*(c.join(m) for c, m in zip(coordinators, me, strict=True)))
+    rounds = await joined_rounds(coordinators)
     by_rank = sorted(zip(rounds, coordinators, strict=True), key=lambda pair: pair[0].group_rank)
     before = [c.ops for _, c in by_rank]
 
@@ -150,12 +158,7 @@ async def test_c10d_node_rank_0_decides_without_a_node_that_never_shares() -> No
     server = tcp_store_server("127.0.0.1", port)
     coordinators: list[StoreCoordinator] = c10d_coordinators(port, 3)  # type: ignore[assignment]
     try:
-        for coordinator in coordinators:
-            await coordinator.start(lambda node, reason: None)
-        me = [
-            Member(node_id=c.node_id, addr="127.0.0.1", nproc=1, store_port=1) for c in coordinators
-        ]
-        rounds = await asyncio.gather(*(c.join(m) for c, m in zip(coordinators, me, strict=True)))
+        rounds = await joined_rounds(coordinators, nproc=1)
         first = next(i for i, rnd in enumerate(rounds) if rnd.group_rank == 0)
         rnd, leader = rounds[first], coordinators[first]
         others = [i for i in range(3) if i != first]
@@ -199,3 +202,38 @@ async def test_etcd_every_node_reads_the_one_decision(etcd: ClusterFactory) -> N
     assert decision.waiting_nodes == 3
     assert len(seen) == nodes
     assert max(ops for _, ops in seen[1:]) <= 3, seen  # a put, a watch and a read
+
+
+async def test_etcd_a_read_answered_after_the_window_still_decides(etcd: ClusterFactory) -> None:
+    """A loaded etcd answered node rank 0's read of the shared collectives after its gathering
+    window (1,024 nodes on one machine): the records read decide, where before none did and no
+    node was named. The window bounds the wait for records not there yet, not that read."""
+    cluster = await etcd(1)
+    coordinators = etcd_coordinators(cluster.rdzv_endpoint, 3, "culprit-late")
+    try:
+        rounds = await joined_rounds(coordinators)
+        for rnd, coordinator in zip(rounds, coordinators, strict=True):
+            lowest = 4 if rnd.group_rank == 2 else 9
+            mine = shared(rnd.group_rank, lowest).model_copy(
+                update={"round": rnd.number, "node_id": coordinator.node_id}
+            )
+            await coordinator.share_collectives(rnd, mine)
+        leader = next(i for i, rnd in enumerate(rounds) if rnd.group_rank == 0)
+        member = cluster.members[0].proc
+        assert member is not None
+        member.send_signal(signal.SIGSTOP)
+        try:
+            gathering = asyncio.ensure_future(
+                coordinators[leader].gather_collectives(rounds[leader], 0.05)
+            )
+            await asyncio.sleep(0.2)  # at least the window: it has passed whatever the load
+            assert not gathering.done()
+        finally:
+            member.send_signal(signal.SIGCONT)
+        found = await gathering
+    finally:
+        for coordinator in coordinators:
+            await coordinator.close()
+    assert len(found) == 3, found
+    decision = decide(rounds[leader].number, found, 1.0)
+    assert decision is not None and decision.group_rank == 2

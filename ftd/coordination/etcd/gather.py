@@ -1,9 +1,11 @@
 """Node rank 0's gathering of one record per member under a round's prefix, on etcd: one read of
 the prefix, then a watch on it from that read's revision until every member's record is there
-or the time given is up (never a periodic read)."""
+or the time given is up (never a periodic read). The time given bounds the wait for the records
+not there yet; the read of those that are is bounded by etcd's read timeout."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 
 from ftd.coordination.etcd.client import EventType, Get
@@ -25,12 +27,7 @@ async def gather_members(
         if record is not None and node in wanted and getattr(record, "node_id", None) == node:
             found[node] = record
 
-    async def until_every_member() -> None:
-        revision, (present,) = await kv.reads(Get(prefix, prefix=True))
-        for name, record in kv.valid(present, model).items():
-            take(name, record)
-        if wanted <= found.keys():
-            return
+    async def the_rest(revision: int) -> None:
         async with kv.etcd.watch(prefix, prefix=True, start_revision=revision + 1) as events:
             kv.ops += 1
             async for event in events:
@@ -39,7 +36,14 @@ async def gather_members(
                     if wanted <= found.keys():
                         return
 
-    # Out of time, or etcd away or refusing: the decision is made with what came.
-    with contextlib.suppress(Exception):
-        await within(until_every_member(), within_s)
+    # The window bounds the wait for members not there yet, never the read of those that are:
+    # a loaded etcd that answers the read after it would leave nothing to decide with.
+    until = asyncio.get_running_loop().time() + within_s
+    with contextlib.suppress(Exception):  # etcd away or refusing: decided with what came
+        revision, (present,) = await kv.reads(Get(prefix, prefix=True))
+        for name, record in kv.valid(present, model).items():
+            take(name, record)
+        left = until - asyncio.get_running_loop().time()
+        if not wanted <= found.keys() and left > 0:
+            await within(the_rest(revision), left)
     return found
