@@ -34,6 +34,9 @@ _U64 = struct.Struct("<Q")
 Text = str | bytes
 MIN_TIMEOUT_S = 0.001
 """A socket timeout of 0 would make the socket non-blocking: a timeout is at least this."""
+READ_BYTES = 64 << 10
+"""What one receive asks for at least: a reply and its value come whole where they can."""
+MAX_READ_BYTES = 1 << 20
 
 
 class StoreGone(ConnectionError):
@@ -67,6 +70,8 @@ class StoreClient:
     def __init__(self, host: str, port: int, timeout_s: float) -> None:
         self.timeout_s = timeout_s
         """How long `get`, `multi_get`, `wait` and a blocking `queue_pop` wait (set_timeout)."""
+        self._buffer = bytearray()  # received, not yet read: only ever the replies asked for
+        self._sock_timeout_s = timeout_s
         try:
             self._sock = socket.create_connection((host.strip("[]"), port), timeout=timeout_s)
             self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -169,33 +174,44 @@ class StoreClient:
         """A query whole, or StoreGone (a query cut by a timeout would put the stream out of
         step: the connection is then of no use)."""
         try:
-            self._sock.settimeout(max(self.timeout_s, MIN_TIMEOUT_S))
+            self._timeout(max(self.timeout_s, MIN_TIMEOUT_S))
             self._sock.sendall(encode_query(query))
         except OSError as error:  # TimeoutError included
             raise StoreGone(f"the store's connection broke: {error}") from None
 
+    def _timeout(self, seconds: float) -> None:
+        # Each settimeout is a system call: made only when the timeout changes.
+        if seconds != self._sock_timeout_s:
+            self._sock.settimeout(seconds)
+            self._sock_timeout_s = seconds
+
     def _read(self, size: int, wait_s: float | None = None) -> bytes:
         """Exactly `size` bytes, each within this client's timeout, or StoreGone (a reply cut
         or late puts the stream out of step). With `wait_s` (a WAIT's reply) the first byte may
-        take that long, and not coming is StoreTimeout: nothing was read, the stream is in step."""
-        chunks, got = [], 0
-        limit = max(self.timeout_s, MIN_TIMEOUT_S)
-        self._sock.settimeout(limit if wait_s is None else max(wait_s, MIN_TIMEOUT_S))
-        try:
-            while got < size:
-                chunk = self._sock.recv(min(size - got, 1 << 20))
-                if not chunk:
-                    raise StoreGone("the store closed the connection")
-                chunks.append(chunk)
-                got += len(chunk)
-                self._sock.settimeout(limit)
-        except TimeoutError:
-            if got or wait_s is None:
-                raise StoreGone("the store did not answer within the timeout") from None
-            raise StoreTimeout("no reply within the timeout") from None
-        except OSError as error:
-            raise StoreGone(f"the store's connection broke: {error}") from None
-        return b"".join(chunks)
+        take that long, and not coming is StoreTimeout: nothing was read, the stream is in step.
+        Bytes come through a buffer: a reply's parts (its size, then its value) are one
+        receive, not one each."""
+        buffer = self._buffer
+        if len(buffer) < size:
+            limit = max(self.timeout_s, MIN_TIMEOUT_S)
+            self._timeout(limit if wait_s is None or buffer else max(wait_s, MIN_TIMEOUT_S))
+            try:
+                while len(buffer) < size:
+                    want = max(min(size - len(buffer), MAX_READ_BYTES), READ_BYTES)
+                    chunk = self._sock.recv(want)
+                    if not chunk:
+                        raise StoreGone("the store closed the connection")
+                    buffer += chunk
+                    self._timeout(limit)
+            except TimeoutError:
+                if buffer or wait_s is None:
+                    raise StoreGone("the store did not answer within the timeout") from None
+                raise StoreTimeout("no reply within the timeout") from None
+            except OSError as error:
+                raise StoreGone(f"the store's connection broke: {error}") from None
+        data = bytes(buffer[:size])
+        del buffer[:size]
+        return data
 
     def _u8(self, wait_s: float | None = None) -> int:
         return self._read(1, wait_s)[0]

@@ -35,6 +35,7 @@ from ftd.tcpstore.wire import (
     Command,
     Query,
     QueryDecoder,
+    WaitReply,
     encode_query,
 )
 from tests.conftest import WORKER, ServeFactory
@@ -570,3 +571,41 @@ def test_ftds_client_says_when_the_store_is_gone(ftd_store: TcpStoreServer) -> N
             with pytest.raises(StoreGone):
                 client.wait(["k"], 2)
         client.close()
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(st.binary(max_size=300), min_size=1, max_size=4),
+    st.lists(st.integers(1, 50), max_size=30),
+)
+def test_ftds_client_reads_replies_cut_anywhere_or_run_together(
+    values: list[bytes], cuts: list[int]
+) -> None:
+    """The client reads through a buffer: a reply cut at any byte is read whole, and bytes
+    of the next reply that came with it are kept for it (the stream stays in step)."""
+    from ftd.tcpstore.client import StoreClient
+
+    sizes = b"".join(struct.pack("<Q", len(v)) + v for v in values)
+    stream = bytes([WaitReply.STOP_WAITING]) + sizes + struct.pack("<q", 42)
+    with socket.socket() as fake:
+        fake.bind(("127.0.0.1", 0))
+        fake.listen()
+        client = StoreClient("127.0.0.1", fake.getsockname()[1], 10)
+        conn, _ = fake.accept()
+        with conn:
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+            def send() -> None:
+                start = 0
+                for cut in [*cuts, len(stream)]:
+                    conn.sendall(stream[start : start + cut])
+                    start += cut
+
+            sender = threading.Thread(target=send)
+            sender.start()
+            try:
+                assert client.multi_get([f"k{i}" for i in range(len(values))]) == values
+                assert client.add("n", 1) == 42
+            finally:
+                sender.join()
+                client.close()

@@ -197,7 +197,9 @@ class RecordStore:
     def peek(self, key: str, model: type[R], max_bytes: int = MAX_RECORD_BYTES) -> R | None:
         """`read` in one operation: a compare_set whose expectation no value holds (a record
         begins `ftd1 `) answers the value, or that expectation where there is none, and sets
-        nothing either way (c10d's rule, torch's server and ftd's alike)."""
+        nothing either way (c10d's rule, torch's server and ftd's alike). Both servers wake
+        the key's waiters on it, set or not: never for a key someone waits on (a decided
+        one), where the waiters' reads would wake one another."""
         raw = self.compare_set(key, PEEK, PEEK)
         if raw == PEEK.encode():
             return None
