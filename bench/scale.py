@@ -46,7 +46,8 @@ and forming_ops_per_node, culprit, saturated and saturated_why.
 `saturated` is true when this machine, not ftd, bounds the figures: over the steady window the
 harness's processes used at least 85 % of the machine's cores, or the whole machine was 95 %
 busy, or a virtual node's looks fell behind their interval by more than half of it; or while
-round 0 formed (for 0.5 s or more) the machine was that busy; or a live node was reported lost
+round 0 formed (for 0.5 s or more), or from a hang's verdict until every node knew its culprit
+(`culprit.machine_cores_max`), the machine was that busy; or a live node was reported lost
 (its keepalive thread starved longer than --keepalive), or round 0 did not form. A run that
 cannot form ends within about --join-timeout with `formed: false` and the reason in `error`;
 any step that fails says so in `error`, with the figures had before it.
@@ -459,8 +460,13 @@ async def culprits(args: argparse.Namespace, workers: list[Worker], result: dict
             **runs[-1],
             "named_after_s": max(r["named_after_s"] or math.inf for r in runs),
             "right": all(r["right"] for r in runs),
+            "machine_cores_max": max(r["machine_cores"] for r in runs),
             "runs": [
-                {k: r[k] for k in ("node", "rank", "named_after_s", "right", "steps")} for r in runs
+                {
+                    k: r[k]
+                    for k in ("node", "rank", "named_after_s", "right", "machine_cores", "steps")
+                }
+                for r in runs
             ],
         }
 
@@ -470,10 +476,13 @@ async def culprit(args: argparse.Namespace, workers: list[Worker], hung: int) ->
     every node takes its part in naming the job's culprit (the daemon's code); from the verdict
     until every node knows the decision, and whether it names that node and rank."""
     holder = next(w for w in workers if w.holds(hung))
+    busy, since = machine_busy_s(), time.time()
     asked = await holder.call("request", PROPAGATION_TIMEOUT_S, node=hung, hang=True)
     answers = await everyone(
         workers, "culprit", PROPAGATION_TIMEOUT_S + 30, timeout_s=PROPAGATION_TIMEOUT_S
     )
+    # Until every node had the decision (or gave up): how busy the machine was meanwhile.
+    cores = (machine_busy_s() - busy) / max(time.time() - since, 1e-3)
     named_at = [t for a in answers for t in a["named_at"]]
     told = [t - asked["asked_at"] for t in named_at if t is not None]
     named = {tuple(n) for a in answers for n in a["named"]}
@@ -488,6 +497,7 @@ async def culprit(args: argparse.Namespace, workers: list[Worker], hung: int) ->
         "unnamed": sum(a["unnamed"] for a in answers),
         "decisions": len(named),
         "steps": culprit_steps(answers, asked["asked_at"]),
+        "machine_cores": round(cores, 2),
     }
     if len(named) == 1:
         ((node, rank),) = named
@@ -522,6 +532,17 @@ def culprit_steps(answers: list[dict[str, Any]], asked_at: float) -> dict[str, A
         "gathered_count": leader.get("gathered_count"),
         "decided_s": round(leader["decided"] - asked_at, 3) if "decided" in leader else None,
         "named": spread([t for a in answers for t in a["named_at"] if t is not None]),
+    } | after_last_end(answers)
+
+
+def after_last_end(answers: list[dict[str, Any]]) -> dict[str, Any]:
+    """From the last node's round end until the last node knew the culprit: the naming's own
+    time, apart from the end's propagation (on this machine the nodes that ended first take
+    part meanwhile, on the cores the others' ends wait for; real nodes have cores each)."""
+    ended = [t for a in answers for t in a["ended_at"] if t is not None]
+    named = [t for a in answers for t in a["named_at"] if t is not None]
+    return {
+        "named_after_last_end_s": round(max(named) - max(ended), 3) if ended and named else None
     }
 
 
@@ -652,6 +673,11 @@ async def measure(args: argparse.Namespace, host: Store | Etcd, work: Path) -> d
         result["saturated_why"] = [formed]
     else:
         why = verdict(*steady, result.get("false_node_lost", 0), result.get("forming"))
+        naming = (result.get("culprit") or {}).get("machine_cores_max", 0.0)
+        if naming >= MACHINE_SHARE * (os.cpu_count() or 1):
+            why.append(
+                f"the machine was {naming} of {os.cpu_count()} cores busy as a culprit was named"
+            )
         result.update(saturated=bool(why), saturated_why=why)
     first = [k for k in ORDER if k in result]
     return {**{k: result[k] for k in first}, **result}
