@@ -46,11 +46,11 @@ and forming_ops_per_node, culprit, saturated and saturated_why.
 `saturated` is true when this machine, not ftd, bounds the figures: over the steady window the
 harness's processes used at least 85 % of the machine's cores, or the whole machine was 95 %
 busy, or a virtual node's looks fell behind their interval by more than half of it; or while
-round 0 formed (for 0.5 s or more), or from a hang's verdict until every node knew its culprit
-(`culprit.machine_cores_max`), the machine was that busy; or a live node was reported lost
-(its keepalive thread starved longer than --keepalive), or round 0 did not form. A run that
-cannot form ends within about --join-timeout with `formed: false` and the reason in `error`;
-any step that fails says so in `error`, with the figures had before it.
+round 0 formed, or from a hang's verdict until every node knew its culprit (`machine_cores` of
+each of `culprit.runs`), for 0.5 s or more, the machine was that busy; or a live node was
+reported lost (its keepalive thread starved longer than --keepalive), or round 0 did not form.
+A run that cannot form ends within about --join-timeout with `formed: false` and the reason in
+`error`; any step that fails says so in `error`, with the figures had before it.
 
 Why processes: a c10d coordinator holds three store connections, each served by a thread (the
 operations, the keepalive, and one per blocking wait: c10d/connections.py), so 1,024 nodes are
@@ -673,7 +673,9 @@ async def measure(args: argparse.Namespace, host: Store | Etcd, work: Path) -> d
         result["saturated_why"] = [formed]
     else:
         why = verdict(*steady, result.get("false_node_lost", 0), result.get("forming"))
-        naming = (result.get("culprit") or {}).get("machine_cores_max", 0.0)
+        runs = (result.get("culprit") or {}).get("runs", [])
+        long = [r["machine_cores"] for r in runs if (r["named_after_s"] or 0) >= FORMING_SPAN_S]
+        naming = max(long, default=0.0)
         if naming >= MACHINE_SHARE * (os.cpu_count() or 1):
             why.append(
                 f"the machine was {naming} of {os.cpu_count()} cores busy as a culprit was named"

@@ -31,7 +31,7 @@ COLUMNS = (
     ("nodes", lambda r: f"{r['nodes']:,}"),
     ("round formed (s)", lambda r: r.get("round_formed_s")),
     ("propagation p50 / p99 / max (s)", lambda r: triple(r.get("propagation_s"))),
-    ("culprit named (s)", lambda r: culprit(r.get("culprit"))),
+    ("culprit named, worst (s)", lambda r: culprit(r.get("culprit"))),
     ("node lost (s)", lambda r: (r.get("node_lost_s") or {}).get("max")),
     ("store ops /s /node", lambda r: r.get("steady_store_ops_per_s_per_node")),
     ("store CPU (cores)", lambda r: r.get("store_host_cpu")),
@@ -52,7 +52,11 @@ def culprit(c: dict[str, Any] | None) -> str | None:
     runs = c.get("runs") or [c]
     times = [r["named_after_s"] for r in runs if r.get("right")]
     worst = f"{max(times):.3f}" if times else "none right"
-    return f"{worst} ({len(times)} of {len(runs)} right)"
+    after = [(r.get("steps") or {}).get("named_after_last_end_s") for r in runs if r.get("right")]
+    tail = ""
+    if after and None not in after:
+        tail = f"; {max(after):.2f} after the last end"  # the naming apart from the end's spread
+    return f"{worst} ({len(times)} of {len(runs)} right{tail})"
 
 
 def page(r: dict[str, Any]) -> str | None:
