@@ -253,8 +253,9 @@ class Coordinator(Protocol):
         """This node's ranks' collectives as `rnd`'s attempt ended on a hang (job_culprit.py)."""
         ...
 
-    async def gather_collectives(self, rnd: Round, within_s: float) -> list[Collectives]:
-        """Node rank 0: every member's shared collectives, or those shared within `within_s`."""
+    async def gather_collectives(self, rnd: Round) -> list[Collectives]:
+        """Node rank 0: every member's shared collectives, or those shared until none came for
+        a while (job_culprit.gather_wait_s)."""
         ...
 
     async def decide_culprit(self, rnd: Round, culprit: JobCulprit) -> JobCulprit:

@@ -19,11 +19,22 @@ from collections.abc import Iterable
 
 from ftd.coordination.records import Collectives, JobCulprit
 
-GATHER_S = 1.0
-"""How long node rank 0 waits for every node's collectives after sharing its own: a node that
-has not shared by then (gone, or still stopping its ranks) is decided without."""
-DECISION_WAIT_S = 5.0
-"""How long a node waits for the decision once it shared its collectives."""
+GATHER_QUIET_S = 1.0
+"""Node rank 0 waits for the nodes' collectives until none came for this long: a node that has
+not shared by then (gone, or still stopping its ranks) is decided without. While they keep
+coming (a loaded store: at 1,024 nodes on one machine etcd took 2.7 s for every node's) it
+waits on, up to GATHER_MAX_S."""
+GATHER_MAX_S = 4.0
+DECISION_WAIT_S = 10.0
+"""How long a node waits for the decision once it shared its collectives (node rank 0 decides
+at most GATHER_MAX_S after it shared its own, which may be after this node's)."""
+
+
+def gather_wait_s(since: float, last_news: float, now: float) -> float:
+    """How much longer node rank 0 waits, at `now`, for collectives not come yet: until
+    GATHER_QUIET_S after the last that came (`last_news`; `since` before any came), never past
+    GATHER_MAX_S after it began to wait (`since`). 0: decide now."""
+    return max(0.0, min(last_news + GATHER_QUIET_S, since + GATHER_MAX_S) - now)
 
 
 def decide(number: int, found: Iterable[Collectives], now: float) -> JobCulprit | None:

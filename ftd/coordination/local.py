@@ -119,7 +119,7 @@ class LocalCoordinator:
     async def share_collectives(self, rnd: Round, mine: Collectives) -> None:
         self._collectives = {rnd.number: mine}
 
-    async def gather_collectives(self, rnd: Round, within_s: float) -> list[Collectives]:
+    async def gather_collectives(self, rnd: Round) -> list[Collectives]:
         found = self._collectives.get(rnd.number)
         return [found] if found is not None else []
 

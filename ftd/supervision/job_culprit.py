@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from ftd import containment
 from ftd.coordination.base import Round
-from ftd.coordination.job_culprit import DECISION_WAIT_S, GATHER_S, decide
+from ftd.coordination.job_culprit import DECISION_WAIT_S, decide
 from ftd.coordination.records import Collectives, JobCulprit, RequestRecord
 from ftd.status.event_kind import EventKind
 
@@ -69,7 +69,7 @@ class JobCulpritShare:
             ),
         )
         if rnd.group_rank == 0:
-            found = await coordinator.gather_collectives(rnd, GATHER_S)
+            found = await coordinator.gather_collectives(rnd)
             decision = decide(rnd.number, found, time.time())
             if decision is not None:
                 return await coordinator.decide_culprit(rnd, decision)

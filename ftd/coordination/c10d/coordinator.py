@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 from ftd.config.serve import ServeConfig
@@ -39,6 +40,7 @@ from ftd.coordination.c10d.record_store import RecordStore
 from ftd.coordination.c10d.round_steps import StoreRoundSteps
 from ftd.coordination.c10d.rounds import StoreRounds
 from ftd.coordination.endpoint import parse_endpoint, route_address
+from ftd.coordination.job_culprit import gather_wait_s
 from ftd.coordination.progress import Reaching
 from ftd.coordination.records import (
     AGGREGATES,
@@ -293,13 +295,28 @@ class StoreCoordinator:
 
     async def share_collectives(self, rnd: Round, mine: Collectives) -> None:
         slot = key(rnd.number, f"collectives/{self.node_id}")
-        await self._connections.call(lambda s: s.put(slot, mine))
+        shared = key(rnd.number, "collectives_shared")  # node rank 0 sees shares coming
 
-    async def gather_collectives(self, rnd: Round, within_s: float) -> list[Collectives]:
+        def share(s: RecordStore) -> None:
+            s.put(slot, mine)
+            s.count(shared, 1, lambda: 0)
+
+        await self._connections.call(share)
+
+    async def gather_collectives(self, rnd: Round) -> list[Collectives]:
         slots = {key(rnd.number, f"collectives/{n}"): n for n in rnd.node_ids}
+        shared = key(rnd.number, "collectives_shared")
 
         def gather(s: RecordStore) -> list[Collectives]:
-            s.wait(list(slots), within_s)  # every node's, or what is there by then
+            since = last_news = time.monotonic()
+            heard = s.count(shared, 0, lambda: 0)
+            # Every node's, or those there once none came for a while (one count a while).
+            while left := gather_wait_s(since, last_news, time.monotonic()):
+                if s.wait(list(slots), left):
+                    break
+                now = s.count(shared, 0, lambda: 0)
+                if now != heard:
+                    heard, last_news = now, time.monotonic()
             found = s.read_many(list(slots), Collectives)
             return [c for k, c in found.items() if c.node_id == slots[k]]
 

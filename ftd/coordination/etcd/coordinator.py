@@ -317,9 +317,9 @@ class EtcdCoordinator:
         slot = key(rnd.number, f"collectives/{self.node_id}")
         await self._call("share this node's collectives", lambda: self._kv.put(slot, mine))
 
-    async def gather_collectives(self, rnd: Round, within_s: float) -> list[Collectives]:
+    async def gather_collectives(self, rnd: Round) -> list[Collectives]:
         prefix = key(rnd.number, "collectives/")
-        found = await gather_members(self._kv, prefix, Collectives, rnd.node_ids, within_s)
+        found = await gather_members(self._kv, prefix, Collectives, rnd.node_ids)
         return list(found.values())
 
     async def decide_culprit(self, rnd: Round, culprit: JobCulprit) -> JobCulprit:

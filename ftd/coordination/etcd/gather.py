@@ -1,7 +1,7 @@
 """Node rank 0's gathering of one record per member under a round's prefix, on etcd: one read of
 the prefix, then a watch on it from that read's revision until every member's record is there
-or the time given is up (never a periodic read). The time given bounds the wait for the records
-not there yet; the read of those that are is bounded by etcd's read timeout."""
+or none came for a while (job_culprit.gather_wait_s: never a periodic read). The wait bounds
+the records not there yet; the read of those that are is bounded by etcd's read timeout."""
 
 from __future__ import annotations
 
@@ -10,40 +10,45 @@ import contextlib
 
 from ftd.coordination.etcd.client import EventType, Get
 from ftd.coordination.etcd.kv import RecordKv
+from ftd.coordination.job_culprit import gather_wait_s
 from ftd.coordination.records import R
-from ftd.tasks import within
 
 
 async def gather_members(
-    kv: RecordKv, prefix: str, model: type[R], members: list[str], within_s: float
+    kv: RecordKv, prefix: str, model: type[R], members: list[str]
 ) -> dict[str, R]:
     """The valid record of each member under `prefix` + node id (a record is its node's only
-    at its node's key), those there within `within_s`; etcd away is what was found so far."""
+    at its node's key), those there before the gathering's wait ran out; etcd away is what was
+    found so far."""
     wanted = set(members)
     found: dict[str, R] = {}
+    clock = asyncio.get_running_loop().time
+    since = last_news = clock()
 
-    def take(name: str, record: R | None) -> None:
+    def take(name: str, record: R | None) -> bool:
+        """Keep a member's valid record; whether it is one not had before."""
         node = name.removeprefix(prefix)
-        if record is not None and node in wanted and getattr(record, "node_id", None) == node:
-            found[node] = record
+        if record is None or node not in wanted or getattr(record, "node_id", None) != node:
+            return False
+        new = node not in found
+        found[node] = record
+        return new
 
-    async def the_rest(revision: int) -> None:
-        async with kv.etcd.watch(prefix, prefix=True, start_revision=revision + 1) as events:
-            kv.ops += 1
-            async for event in events:
-                if event.type is EventType.PUT:
-                    take(event.kv.key.decode(errors="replace"), kv.decode(event.kv, model))
-                    if wanted <= found.keys():
-                        return
-
-    # The window bounds the wait for members not there yet, never the read of those that are:
-    # a loaded etcd that answers the read after it would leave nothing to decide with.
-    until = asyncio.get_running_loop().time() + within_s
+    # A loaded etcd may answer the read after the wait's end: what it read still decides.
     with contextlib.suppress(Exception):  # etcd away or refusing: decided with what came
         revision, (present,) = await kv.reads(Get(prefix, prefix=True))
         for name, record in kv.valid(present, model).items():
             take(name, record)
-        left = until - asyncio.get_running_loop().time()
-        if not wanted <= found.keys() and left > 0:
-            await within(the_rest(revision), left)
+        if wanted <= found.keys():
+            return found
+        async with asyncio.timeout(clock() + gather_wait_s(since, last_news, clock())) as wait:
+            async with kv.etcd.watch(prefix, prefix=True, start_revision=revision + 1) as events:
+                kv.ops += 1
+                async for event in events:
+                    name = event.kv.key.decode(errors="replace")
+                    if event.type is EventType.PUT and take(name, kv.decode(event.kv, model)):
+                        if wanted <= found.keys():
+                            return found
+                        last_news = clock()  # still coming: wait on (up to GATHER_MAX_S)
+                        wait.reschedule(clock() + gather_wait_s(since, last_news, clock()))
     return found
