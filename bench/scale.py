@@ -525,24 +525,18 @@ def culprit_steps(answers: list[dict[str, Any]], asked_at: float) -> dict[str, A
 
     steps = [s for a in answers for s in a["steps"]]
     leader = next((s for s in steps if "gathered" in s), {})
+    ended = [t for a in answers for t in a["ended_at"] if t is not None]
+    named = [t for a in answers for t in a["named_at"] if t is not None]
     return {
-        "ended": spread([t for a in answers for t in a["ended_at"] if t is not None]),
+        "ended": spread(ended),
         "shared": spread([s["shared"] for s in steps if "shared" in s]),
         "gathered_s": round(leader["gathered"] - asked_at, 3) if leader else None,
         "gathered_count": leader.get("gathered_count"),
         "decided_s": round(leader["decided"] - asked_at, 3) if "decided" in leader else None,
-        "named": spread([t for a in answers for t in a["named_at"] if t is not None]),
-    } | after_last_end(answers)
-
-
-def after_last_end(answers: list[dict[str, Any]]) -> dict[str, Any]:
-    """From the last node's round end until the last node knew the culprit: the naming's own
-    time, apart from the end's propagation (on this machine the nodes that ended first take
-    part meanwhile, on the cores the others' ends wait for; real nodes have cores each)."""
-    ended = [t for a in answers for t in a["ended_at"] if t is not None]
-    named = [t for a in answers for t in a["named_at"] if t is not None]
-    return {
-        "named_after_last_end_s": round(max(named) - max(ended), 3) if ended and named else None
+        "named": spread(named),
+        # The naming's own time, apart from the end's propagation: on this machine the nodes
+        # that ended first take part meanwhile, on the cores the others' ends wait for.
+        "named_after_last_end_s": (round(max(named) - max(ended), 3) if ended and named else None),
     }
 
 

@@ -194,9 +194,12 @@ async def test_c10d_node_rank_0_decides_without_a_node_that_never_shares() -> No
 
         attacker = Attacker(f"127.0.0.1:{port}", leader.config.run_id)
         attacker.set(f"r{rnd.number}/collectives/{leader.node_id}", "ftd1 - {}")
+        # And the count node rank 0 watches the shares by is junk: repaired, never trusted.
+        attacker.set(f"r{rnd.number}/collectives_shared", "junk")
         found = await leader.gather_collectives(rnd)  # the rest: none for a while
         assert [c.node_id for c in found] == [sharing.node_id], found
         assert leader.codec.refused, "the forged record is refused and counted"
+        assert leader.codec.refused["not_a_counter"] == 1, leader.codec.refused
         decision = decide(rnd.number, found, 1.0)
         assert decision is not None and decision.node_id == sharing.node_id
         assert await coordinators[others[1]].await_culprit(rounds[others[1]], 0.2) is None

@@ -308,16 +308,17 @@ class StoreCoordinator:
         shared = key(rnd.number, "collectives_shared")
 
         def gather(s: RecordStore) -> list[Collectives]:
+            keys = list(slots)
             since = last_news = time.monotonic()
             heard = s.count(shared, 0, lambda: 0)
             # Every node's, or those there once none came for a while (one count a while).
             while left := gather_wait_s(since, last_news, time.monotonic()):
-                if s.wait(list(slots), left):
+                if s.wait(keys, left):
                     break
                 now = s.count(shared, 0, lambda: 0)
                 if now != heard:
                     heard, last_news = now, time.monotonic()
-            found = s.read_many(list(slots), Collectives)
+            found = s.read_many(keys, Collectives)
             return [c for k, c in found.items() if c.node_id == slots[k]]
 
         return await self._connections.wait(gather)
