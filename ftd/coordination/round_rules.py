@@ -58,9 +58,11 @@ class RoundSteps(Protocol):
         """Join the newest open round: (its number, this node's place among its joiners), or
         Late for a round that closed without this node."""
 
-    async def closing(self, number: int) -> tuple[RoundRecord, int | None]:
+    async def closing(self, number: int, base: Round | None) -> tuple[RoundRecord, int | None]:
         """Round `number`'s closing record once decided (and the store's revision of it, where
-        the store has one: what the members' watch starts from)."""
+        the store has one: what the members' watch starts from). `base`: this node's round
+        before, from whose members a member of round `number - 1` rebuilds it
+        (round_delta.py)."""
 
     async def close(self, number: int, abort: bool, deadline: float) -> None: ...
 
@@ -136,7 +138,7 @@ async def _await_close(
     waits: RoundWaits | None,
 ) -> tuple[RoundRecord, int | None]:
     """Wait for round `number` to close; close it when it is this node's turn."""
-    closed = steps.spawn(steps.closing(number), f"round-{number}-closed")
+    closed = steps.spawn(steps.closing(number, last), f"round-{number}-closed")
 
     async def close_when_due() -> None:
         loop = asyncio.get_running_loop()

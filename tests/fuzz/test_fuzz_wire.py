@@ -46,6 +46,7 @@ from ftd.coordination.records import (
     RoundMember,
     RoundRecord,
 )
+from ftd.coordination.round_delta import RoundDelta, delta_of
 from ftd.errors import InvalidRequest
 from ftd.refusals import INPUT_REFUSED
 from tests.support.fuzzing import budget, fuzz_target
@@ -88,11 +89,19 @@ def _deep(opener: bytes) -> st.SearchStrategy[bytes]:
 
 _MODELS: list[type[BaseModel]] = [
     Member, RoundRecord, RequestRecord, AliveRecord, MarkRecord, ExcludedRecord, NodeSummary,
+    RoundDelta,
 ]  # fmt: skip
 _member = Member(node_id="node-a", addr="10.0.0.1", nproc=2, store_port=29500)
 _SAMPLES: list[tuple[str, BaseModel]] = [
     ("r/0/members/node-a", _member),
     ("r/round/3", RoundRecord(number=3, members=(RoundMember.of(_member),), restarts=1)),
+    (
+        "r/round/3/closed_delta",
+        delta_of(
+            RoundRecord(number=3, members=(RoundMember.of(_member),), restarts=1),
+            RoundRecord(number=2, members=(RoundMember.of(_member),), restarts=1),
+        ),
+    ),
     ("r/round/3/request", RequestRecord(action="restart", reason="rank 1 failed", by="node-a")),
     ("r/alive/node-a", AliveRecord(seq=7)),
     ("r/round/3/mark/node-a", MarkRecord(node_id="node-a", reason="unhealthy")),

@@ -8,6 +8,8 @@ belonging to round N (a decided key is a chain `k`, `k#1`, ...: the first valid 
   r<N>/joined           join counter: the n-th joiner writes r<N>/node/<n> (a Member record)
   r<N>/closed           decided RoundRecord: members in node-rank order, restarts used before,
                         excluded nodes (or `aborted`: the round could not form)
+  r<N>/closed_delta     decided RoundDelta, by the closer after r<N>/closed: what round N-1's
+                        members read instead (round_delta.py)
   r<N>/request          decided RequestRecord ending the round: restart, fail or succeed
   r<N>/succeeded/<node>, r<N>/unhealthy/<node>, r<N>/acked/<node>   a node's marks
   r<N>/succeeded-count, r<N>/unhealthy-count   how many marks of each were made (rounds.py:

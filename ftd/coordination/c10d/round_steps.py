@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Coroutine
+from functools import partial
 from typing import Any, TypeVar
 
+from ftd.coordination.base import Round
 from ftd.coordination.c10d.connections import StoreConnections
 from ftd.coordination.c10d.liveness import Keepalive
 from ftd.coordination.c10d.rounds import StoreRounds
@@ -27,10 +29,18 @@ class StoreRoundSteps:
     async def enter(self, me: Member, deadline: float) -> tuple[int, int] | Late:
         return await self._connections.call(self.book.enter, me)
 
-    async def closing(self, number: int) -> tuple[RoundRecord, int | None]:
+    async def closing(self, number: int, base: Round | None) -> tuple[RoundRecord, int | None]:
         rounds = self.book
         wait = self._connections.wait_decided
-        slot = key(number, "closed")
+        slot = key(number, "closed")  # the backup look's: a closer lost after it, no delta
+        if base is not None and base.number == number - 1:
+            return await wait(
+                partial(rounds.await_closed_from, base=base),
+                rounds.closed_now,
+                number,
+                slot,
+                "its closing record",
+            ), None
         return await wait(
             rounds.await_closed, rounds.closed_now, number, slot, "its closing record"
         ), None

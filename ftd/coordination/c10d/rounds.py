@@ -24,6 +24,7 @@ from ftd.coordination.records import (
     RequestRecord,
     RoundRecord,
 )
+from ftd.coordination.round_delta import DELTA, MAX_DELTA_BYTES, RoundDelta, delta_of, resolve
 from ftd.coordination.shared_rounds import (
     JOINED_NAMES_MAX,
     Late,
@@ -139,6 +140,18 @@ class StoreRounds:
         return s.await_decided(key(number, "closed"), RoundRecord, MAX_ROUND_RECORD_BYTES)
 
     @staticmethod
+    def await_closed_from(s: RecordStore, number: int, base: Round) -> RoundRecord:
+        """Round `number`'s closing record, for a member of round `base` (the one before):
+        rebuilt from its members and the round's delta where it can be, else read whole."""
+        delta = s.await_decided(key(number, DELTA), RoundDelta, MAX_DELTA_BYTES)
+        record = resolve(delta, base.number, base.members)
+        if record is not None:
+            return record
+        if not delta.whole:
+            s.codec.refuse(key(number, DELTA), "bad_round_delta", "does not rebuild the round")
+        return s.await_decided(key(number, "closed"), RoundRecord, MAX_ROUND_RECORD_BYTES)
+
+    @staticmethod
     def closed_now(s: RecordStore, number: int) -> RoundRecord | None:
         return s.decided(key(number, "closed"), RoundRecord, MAX_ROUND_RECORD_BYTES)
 
@@ -188,7 +201,11 @@ class StoreRounds:
                 excluded_epoch=epoch,
             )
         decided = s.decide(key(number, "closed"), record, RoundRecord, MAX_ROUND_RECORD_BYTES)
-        if decided == record and not record.aborted:
+        if decided != record:
+            return
+        if number > 0:  # what round N-1's members wait for (round_delta.py)
+            s.decide(key(number, DELTA), delta_of(record, previous), RoundDelta, MAX_DELTA_BYTES)
+        if not record.aborted:
             log.info("closed round %d with %d nodes", number, len(record.members))
 
     def join_records(

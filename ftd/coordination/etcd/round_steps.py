@@ -7,11 +7,13 @@ import asyncio
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+from ftd.coordination.base import Round
 from ftd.coordination.etcd.client import EtcdError, lease_gone
 from ftd.coordination.etcd.kv import RecordKv
 from ftd.coordination.etcd.liveness import EtcdLiveness
 from ftd.coordination.etcd.rounds import EtcdRounds
 from ftd.coordination.records import MAX_ROUND_RECORD_BYTES, Member, RequestRecord, RoundRecord
+from ftd.coordination.round_delta import DELTA, MAX_DELTA_BYTES, RoundDelta, resolve
 from ftd.coordination.shared_rounds import Late, key
 from ftd.tasks import Background
 
@@ -41,7 +43,15 @@ class EtcdRoundSteps:
 
         return await self._kv.call("join a round", join, deadline)
 
-    async def closing(self, number: int) -> tuple[RoundRecord, int | None]:
+    async def closing(self, number: int, base: Round | None) -> tuple[RoundRecord, int | None]:
+        if base is not None and base.number == number - 1:
+            slot = key(number, DELTA)
+            delta, revision = await self._kv.await_decided(slot, RoundDelta, MAX_DELTA_BYTES)
+            record = resolve(delta, base.number, base.members)
+            if record is not None:
+                return record, revision  # written with the closing record: its revision
+            if not delta.whole:
+                self._kv.codec.refuse(slot, "bad_round_delta", "does not rebuild the round")
         return await self._kv.await_decided(
             key(number, "closed"), RoundRecord, MAX_ROUND_RECORD_BYTES
         )

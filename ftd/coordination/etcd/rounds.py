@@ -10,6 +10,8 @@ revision: EtcdClient.read) and at most one conditional write. Keys, under the jo
                         joiner's number, its mod_revision what a close compares against
   r<N>/closed           RoundRecord, decided: members in node-rank order, restarts used
                         before, the excluded nodes (or `aborted`)
+  r<N>/closed_delta     RoundDelta, in the close's transaction: what round N-1's members read
+                        instead (round_delta.py)
   r<N>/request          RequestRecord, decided: restart, fail or succeed
   r<N>/succeeded/<node>, r<N>/unhealthy/<node>          MarkRecords
   r<N>/respawn/<node>.<nonce>                           in-process respawns (budget)
@@ -46,6 +48,7 @@ from ftd.coordination.records import (
     RoundNumber,
     RoundRecord,
 )
+from ftd.coordination.round_delta import DELTA, delta_of
 from ftd.coordination.shared_rounds import (
     JOINED_NAMES_MAX,
     Late,
@@ -290,7 +293,11 @@ class EtcdRounds:
             if attempt < MAX_CLOSE_TRIES - 1:
                 counter = joined.kvs[0] if joined.kvs else None
                 compare.append(self.kv.unchanged(key(number, "joined"), counter))
-            result = await self.kv.txn(compare, [self.kv.put_op(key(number, "closed"), record)])
+            writes = [self.kv.put_op(key(number, "closed"), record)]
+            if number > 0:  # what round N-1's members wait for (round_delta.py)
+                delta = delta_of(record, previous_record)
+                writes.append(self.kv.put_op(key(number, DELTA), delta))
+            result = await self.kv.txn(compare, writes)
             if result.succeeded:
                 if not record.aborted:
                     log.info("closed round %d with %d nodes", number, len(record.members))
