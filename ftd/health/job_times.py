@@ -10,7 +10,7 @@ every other node reads that one record: O(1) per node per look, O(N) in all.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ftd.coordination.job_share import JobShare
@@ -22,6 +22,8 @@ log = logging.getLogger("ftd.health")
 Times = dict[Signal, dict[int, float]]
 WIRE: dict[Signal, str] = {"forward": "forward_us", "host": "host_us"}
 """Each signal's field in a published RankForward."""
+ROW_COLUMNS: dict[Signal, int] = {"forward": 1, "host": 2}
+"""Each signal's place in a JobTimes ForwardRow."""
 MAX_PEER_RANKS = 65536
 """The job's times are taken from at most this many of the nodes' published ranks."""
 
@@ -79,8 +81,27 @@ def forward_entries(
 
 
 def job_record(number: int, wall: float, times: Times) -> dict[str, Any]:
-    """The JobTimes record of round `number` for `times`."""
-    return {"round": number, "time": wall, "forward": forward_entries(times, sampled(times))}
+    """The JobTimes record of round `number` for `times`: a ForwardRow per rank sampled."""
+    forward, host = times["forward"], times["host"]
+    rows = tuple((r, _micros(forward.get(r)), _micros(host.get(r))) for r in sampled(times))
+    return {"round": number, "time": wall, "forward": rows}
+
+
+def _micros(seconds: float | None) -> int | None:
+    return round(seconds * 1e6) if seconds is not None else None
+
+
+def times_of(rows: Sequence[Sequence[int | None]]) -> Times:
+    """The times in a JobTimes record's rows (validated ForwardRows: rank, forward and host
+    microseconds)."""
+    times: Times = {signal: {} for signal in SIGNALS}
+    for signal, column in ROW_COLUMNS.items():
+        seconds = times[signal]
+        for row in rows:
+            rank, micros = row[0], row[column]
+            if rank is not None and micros is not None:
+                seconds.setdefault(rank, micros / 1e6)
+    return times
 
 
 class JobTimesShare:
@@ -102,7 +123,4 @@ class JobTimesShare:
         record = await self._share.read("job_times")
         if record is None:
             return None  # node rank 0 has not written this round's yet
-        times: Times = {signal: {} for signal in SIGNALS}
-        for entry in record.get("forward", ()):
-            take(times, entry)
-        return times
+        return times_of(record.get("forward", ()))

@@ -22,9 +22,8 @@ from ftd.coordination.records import (
     RankStraggler,
     RecordCodec,
 )
-from ftd.health.job_times import take
+from ftd.health.job_times import times_of
 from ftd.health.straggler_timer import MAX_PEER_RANKS, peer_forward
-from ftd.health.stragglers import Signal
 from tests.support.fuzzing import budget, fuzz_target
 
 KEY = "status/node-b"
@@ -55,7 +54,8 @@ _summary = st.fixed_dictionaries(
         "time": st.just(1.0e9),
     },
     optional={
-        "forward": st.lists(_entry, max_size=8) | st.integers(0, 2000).map(lambda n: [{}] * n),
+        "forward": st.lists(st.lists(_number | st.none(), max_size=4) | _entry, max_size=8)
+        | st.integers(0, 2000).map(lambda n: [[n, 1, None]] * n),
         "stragglers": st.lists(_entry, max_size=8) | _number,
     },
 )
@@ -99,7 +99,8 @@ def test_fuzz_published_forward_times(summary: dict[str, Any], cut: int, junk: b
 _job_times = st.fixed_dictionaries(
     {"round": _number | st.just(3), "time": _number | st.just(1.0e9)},
     optional={
-        "forward": st.lists(_entry, max_size=8) | st.integers(0, 2000).map(lambda n: [{}] * n),
+        "forward": st.lists(st.lists(_number | st.none(), max_size=4) | _entry, max_size=8)
+        | st.integers(0, 2000).map(lambda n: [[n, 1, None]] * n),
     },
 )
 
@@ -114,9 +115,7 @@ def test_fuzz_the_job_times_record(times: dict[str, Any], cut: int, junk: bytes)
     refused = sum(SIGNED.refused.values())
     with budget():
         record = SIGNED.decode("job_times", data, JobTimes)
-        taken: dict[Signal, dict[int, float]] = {"forward": {}, "host": {}}
-        for entry in record.model_dump()["forward"] if record is not None else ():
-            take(taken, entry)
+        taken = times_of(record.model_dump()["forward"] if record is not None else ())
     if record is None:
         assert sum(SIGNED.refused.values()) == refused + 1
         return
