@@ -38,7 +38,8 @@ rounds, window_s), formed, round_formed_s, later_rounds_formed_s, propagation_s 
 samples}, node_lost_s {p50, max, detected_s: the kill to node rank 0's first on_node_lost,
 victims, survivors, told, node_lost_calls}, steady_store_ops_per_s_per_node (counted at the
 store; `store_requests_by_kind` splits them), client_ops_per_s_per_node, store_host_cpu
-(cores) and store_host_rss_mb, cluster_view_bytes and cluster_view_s, harness_cores (the worker
+(cores) and store_host_rss_mb, cluster_view_bytes, cluster_view_s and cluster_view_max_s (the
+median and the max of 5 pages one after the other, node 0's), harness_cores (the worker
 processes' CPU over the window), machine_cores_busy (every process of the machine, other users'
 too), looks_late_max_s, false_node_lost, threads, forming (the cores used while round 0 formed)
 and forming_ops_per_node, culprit, saturated and saturated_why.
@@ -645,7 +646,11 @@ async def measure(args: argparse.Namespace, host: Store | Etcd, work: Path) -> d
             await everyone(workers, "quiet", 120)
             result["looks_in_events"] = False
         view = await workers[0].call("view", 60 + 0.05 * v)
-        result.update(cluster_view_bytes=view["bytes"], cluster_view_s=round(view["s"], 4))
+        result.update(
+            cluster_view_bytes=view["bytes"],
+            cluster_view_s=round(view["s"], 4),
+            cluster_view_max_s=round(view["max_s"], 4),
+        )
         phase = say("propagation")
         await propagation(args, workers, result)
         phase = say("culprit")

@@ -62,7 +62,8 @@ def culprit(c: dict[str, Any] | None) -> str | None:
 def page(r: dict[str, Any]) -> str | None:
     if r.get("cluster_view_bytes") is None:
         return None
-    return f"{r['cluster_view_bytes'] / 1024:.1f} / {r['cluster_view_s']:.3f}"
+    most = f" (max {r['cluster_view_max_s']:.3f})" if "cluster_view_max_s" in r else ""
+    return f"{r['cluster_view_bytes'] / 1024:.1f} / {r['cluster_view_s']:.3f}{most}"
 
 
 def table(results: list[dict[str, Any]]) -> str:

@@ -23,7 +23,8 @@ Times in answers are wall clock (time.time(): one clock for every process of the
               how late the looks fell
     quiet    {}: stop every node's looks (the summaries, the job's times, the ring): the
               liveness and the rounds' waits go on
-    view     {}: node 0's bounded cluster page (GET /v1/cluster), its size and time
+    view     {}: node 0's bounded cluster page (GET /v1/cluster), its size, the median and
+             the max time of VIEW_SAMPLES
     request  {node, hang}: that node requests its round's restart (`hang`: as a hang verdict
               does); when it asked. Where it is a hang, every node takes its part in naming the
               job's culprit as its round ends (supervision/job_culprit.py's, the daemon's code)
@@ -41,6 +42,7 @@ import json
 import logging
 import os
 import resource
+import statistics
 import sys
 import threading
 import time
@@ -68,6 +70,7 @@ PUBLISH_S = 5.0
 TIMES_S = 5.0
 RING_S = 2.0
 CLOSE_S = 30.0
+VIEW_SAMPLES = 5
 """How long `stop` waits for the coordinators to close."""
 HUNG_LOCAL_RANK = 3
 """The culprit scenario's hung rank, on its node: it entered one collective fewer than every
@@ -403,9 +406,14 @@ class Worker:
         }
 
     async def do_view(self, msg: dict[str, Any]) -> dict[str, Any]:
-        started = time.monotonic()
-        page = bounded(await self.nodes[0].c.cluster(), 0, DEFAULT_LIMIT)
-        return {"bytes": len(json.dumps(page)), "s": time.monotonic() - started}
+        """VIEW_SAMPLES pages one after the other (one alone is one draw of a loaded loop)."""
+        took, size = [], 0
+        for _ in range(VIEW_SAMPLES):
+            started = time.monotonic()
+            page = bounded(await self.nodes[0].c.cluster(), 0, DEFAULT_LIMIT)
+            size = len(json.dumps(page))
+            took.append(time.monotonic() - started)
+        return {"bytes": size, "s": statistics.median(took), "max_s": max(took)}
 
     async def do_request(self, msg: dict[str, Any]) -> dict[str, Any]:
         v = next(v for v in self.nodes if v.index == int(msg["node"]))
