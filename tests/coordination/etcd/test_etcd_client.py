@@ -10,6 +10,7 @@ import gzip
 import statistics
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import pytest
 from aiohttp import web
@@ -35,6 +36,7 @@ from ftd.coordination.etcd.client import (
     next_renewal,
     prefix_end,
 )
+from ftd.coordination.etcd.client.records import as_key
 from tests.support.etcd_cluster import ClusterFactory, EtcdCluster
 
 
@@ -136,6 +138,46 @@ async def test_reads_at_one_revision_never_take_etcd_down_when_cancelled(
         assert cluster.members[0].alive, cluster.members[0].log_tail()
         kv = await client.get("a")
         assert kv is not None and kv.value == b"1"
+
+
+async def test_a_large_range_read_beside_small_ones_is_read_once_while_keys_are_written(
+    etcd: ClusterFactory,
+) -> None:
+    """A read of every node's record beside a small key, while other keys are written: the
+    small one is read again at the large one's revision, never the large one (the cluster
+    view at 1,024 nodes read its 1.2 MB twice in most views), and all of it at one revision."""
+    cluster = await etcd()
+    async with EtcdClient(cluster.endpoints) as client:
+        for i in range(200):
+            await client.put(f"status/n{i:03d}", b"x" * 100)
+        asked: list[bytes] = []
+        ranged = client._range
+
+        async def counted(get: Get, revision: int | None) -> Any:
+            asked.append(as_key(get.key))
+            return await ranged(get, revision)
+
+        client._range = counted  # type: ignore[method-assign]
+        writing = True
+
+        async def writer() -> None:
+            n = 0
+            while writing:
+                n += 1
+                await client.put("beat", str(n).encode())
+
+        beats = asyncio.ensure_future(writer())
+        try:
+            for _ in range(30):
+                revision, (found, beat) = await client.read(
+                    [Get("status/", prefix=True), Get("beat")]
+                )
+                assert len(found.kvs) == 200 and found.revision == beat.revision == revision
+                assert beat.kvs and beat.kvs[0].mod_revision <= revision
+        finally:
+            writing = False
+            await beats
+        assert asked.count(b"status/") == 30 and asked.count(b"beat") >= 30
 
 
 async def test_lease_keys_vanish_within_ttl_once_keepalive_stops(etcd: ClusterFactory) -> None:

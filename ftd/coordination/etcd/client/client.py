@@ -153,15 +153,19 @@ class EtcdClient:
 
     async def read(self, gets: Sequence[Get]) -> tuple[int, tuple[RangeResult, ...]]:
         """Several keys or prefixes as they were at one revision: the revision, the results in
-        order. Ranges side by side; any read before the newest revision among them is read
-        again pinned to it. Not a transaction of gets: etcd before 3.5.5 panics when the client
-        of a read-only transaction goes away before the answer (etcd-io/etcd#14110), and a
-        call that times out or a daemon that stops does exactly that; a range just ends."""
+        order. Ranges side by side; any read at another revision than the largest range's (the
+        newest of the largest) is read again pinned to it: a prefix of every node's record is
+        read once, never again for a key written meanwhile (the cluster view's 1.2 MB range at
+        1,024 nodes was read again whenever a small range beside it came at a newer revision,
+        as it does while nodes write). Not a transaction of gets: etcd before 3.5.5
+        panics when the client of a read-only transaction goes away before the answer
+        (etcd-io/etcd#14110), and a call that times out or a daemon that stops does exactly
+        that; a range just ends."""
         if not gets:
             raise ValueError("read needs at least one key")
         for _ in range(READ_RETRIES):
             results = list(await asyncio.gather(*(self._range(g, None) for g in gets)))
-            revision = max(r.revision for r in results)
+            revision = max(results, key=lambda r: (len(r.kvs), r.revision)).revision
             stale = [i for i, r in enumerate(results) if r.revision != revision]
             try:
                 again = await asyncio.gather(*(self._range(gets[i], revision) for i in stale))
