@@ -146,13 +146,16 @@ class RecordKv:
                 self.availability.failed(what, error)
                 if tried is not None:
                     tried(str(error))
-                if deadline is not None and loop.time() + pause >= deadline:
+                left = deadline - loop.time() if deadline is not None else pause
+                if left <= 0:
                     raise CoordinationError(
                         f"store lost: etcd did not answer within --rdzv-join-timeout; could not "
                         f"{what}: {error}"[:2000],
                         "store_lost",
                     ) from None
-                await asyncio.sleep(pause)  # back-off: etcd is away
+                # Back-off, etcd being away; the last try is at the deadline, never before it
+                # (said at 1.65 s of a 2 s timeout, when a pause would have passed it).
+                await asyncio.sleep(min(pause, left))
                 pause = min(pause * 2, RETRY_PAUSE_S[1])
                 continue
             except EtcdAuthError as error:

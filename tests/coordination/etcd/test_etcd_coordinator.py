@@ -117,15 +117,18 @@ async def test_etcd_leader_and_node_rank_0_die_a_member_returns_a_node_joins(
         "coordination_endpoint_up",
         "cluster_request",
     )
+    reported_lost: list[str] = []
     for run, node in ((b, "b"), (c, "c")):
         seen = kinds(run, node, *wanted)
         steps = [kind for kind, _ in seen if kind != "round_closed" or _["round"] > n]
         noticed = ["coordination_endpoint_down"] if on_leader[id(run)] else []
         back = ["coordination_endpoint_up"] if on_leader[id(run)] else []
-        assert steps == [
+        # Node rank 0 died: each survivor watches it, and the first to hear asks the restart;
+        # the other may hear that request before its own watch's news (seen beside two CPU
+        # hogs), and then has nothing to report: a node lost once at most, by one at least.
+        assert [k for k in steps if k != "node_lost"] == [
             *noticed,  # the etcd leader died
-            "node_lost",  # node rank 0 died
-            "cluster_request",
+            "cluster_request",  # node rank 0 died
             "round_closed",
             *back,  # the etcd member is back
             "cluster_request",  # d joined
@@ -133,11 +136,13 @@ async def test_etcd_leader_and_node_rank_0_die_a_member_returns_a_node_joins(
         ], seen
         closed = [data for kind, data in seen if kind == "round_closed" and data["round"] > n]
         assert [c["members"] for c in closed] == [["b", "c"], ["b", "c", "d"]]
-        [lost] = [data for kind, data in seen if kind == "node_lost"]
-        assert lost["node_id"] == "a"
+        lost = [data["node_id"] for kind, data in seen if kind == "node_lost"]
+        assert lost in (["a"], []), seen
+        reported_lost += lost
         requests = [data["reason"] for kind, data in seen if kind == "cluster_request"]
         assert requests[0].startswith("node a lost: no keepalive for 2s"), requests
         assert requests[1] == "node d joined: scaling up from 2 nodes"
+    assert reported_lost, "neither survivor reported node rank 0 lost"
 
 
 async def test_a_killed_daemon_is_declared_dead_within_its_lease_ttl(
