@@ -19,6 +19,7 @@ from typing import Annotated
 
 from pydantic import Field
 
+from ftd.coordination.base import Round
 from ftd.coordination.records import (
     MAX_NODES,
     MAX_ROUND_RECORD_BYTES,
@@ -27,6 +28,7 @@ from ftd.coordination.records import (
     NodeId,
     Reason,
     Record,
+    RecordCodec,
     RoundNumber,
     RoundRecord,
 )
@@ -133,3 +135,12 @@ def resolve(delta: RoundDelta, base_number: int, base: tuple[MemberRow, ...]) ->
         excluded_epoch=delta.excluded_epoch,
         aborted=delta.aborted,
     )
+
+
+def rebuilt(delta: RoundDelta, base: Round, codec: RecordCodec, slot: str) -> RoundRecord | None:
+    """`delta` (read at `slot`) for a member of round `base`: the round, or None where the
+    closing record must be read whole (a delta that should have rebuilt it is counted)."""
+    record = resolve(delta, base.number, base.members)
+    if record is None and not delta.whole:
+        codec.refuse(slot, "bad_round_delta", "does not rebuild the round")
+    return record

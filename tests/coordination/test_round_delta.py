@@ -123,8 +123,7 @@ def test_a_forged_delta_is_read_whole_never_an_error(
 @pytest.fixture
 def rebuilt(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[bool]]:
     """Each delta a node read: whether it rebuilt the round from it."""
-    import ftd.coordination.c10d.rounds as c10d_rounds
-    import ftd.coordination.etcd.round_steps as etcd_steps
+    import ftd.coordination.round_delta as round_delta
 
     seen: list[bool] = []
 
@@ -133,8 +132,7 @@ def rebuilt(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[bool]]:
         seen.append(found is not None)
         return found
 
-    monkeypatch.setattr(c10d_rounds, "resolve", spy)
-    monkeypatch.setattr(etcd_steps, "resolve", spy)
+    monkeypatch.setattr(round_delta, "resolve", spy)  # as rebuilt() calls it
     yield seen
 
 

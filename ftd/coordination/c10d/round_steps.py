@@ -33,17 +33,10 @@ class StoreRoundSteps:
         rounds = self.book
         wait = self._connections.wait_decided
         slot = key(number, "closed")  # the backup look's: a closer lost after it, no delta
+        waiting = rounds.await_closed
         if base is not None and base.number == number - 1:
-            return await wait(
-                partial(rounds.await_closed_from, base=base),
-                rounds.closed_now,
-                number,
-                slot,
-                "its closing record",
-            ), None
-        return await wait(
-            rounds.await_closed, rounds.closed_now, number, slot, "its closing record"
-        ), None
+            waiting = partial(rounds.await_closed_from, base=base)
+        return await wait(waiting, rounds.closed_now, number, slot, "its closing record"), None
 
     async def close(self, number: int, abort: bool, deadline: float) -> None:
         await self._connections.call(self.book.close, number, abort)

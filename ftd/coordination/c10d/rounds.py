@@ -24,7 +24,7 @@ from ftd.coordination.records import (
     RequestRecord,
     RoundRecord,
 )
-from ftd.coordination.round_delta import DELTA, MAX_DELTA_BYTES, RoundDelta, delta_of, resolve
+from ftd.coordination.round_delta import DELTA, MAX_DELTA_BYTES, RoundDelta, delta_of, rebuilt
 from ftd.coordination.shared_rounds import (
     JOINED_NAMES_MAX,
     Late,
@@ -144,11 +144,9 @@ class StoreRounds:
         """Round `number`'s closing record, for a member of round `base` (the one before):
         rebuilt from its members and the round's delta where it can be, else read whole."""
         delta = s.await_decided(key(number, DELTA), RoundDelta, MAX_DELTA_BYTES)
-        record = resolve(delta, base.number, base.members)
+        record = rebuilt(delta, base, s.codec, key(number, DELTA))
         if record is not None:
             return record
-        if not delta.whole:
-            s.codec.refuse(key(number, DELTA), "bad_round_delta", "does not rebuild the round")
         return s.await_decided(key(number, "closed"), RoundRecord, MAX_ROUND_RECORD_BYTES)
 
     @staticmethod

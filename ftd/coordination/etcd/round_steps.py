@@ -13,7 +13,7 @@ from ftd.coordination.etcd.kv import RecordKv
 from ftd.coordination.etcd.liveness import EtcdLiveness
 from ftd.coordination.etcd.rounds import EtcdRounds
 from ftd.coordination.records import MAX_ROUND_RECORD_BYTES, Member, RequestRecord, RoundRecord
-from ftd.coordination.round_delta import DELTA, MAX_DELTA_BYTES, RoundDelta, resolve
+from ftd.coordination.round_delta import DELTA, MAX_DELTA_BYTES, RoundDelta, rebuilt
 from ftd.coordination.shared_rounds import Late, key
 from ftd.tasks import Background
 
@@ -47,11 +47,9 @@ class EtcdRoundSteps:
         if base is not None and base.number == number - 1:
             slot = key(number, DELTA)
             delta, revision = await self._kv.await_decided(slot, RoundDelta, MAX_DELTA_BYTES)
-            record = resolve(delta, base.number, base.members)
+            record = rebuilt(delta, base, self._kv.codec, slot)
             if record is not None:
                 return record, revision  # written with the closing record: its revision
-            if not delta.whole:
-                self._kv.codec.refuse(slot, "bad_round_delta", "does not rebuild the round")
         return await self._kv.await_decided(
             key(number, "closed"), RoundRecord, MAX_ROUND_RECORD_BYTES
         )
