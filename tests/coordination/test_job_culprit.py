@@ -6,7 +6,6 @@ the job's size; a forged record is refused and counted."""
 from __future__ import annotations
 
 import asyncio
-import signal
 from collections.abc import Sequence
 from typing import Any
 
@@ -247,17 +246,14 @@ async def test_etcd_a_read_answered_after_the_window_still_decides(
             )
             await coordinator.share_collectives(rnd, mine)
         leader = next(i for i, rnd in enumerate(rounds) if rnd.group_rank == 0)
-        member = cluster.members[0].proc
-        assert member is not None
-        member.send_signal(signal.SIGSTOP)
-        try:
+        async with cluster.paused(0) as member:
             gathering = asyncio.ensure_future(
                 coordinators[leader].gather_collectives(rounds[leader])
             )
             await asyncio.sleep(0.2)  # at least the window: it has passed whatever the load
-            assert not gathering.done(), (gathering.result(), cluster.members[0].log_tail())
-        finally:
-            member.send_signal(signal.SIGCONT)
+            # Still stopped: nothing could have answered the read.
+            assert member.state in ("T", "t"), (member.state, member.proc)
+            assert not gathering.done(), (gathering.result(), member.state, member.log_tail())
         found = await gathering
     finally:
         for coordinator in coordinators:

@@ -135,6 +135,18 @@ class Member:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.returncode is None
 
+    @property
+    def state(self) -> str:
+        """The process's state letter as the kernel has it (T: stopped; "" once gone)."""
+        if self.proc is None:
+            return ""
+        try:
+            stat = Path(f"/proc/{self.proc.pid}/stat").read_bytes()
+        except OSError:
+            return ""
+        fields = stat.rsplit(b")", 1)[-1].split()
+        return fields[0].decode() if fields else ""
+
     def log_tail(self, lines: int = 15) -> str:
         try:
             text = self.log_path.read_text(errors="replace")
@@ -257,6 +269,24 @@ class EtcdCluster:
         await member.proc.wait()
         if member.pump is not None:
             await member.pump
+
+    @contextlib.asynccontextmanager
+    async def paused(self, index: int) -> AsyncIterator[Member]:
+        """The member SIGSTOPped for the block (it answers nothing, its connections stay open),
+        entered once the kernel has it stopped. Signalled by pid, not through Popen, whose
+        send_signal skips a process it believes has exited."""
+        member = self.members[index]
+        assert member.proc is not None and member.alive, f"{member.name} does not run"
+        os.kill(member.proc.pid, signal.SIGSTOP)
+        try:
+            deadline = time.monotonic() + START_TIMEOUT_S
+            while member.state not in ("T", "t"):
+                assert time.monotonic() < deadline, f"{member.name} not stopped: {member.state}"
+                await asyncio.sleep(0.005)
+            yield member
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(member.proc.pid, signal.SIGCONT)
 
     async def restart(self, index: int) -> None:
         await self.start_member(index)
