@@ -210,28 +210,31 @@ class VirtualNode:
 
     def timed(self) -> Any:
         """The coordinator, each culprit step's end noted in `culprit_steps` (shared,
-        gathered with its count, decided)."""
+        gathered with its count, decided). A node other than node rank 0 shares in its
+        await_culprit call: with etcd in the transaction that reads the decision (noted as it
+        answers), with c10d through share_collectives first."""
         steps, c = self.culprit_steps, self.c
 
-        async def share(*args: Any) -> Any:
-            await c.share_collectives(*args)
-            steps["shared"] = time.time()
+        def noted(name: str, fn: Any, count: str | None = None) -> Any:
+            async def call(*args: Any, **kwargs: Any) -> Any:
+                answer = await fn(*args, **kwargs)
+                steps[name] = time.time()
+                if count is not None:
+                    steps[count] = len(answer)
+                return answer
 
-        async def gather(*args: Any) -> Any:
-            found = await c.gather_collectives(*args)
-            steps.update(gathered=time.time(), gathered_count=len(found))
-            return found
+            return call
 
-        async def decide(*args: Any) -> Any:
-            decision = await c.decide_culprit(*args)
-            steps["decided"] = time.time()
-            return decision
-
-        proxy = SimpleNamespace(
-            share_collectives=share, gather_collectives=gather, decide_culprit=decide
+        kv = getattr(c, "_kv", None)
+        if kv is not None:  # etcd
+            kv.read_decided_with = noted("shared", type(kv).read_decided_with.__get__(kv))
+        c.share_collectives = noted("shared", type(c).share_collectives.__get__(c))
+        return SimpleNamespace(
+            share_collectives=c.share_collectives,
+            gather_collectives=noted("gathered", c.gather_collectives, "gathered_count"),
+            decide_culprit=noted("decided", c.decide_culprit),
+            await_culprit=c.await_culprit,
         )
-        proxy.await_culprit = c.await_culprit
-        return proxy
 
     def _view(self) -> tuple[int, list[str], range, int] | None:
         rnd = self.c.round

@@ -10,6 +10,7 @@ handshake (replica_wire.py) wants the job's key and the node's id before a byte 
 
 from __future__ import annotations
 
+import bisect
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -31,7 +32,10 @@ class Ring:
 
     def __init__(self, refused: Refusals) -> None:
         self.number = 0
-        self.members: list[str] = []
+        self._members: Sequence[str] = ()
+        self._member_set: frozenset[str] = frozenset()
+        self._ring: list[str] = []
+        """The members in ring order (sorted), kept while the round's list is the same."""
         self.ranks: range = range(0)
         self.world = 0
         self.addresses: dict[str, str] = {}
@@ -41,16 +45,32 @@ class Ring:
         """The newest summary's time read of each node."""
         self._said: set[tuple[str, str]] = set()
 
+    @property
+    def members(self) -> Sequence[str]:
+        return self._members
+
+    @members.setter
+    def members(self, members: Sequence[str]) -> None:
+        # Every look sets it (every 2 s on every node): sorted again only for a new round's.
+        if members is not self._members:
+            self._members = members
+            self._member_set = frozenset(members)
+            self._ring = sorted(self._member_set)
+
     def successor(self, me: str) -> str | None:
-        ring = sorted(self.members)
-        if me not in ring or len(ring) < 2:
+        ring = self._ring
+        if me not in self._member_set or len(ring) < 2:
             return None
-        return ring[(ring.index(me) + 1) % len(ring)]
+        return ring[(bisect.bisect_left(ring, me) + 1) % len(ring)]
+
+    @property
+    def in_order(self) -> list[str]:
+        return self._ring
 
     def read(self, nodes: Iterable[Any]) -> None:
         """The members' summaries (`GET /v1/cluster`'s nodes): their servers, their steps."""
         for node in nodes:
-            if not isinstance(node, dict) or node.get("node_id") not in self.members:
+            if not isinstance(node, dict) or node.get("node_id") not in self._member_set:
                 continue
             node_id: str = node["node_id"]
             stamp = node.get("time")
@@ -80,7 +100,7 @@ def floor_record(ring: Ring, wall: float) -> dict[str, Any]:
     node rank 0's, for every node to take its own `keep_from` out of (floor_for)."""
     second_newest: list[tuple[int, str]] = []
     short: list[str] = []
-    for node in sorted(ring.members):
+    for node in ring.in_order:
         steps = sorted(ring.replicated.get(node, ()))
         if len(steps) < 2:
             short.append(node)

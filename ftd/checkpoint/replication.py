@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ftd.checkpoint.replica_client import push
@@ -63,7 +63,7 @@ class Replication:
         key: bytes,
         node_id: str,
         events: EventLog,
-        round_view: Callable[[], tuple[int, list[str], range, int] | None],
+        round_view: Callable[[], tuple[int, Sequence[str], range, int] | None],
         share: JobShare,
         publish: Callable[[], None],
         holder: CheckpointHolder,
@@ -332,7 +332,7 @@ def replication_for(
         )
         return None
 
-    def round_view() -> tuple[int, list[str], range, int] | None:
+    def round_view() -> tuple[int, Sequence[str], range, int] | None:
         rnd = coordinator.round
         if rnd is None:
             return None

@@ -19,6 +19,7 @@ import asyncio
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Literal, Protocol
 
 from ftd.coordination.records import (
@@ -87,9 +88,10 @@ class Round:
     group_rank: int
     excluded: Mapping[str, str]
 
-    @property
-    def node_ids(self) -> list[str]:
-        return [row[0] for row in self.members]
+    @cached_property
+    def node_ids(self) -> tuple[str, ...]:
+        """Computed once a round: read on every ring look of every node (O(N) each)."""
+        return tuple(row[0] for row in self.members)
 
     @property
     def store_host(self) -> tuple[str, int]:
@@ -103,6 +105,10 @@ class Round:
         return RoundMember._make(self.members[self.group_rank]).nproc
 
     def placement(self) -> Placement:
+        return self._placement
+
+    @cached_property
+    def _placement(self) -> Placement:
         host, port = self.store_host
         nprocs = [row[2] for row in self.members]  # RoundMember.nproc
         return Placement(
@@ -262,9 +268,12 @@ class Coordinator(Protocol):
         """Make `culprit` `rnd`'s unless one was decided first: the one in force."""
         ...
 
-    async def await_culprit(self, rnd: Round, within_s: float) -> JobCulprit | None:
+    async def await_culprit(
+        self, rnd: Round, within_s: float, mine: Collectives | None = None
+    ) -> JobCulprit | None:
         """`rnd`'s decided culprit once there is one (a blocking wait or a watch), or None
-        after `within_s`."""
+        after `within_s`; `mine`: this node's collectives, shared first (etcd: in the call
+        that reads the decision)."""
         ...
 
     def inprocess_store(self) -> Awaitable[tuple[str, int]]:

@@ -128,7 +128,11 @@ class LocalCoordinator:
             self._culprits = {rnd.number: culprit}
         return self._culprits[rnd.number]
 
-    async def await_culprit(self, rnd: Round, within_s: float) -> JobCulprit | None:
+    async def await_culprit(
+        self, rnd: Round, within_s: float, mine: Collectives | None = None
+    ) -> JobCulprit | None:
+        if mine is not None:
+            await self.share_collectives(rnd, mine)
         return self._culprits.get(rnd.number)  # decided before: this node is node rank 0
 
     async def inprocess_store(self) -> tuple[str, int]:

@@ -238,8 +238,8 @@ class StatusBoard:
         self.persist.write_json(self.run_dir / "status.json", self.snapshot())
 
     def write_cluster(
-        self, number: int | None, members: list[str], excluded: dict[str, str]
+        self, number: int | None, members: Sequence[str], excluded: dict[str, str]
     ) -> None:
         """`<run dir>/cluster.json`: the last round and the excluded nodes as this node saw them."""
-        state = {"round": number, "members": members, "excluded": excluded}
+        state = {"round": number, "members": list(members), "excluded": excluded}
         self.persist.write_json(self.run_dir / "cluster.json", state)

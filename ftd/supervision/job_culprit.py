@@ -54,25 +54,24 @@ class JobCulpritShare:
     async def _decided(self, rnd: Round) -> JobCulprit | None:
         coordinator, me = self._tools.coordinator, self._tools.config.node_id
         mine = self._tools.health.collectives()
-        await coordinator.share_collectives(
-            rnd,
-            Collectives(
-                round=rnd.number,
-                node_id=me,
-                group_rank=rnd.group_rank,
-                lowest=mine.lowest if mine else None,
-                rank=mine.rank if mine else None,
-                since=mine.since if mine else None,
-                waiting=mine.waiting if mine else 0,
-                ranks=mine.ranks if mine else 0,
-                judged=mine.judged if mine else False,
-            ),
+        shared = Collectives(
+            round=rnd.number,
+            node_id=me,
+            group_rank=rnd.group_rank,
+            lowest=mine.lowest if mine else None,
+            rank=mine.rank if mine else None,
+            since=mine.since if mine else None,
+            waiting=mine.waiting if mine else 0,
+            ranks=mine.ranks if mine else 0,
+            judged=mine.judged if mine else False,
         )
-        if rnd.group_rank == 0:
-            found = await coordinator.gather_collectives(rnd)
-            decision = decide(rnd.number, found, time.time())
-            if decision is not None:
-                return await coordinator.decide_culprit(rnd, decision)
+        if rnd.group_rank != 0:
+            return await coordinator.await_culprit(rnd, DECISION_WAIT_S, shared)
+        await coordinator.share_collectives(rnd, shared)
+        found = await coordinator.gather_collectives(rnd)
+        decision = decide(rnd.number, found, time.time())
+        if decision is not None:
+            return await coordinator.decide_culprit(rnd, decision)
         return await coordinator.await_culprit(rnd, DECISION_WAIT_S)
 
     def _tell(self, rnd: Round, culprit: JobCulprit) -> None:

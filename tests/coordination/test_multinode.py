@@ -257,7 +257,7 @@ async def test_last_joiner_waits_for_a_counted_join_record_not_written_yet() -> 
         await coordinator.close()
         first.close()
         del server
-    assert (rnd.number, rnd.node_ids, rnd.group_rank) == (0, ["first", "second"], 1)
+    assert (rnd.number, rnd.node_ids, rnd.group_rank) == (0, ("first", "second"), 1)
 
 
 async def test_a_node_whose_join_meets_the_close_is_late_and_scales_the_round_up() -> None:
@@ -293,7 +293,7 @@ async def test_a_node_whose_join_meets_the_close_is_late_and_scales_the_round_up
         for coordinator in (a, b):
             await coordinator.start(lambda node, reason: None)
         first = await asyncio.wait_for(a.join(ma), 30)
-        assert first.node_ids == ["a"]
+        assert first.node_ids == ("a",)
         enter = b._rounds.enter
         raced = iter([(0, 2)])  # b's join counted in round 0 after a closed it
         b._rounds.enter = lambda s, me: next(raced, None) or enter(s, me)  # type: ignore[method-assign]
@@ -305,7 +305,7 @@ async def test_a_node_whose_join_meets_the_close_is_late_and_scales_the_round_up
         for coordinator in (a, b):
             await coordinator.close()
         del server
-    assert [(r.number, r.node_ids) for r in rounds] == [(1, ["a", "b"])] * 2
+    assert [(r.number, r.node_ids) for r in rounds] == [(1, ("a", "b"))] * 2
 
 
 async def test_a_store_wait_that_never_wakes_costs_seconds_not_the_job(
@@ -344,7 +344,7 @@ async def test_a_store_wait_that_never_wakes_costs_seconds_not_the_job(
         never.set()
         await coordinator.close()
         del server
-    assert (rnd.number, rnd.node_ids) == (0, ["a"])
+    assert (rnd.number, rnd.node_ids) == (0, ("a",))
     said = "round 0: its closing record was in the store"
     assert said in caplog.text and "store wait had not returned it" in caplog.text
 

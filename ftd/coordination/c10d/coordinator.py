@@ -329,7 +329,11 @@ class StoreCoordinator:
         slot = key(rnd.number, "culprit")
         return await self._connections.call(lambda s: s.decide(slot, culprit, JobCulprit))
 
-    async def await_culprit(self, rnd: Round, within_s: float) -> JobCulprit | None:
+    async def await_culprit(
+        self, rnd: Round, within_s: float, mine: Collectives | None = None
+    ) -> JobCulprit | None:
+        if mine is not None:
+            await self.share_collectives(rnd, mine)
         slot = key(rnd.number, "culprit")
 
         def decided(s: RecordStore) -> JobCulprit | None:

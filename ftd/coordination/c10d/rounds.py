@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
@@ -265,7 +266,7 @@ class StoreRounds:
             s.wait(keys, JOIN_RECORD_GRACE_S)
         return len(s.read_many(keys, MarkRecord))
 
-    def marks(self, s: RecordStore, number: int, members: list[str], kind: str) -> set[str]:
+    def marks(self, s: RecordStore, number: int, members: Sequence[str], kind: str) -> set[str]:
         keys = {key(number, f"{kind}/{node}"): node for node in members}
         found = s.read_many(list(keys), MarkRecord)
         return {keys[k] for k, mark in found.items() if mark.node_id == keys[k]}

@@ -314,7 +314,7 @@ class EtcdCoordinator:
     # -- the job's culprit of a hang (job_culprit.py) ----------------------------------------
 
     async def share_collectives(self, rnd: Round, mine: Collectives) -> None:
-        slot = key(rnd.number, f"collectives/{self.node_id}")
+        slot = self._collectives_key(rnd)
         await self._call("share this node's collectives", lambda: self._kv.put(slot, mine))
 
     async def gather_collectives(self, rnd: Round) -> list[Collectives]:
@@ -327,12 +327,20 @@ class EtcdCoordinator:
         decide = partial(self._kv.decide, slot, culprit, JobCulprit)
         return await self._call("decide the job's culprit", decide)
 
-    async def await_culprit(self, rnd: Round, within_s: float) -> JobCulprit | None:
-        decided = self._kv.await_decided(key(rnd.number, "culprit"), JobCulprit)
+    async def await_culprit(
+        self, rnd: Round, within_s: float, mine: Collectives | None = None
+    ) -> JobCulprit | None:
+        # Shared in the read's transaction: one call per node, not a put and a read (1,024
+        # nodes do this at once, on a loaded store).
+        shared = () if mine is None else (self._kv.put_op(self._collectives_key(rnd), mine),)
+        decided = self._kv.await_decided(key(rnd.number, "culprit"), JobCulprit, changes=shared)
         try:
             return (await within(decided, within_s))[0]
         except TimeoutError:
             return None
+
+    def _collectives_key(self, rnd: Round) -> str:
+        return key(rnd.number, f"collectives/{self.node_id}")
 
     # -- in-process restart ------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Sequence
 
 from ftd.coordination.etcd.client import EventType, Get
 from ftd.coordination.etcd.kv import RecordKv
@@ -15,7 +16,7 @@ from ftd.coordination.records import R
 
 
 async def gather_members(
-    kv: RecordKv, prefix: str, model: type[R], members: list[str]
+    kv: RecordKv, prefix: str, model: type[R], members: Sequence[str]
 ) -> dict[str, R]:
     """The valid record of each member under `prefix` + node id (a record is its node's only
     at its node's key), those there before the gathering's wait ran out; etcd away is what was

@@ -252,22 +252,47 @@ class RecordKv:
             return record, kv.mod_revision
         return None, revision
 
+    async def read_decided_with(
+        self, changes: Sequence[TxnOp], key: str, model: type[R], max_bytes: int = MAX_RECORD_BYTES
+    ) -> tuple[R | None, int]:
+        """`changes` made and the record at `key` read in one transaction: read_decided's
+        answer, one call instead of two."""
+        done = await self.txn([], [*changes, Get(key)])
+        found = done.responses[-1]
+        if not isinstance(found, RangeResult):
+            raise EtcdBadAnswer(f"a transaction's read of {key!r} answered {found!r}")
+        record, kv = self.first(found, model, max_bytes)
+        if record is not None and kv is not None:
+            return record, kv.mod_revision
+        return None, done.revision
+
     async def await_decided(
-        self, key: str, model: type[R], max_bytes: int = MAX_RECORD_BYTES
+        self,
+        key: str,
+        model: type[R],
+        max_bytes: int = MAX_RECORD_BYTES,
+        *,
+        changes: Sequence[TxnOp] = (),
     ) -> tuple[R, int]:
         """The valid record at `key` once there is one, and its mod_revision. The watch starts
         first, from now, then the key is read: nothing written after the read is missed, and
         etcd serves a watch on the present at once (one that starts in the past waits for its
-        catch-up loop, up to 100 ms). Waits out an absent etcd for as long as it takes."""
+        catch-up loop, up to 100 ms). `changes` (puts) are made in the read's transaction, after
+        the watch started: what the writer waits on the others to answer is written once the
+        answer cannot be missed, in one call. Waits out an absent etcd for as long as it takes."""
+
+        def read() -> Awaitable[tuple[R | None, int]]:
+            if changes:
+                return self.read_decided_with(changes, key, model, max_bytes)
+            return self.read_decided(key, model, max_bytes)
+
         while True:
             if self.closing:
                 raise CoordinationError("the daemon is stopping", "stopped")
             try:
                 async with self.etcd.watch(key) as events:
                     self.ops += 1
-                    record, revision = await self.call(
-                        f"read {key}", lambda: self.read_decided(key, model, max_bytes), None
-                    )
+                    record, revision = await self.call(f"read {key}", read, None)
                     if record is not None:
                         return record, revision
                     async for event in events:

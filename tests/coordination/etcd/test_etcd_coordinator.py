@@ -407,7 +407,7 @@ async def test_tls_and_an_etcd_user(etcd: ClusterFactory, tmp_path: Path) -> Non
     try:
         await a.start(lambda node, reason: None)
         rnd = await a.join(Member(node_id="a", addr="127.0.0.1", nproc=1, store_port=1))
-        assert rnd.node_ids == ["a"]
+        assert rnd.node_ids == ("a",)
     finally:
         await a.close()
     password.write_text("wrong\n")

@@ -108,7 +108,7 @@ async def test_a_join_under_a_lease_etcd_ended_is_made_under_the_lease_that_repl
             rnd = await a.join(Member(node_id="a", addr="127.0.0.1", nproc=1, store_port=1))
             joined = await admin.get(f"/ftd/scope/r{rnd.number}/join/a")
             alive = await admin.get("/ftd/scope/alive/a")
-        assert rnd.node_ids == ["a"] and not a.lost.is_set()
+        assert rnd.node_ids == ("a",) and not a.lost.is_set()
         assert joined is not None and alive is not None
         assert joined.lease == alive.lease == liveness.lease_id != ended
     finally:
