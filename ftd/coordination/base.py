@@ -292,7 +292,7 @@ def cluster_answer(
     """`GET /v1/cluster`'s answer, the same from every backend."""
     answer: dict[str, Any] = {
         "nodes": nodes,
-        "round": {"round": rnd.number if rnd else 0, "members": rnd.node_ids if rnd else []},
+        "round": {"round": rnd.number if rnd else 0, "members": list(rnd.node_ids) if rnd else []},
         "excluded": [{"node_id": n, "reason": r} for n, r in sorted(excluded.items())],
         "stragglers": [
             {"node_id": node.get("node_id"), **straggler}

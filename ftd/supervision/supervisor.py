@@ -209,7 +209,7 @@ class Supervisor:
         self.tools.events.emit(
             EventKind.ROUND_CLOSED,
             round=rnd.number,
-            members=rnd.node_ids,
+            members=list(rnd.node_ids),  # an event holds JSON's types
             group_rank=rnd.group_rank,
         )
         if self.config.multi_node:
