@@ -6,11 +6,15 @@ in big reads (after a read it waits up to `BATCH_S` before the next one, less if
 would fill half its pipe sooner: a chatty rank costs tens of wake-ups a second, not one per
 line), cuts the data at its last newline and hands whole lines to a `LineWriter`. A writer
 thread does the disk's work (ftd/ranks/output_writer.py), so a slow or stuck disk never holds the
-loop. What a writer cannot take (more than `PENDING_LIMIT` bytes waiting for one
-destination) or cannot write (ENOSPC, EIO, EFBIG) is dropped and counted: the loop never
-stops reading, so a rank's write never fails, and waits only while the daemon itself does not
-run (stopped, starved) for longer than the rank's pipe takes to fill (`PIPE_SIZE`: 1 MiB,
-about 0.1 s at 10 MB/s; 64 KiB where the pipe cannot be raised).
+loop. A writer that falls behind (`HOLD_AT` bytes waiting: a burst while its thread waits for a
+core, a disk slower than the rank) holds the reading of that stream, so the rank's writes wait
+on its full pipe as they would on the disk under torchrun: a slow writer loses nothing. A hold
+lasts `STALL_S` at most; a writer still behind then is taken for stuck, and the loop reads on
+without holding until it caught up. What a writer cannot take then (more than `PENDING_LIMIT`
+bytes waiting for one destination) or cannot write (ENOSPC, EIO, EFBIG) is dropped and
+counted: a rank's write never fails, and waits at most `STALL_S` once per stuck writer, or
+while the daemon itself does not run (stopped, starved) for longer than the rank's pipe takes
+to fill (`PIPE_SIZE`: 1 MiB, about 0.1 s at 10 MB/s; 64 KiB where the pipe cannot be raised).
 
 A destination that drops starts an episode: one warning and one `output_dropped` event; it
 ends, with one line giving what was lost, at the first write that succeeds `QUIET_S` after the
@@ -26,7 +30,7 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from ftd.ranks.output_writer import Destination, LineWriter
+from ftd.ranks.output_writer import PENDING_LIMIT, Destination, LineWriter
 from ftd.ranks.spawn.base import RankStream
 from ftd.tasks import within
 
@@ -39,6 +43,11 @@ BATCH_S = 0.05
 """After a read, the next one waits this long at most (see `_readable`)."""
 BATCH_MIN_S = 0.002
 CLOSE_TIMEOUT_S = 5.0
+HOLD_AT = PENDING_LIMIT - READ_SIZE - MAX_LINE
+"""Bytes waiting for a destination from which its stream's reading is held: the next read
+(READ_SIZE, and a carried line piece) still fits under PENDING_LIMIT."""
+STALL_S = 1.0
+"""The longest a hold lasts: a writer still behind then is stuck (see the module's text)."""
 
 DropReport = Callable[[dict[str, object]], object]
 
@@ -86,6 +95,14 @@ class _Reader:
     paused: bool = False
     closed: bool = False
     read_at: float = 0.0
+    held_since: float | None = None
+    may_hold: bool = True
+    """False once a hold ran out (its writer stuck): read on until the writers caught up."""
+
+    def behind(self) -> bool:
+        """A destination of this stream has HOLD_AT bytes waiting (read without the writer's
+        lock: an int, at worst a moment old)."""
+        return any(d is not None and d.pending >= HOLD_AT for d in (self.file, self.console))
 
 
 class OutputDrain:
@@ -123,6 +140,12 @@ class OutputDrain:
         elapsed, reader.read_at = now - reader.read_at, now
         if not got or reader.closed:
             return
+        if reader.behind():
+            if reader.may_hold:
+                self._hold(reader, now)
+                return
+        else:
+            reader.may_hold = True
         # Wait before the next read, but never longer than the rank, at the rate it just
         # wrote, takes to fill half its pipe: batches, and a rank that never waits on us.
         pause = min(BATCH_S, reader.stream.pipe_size / 2 * elapsed / got)
@@ -131,8 +154,28 @@ class OutputDrain:
             reader.paused = True
             self._loop.call_later(pause, self._resume, reader)
 
+    def _hold(self, reader: _Reader, now: float) -> None:
+        """Stop reading `reader` until its writers caught up, STALL_S at most (checked every
+        BATCH_S: only while a writer is behind)."""
+        if not reader.paused:
+            self._loop.remove_reader(reader.stream.read_fd)
+            reader.paused = True
+        reader.held_since = now
+        self._loop.call_later(BATCH_S, self._check_hold, reader)
+
+    def _check_hold(self, reader: _Reader) -> None:
+        if reader.closed or reader.held_since is None:
+            return
+        if reader.behind():
+            if self._loop.time() - reader.held_since < STALL_S:
+                self._loop.call_later(BATCH_S, self._check_hold, reader)
+                return
+            reader.may_hold = False  # stuck: what it cannot take is dropped and counted
+        reader.held_since = None
+        self._resume(reader)
+
     def _resume(self, reader: _Reader) -> None:
-        if reader.paused and not reader.closed:
+        if reader.paused and not reader.closed and reader.held_since is None:
             reader.paused = False
             self._loop.add_reader(reader.stream.read_fd, self._readable, reader)
 
@@ -183,8 +226,16 @@ class OutputDrain:
         if self._closed:
             return
         self._closed = True
+        # What the pipes still hold is the ranks' last words: a writer behind is waited for
+        # as a hold would (STALL_S at most), not dropped.
+        until = self._loop.time() + STALL_S
+        while any(r.may_hold and r.behind() for r in self._readers if not r.closed):
+            if self._loop.time() >= until:
+                break
+            await asyncio.sleep(BATCH_S)
         for reader in self._readers:
             if not reader.closed:
+                reader.held_since = None
                 self._read(reader)
                 self._end_of_stream(reader)
         self._files.close()

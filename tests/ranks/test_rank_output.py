@@ -251,13 +251,7 @@ async def test_the_console_is_bounded(tmp_path: Path) -> None:
     full): what waits for the console stays under PENDING_LIMIT, the rest is dropped and
     counted, the file gets everything; what reaches the console is whole lines after the
     prefix."""
-    console_r, console_w = os.pipe2(os.O_CLOEXEC)
-    grow_pipe(console_w, 4096)
-    file_fd = os.open(tmp_path / "stdout.log", os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    drain = OutputDrain(0)
-    drain.console_fds = {"stdout": console_w, "stderr": console_w}
-    stream, write_fd = _stream(tmp_path, file_fd, tee=True)
-    drain.attach([stream])
+    drain, write_fd, console_r, console_w = _teed(tmp_path)
     data = (b"z" * 99 + b"\n") * (40 << 10)  # 4 MiB
     await asyncio.to_thread(_write_all, write_fd, data, 256 << 10)
     deadline = time.monotonic() + 60
@@ -279,6 +273,48 @@ async def test_the_console_is_bounded(tmp_path: Path) -> None:
     lines = bytes(received).split(b"\n")
     assert lines.pop() == b""
     assert set(lines) == {b"[x0]:" + b"z" * 99}
+
+
+async def test_a_slow_writer_holds_the_rank_and_loses_nothing(tmp_path: Path) -> None:
+    """-t, and a console read slowly (64 KiB every 2 ms, a pipe of one page) while a rank
+    writes 8 MiB as fast as it can: the console falls behind by far more than PENDING_LIMIT,
+    and the drain holds the rank's pipe instead of dropping (a hold ends as the console
+    catches up, well within STALL_S): the console and the file get every byte, nothing is
+    counted dropped."""
+    drain, write_fd, console_r, console_w = _teed(tmp_path)
+    data = (b"s" * 127 + b"\n") * (64 << 10)  # 8 MiB
+    received = bytearray()
+
+    def read_slowly() -> None:
+        try:
+            while chunk := os.read(console_r, 1 << 16):
+                received.extend(chunk)
+                time.sleep(0.002)
+        finally:
+            os.close(console_r)
+
+    console = threading.Thread(target=read_slowly)
+    console.start()
+    await asyncio.to_thread(_write_all, write_fd, data, 1 << 20)
+    await drain.close()
+    os.close(console_w)
+    await asyncio.to_thread(console.join, 60)
+    assert drain.dropped("console") == (0, 0) and drain.dropped() == (0, 0)
+    assert (tmp_path / "stdout.log").read_bytes() == data
+    assert bytes(received) == prefixed(b"[x0]:", data)
+
+
+def _teed(tmp_path: Path) -> tuple[OutputDrain, int, int, int]:
+    """A drain of one -t stream to `stdout.log` and a console pipe of one page: the drain,
+    the rank's end of its pipe, the console's read and write ends."""
+    console_r, console_w = os.pipe2(os.O_CLOEXEC)
+    grow_pipe(console_w, 4096)
+    file_fd = os.open(tmp_path / "stdout.log", os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    drain = OutputDrain(0)
+    drain.console_fds = {"stdout": console_w, "stderr": console_w}
+    stream, write_fd = _stream(tmp_path, file_fd, tee=True)
+    drain.attach([stream])
+    return drain, write_fd, console_r, console_w
 
 
 def _read_all(fd: int, into: bytearray) -> None:
