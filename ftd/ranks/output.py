@@ -235,7 +235,6 @@ class OutputDrain:
             await asyncio.sleep(BATCH_S)
         for reader in self._readers:
             if not reader.closed:
-                reader.held_since = None
                 self._read(reader)
                 self._end_of_stream(reader)
         self._files.close()
