@@ -39,10 +39,10 @@ samples}, node_lost_s {p50, max, detected_s: the kill to node rank 0's first on_
 victims, survivors, told, node_lost_calls}, steady_store_ops_per_s_per_node (counted at the
 store; `store_requests_by_kind` splits them), client_ops_per_s_per_node, store_host_cpu
 (cores) and store_host_rss_mb, cluster_view_bytes, cluster_view_s and cluster_view_max_s (the
-median and the max of 5 pages one after the other, node 0's), harness_cores (the worker
-processes' CPU over the window), machine_cores_busy (every process of the machine, other users'
-too), looks_late_max_s, false_node_lost, threads, forming (the cores used while round 0 formed)
-and forming_ops_per_node, culprit, saturated and saturated_why.
+median and the max of 5 pages of node 0's, one every 2 s as the dashboard reads them),
+harness_cores (the worker processes' CPU over the window), machine_cores_busy (every process of
+the machine, other users' too), looks_late_max_s, false_node_lost, threads, forming (the cores
+used while round 0 formed) and forming_ops_per_node, culprit, saturated and saturated_why.
 
 `saturated` is true when this machine, not ftd, bounds the figures: over the steady window the
 harness's processes used at least 85 % of the machine's cores, or the whole machine was 95 %

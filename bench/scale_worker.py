@@ -24,7 +24,7 @@ Times in answers are wall clock (time.time(): one clock for every process of the
     quiet    {}: stop every node's looks (the summaries, the job's times, the ring): the
               liveness and the rounds' waits go on
     view     {}: node 0's bounded cluster page (GET /v1/cluster), its size, the median and
-             the max time of VIEW_SAMPLES
+             the max time of VIEW_SAMPLES, one every VIEW_EVERY_S
     request  {node, hang}: that node requests its round's restart (`hang`: as a hang verdict
               does); when it asked. Where it is a hang, every node takes its part in naming the
               job's culprit as its round ends (supervision/job_culprit.py's, the daemon's code)
@@ -70,8 +70,11 @@ PUBLISH_S = 5.0
 TIMES_S = 5.0
 RING_S = 2.0
 CLOSE_S = 30.0
-VIEW_SAMPLES = 5
 """How long `stop` waits for the coordinators to close."""
+VIEW_SAMPLES = 5
+VIEW_EVERY_S = 2.0
+"""The dashboard's period (CLUSTER_EVERY_MS): what nodes published in between is decoded anew
+(a node's first read decodes every summary: the max)."""
 HUNG_LOCAL_RANK = 3
 """The culprit scenario's hung rank, on its node: it entered one collective fewer than every
 other rank of the job, which wait on it."""
@@ -409,9 +412,12 @@ class Worker:
         }
 
     async def do_view(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """VIEW_SAMPLES pages one after the other (one alone is one draw of a loaded loop)."""
+        """VIEW_SAMPLES pages, as the dashboard reads them (one alone is one draw of a loaded
+        loop)."""
         took, size = [], 0
-        for _ in range(VIEW_SAMPLES):
+        for sample in range(VIEW_SAMPLES):
+            if sample:
+                await asyncio.sleep(VIEW_EVERY_S)
             started = time.monotonic()
             page = bounded(await self.nodes[0].c.cluster(), 0, DEFAULT_LIMIT)
             size = len(json.dumps(page))

@@ -35,7 +35,7 @@ from typing import Any
 from ftd.config.serve import ServeConfig
 from ftd.coordination.base import CoordinationError, Round, order_members
 from ftd.coordination.etcd.client import Get, KeyValue, RangeResult
-from ftd.coordination.etcd.kv import RecordKv
+from ftd.coordination.etcd.kv import RecordKv, RecordMemo
 from ftd.coordination.records import (
     MAX_ROUND_RECORD_BYTES,
     ExcludedRecord,
@@ -101,6 +101,8 @@ class EtcdRounds:
         """The newest exclusion this daemon has seen: a replay never rolls it back."""
         self.standing_by: Late | None = None
         """The newest round this daemon found full and waited for as a standby."""
+        self.summaries = RecordMemo(kv, NodeSummary, NodeSummary.model_dump)
+        """The cluster view's summaries as last read (most are unchanged at the next read)."""
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -112,9 +114,9 @@ class EtcdRounds:
             Get("status/", prefix=True), Get("excluded"), Get(spares, True, MAX_STANDBYS_READ)
         )
         summaries = {
-            k.removeprefix("status/"): s.model_dump()
-            for k, s in self.kv.valid(found, NodeSummary).items()
-            if k == f"status/{s.node_id}"
+            k.removeprefix("status/"): s
+            for k, s in self.summaries.valid(found).items()
+            if k == f"status/{s['node_id']}"
         }
         standbys = {
             r.node_id
@@ -209,15 +211,17 @@ class EtcdRounds:
             log.info("joined round %d as joiner %d", number, joiner)
             return number, joiner
 
-    async def joined_some(self, number: int) -> tuple[int, list[str]]:
-        """How many join records round `number` has so far, and the nodes of the first
-        JOINED_NAMES_MAX of them (by key) that are valid."""
-        _, (joins,) = await self.kv.reads(
-            Get(key(number, "join/"), prefix=True, limit=JOINED_NAMES_MAX)
-        )
+    async def joined_some(self, number: int, names: bool = True) -> tuple[int, list[str]]:
+        """How many join records round `number` has so far, and (`names`) the nodes of the
+        first JOINED_NAMES_MAX of them (by key) that are valid (else one is read, for the
+        count)."""
+        limit = JOINED_NAMES_MAX if names else 1
+        _, (joins,) = await self.kv.reads(Get(key(number, "join/"), prefix=True, limit=limit))
+        if not names:
+            return max(joins.count, len(joins.kvs)), []
         valid = self.kv.valid(joins, Member)
-        names = {m.node_id for k, m in valid.items() if k == key(number, f"join/{m.node_id}")}
-        return max(joins.count, len(joins.kvs)), sorted(names)
+        named = {m.node_id for k, m in valid.items() if k == key(number, f"join/{m.node_id}")}
+        return max(joins.count, len(joins.kvs)), sorted(named)
 
     async def returning(self, number: int) -> list[str]:
         """The members of round `number - 1` that round `number` still gives a last call

@@ -365,16 +365,19 @@ async def test_a_lease_etcd_ended_is_replaced_and_the_others_see_the_node_leave(
         await b.close()
 
 
+def running(node_id: str) -> dict[str, Any]:
+    """A node's summary: running, one rank."""
+    return {"node_id": node_id, "state": "running", "attempt": 0, "restart_count": 0,
+            "group_rank": 0, "nproc_per_node": 1, "time": time.time()}  # fmt: skip
+
+
 async def test_the_cluster_view_says_why_etcd_is_unknown(etcd: ClusterFactory) -> None:
     members = await etcd(1)
     reports: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
     a = coordinator(members.rdzv_endpoint, "a", reports, conf={"read_timeout": "0.5"})
     try:
         await a.start(lambda node, reason: None)
-        await a.publish_status(
-            {"node_id": "a", "state": "running", "attempt": 0, "restart_count": 0,
-             "group_rank": 0, "nproc_per_node": 1, "time": time.time()}
-        )  # fmt: skip
+        await a.publish_status(running("a"))
         view = await a.cluster()
         assert view["nodes"][0]["state"] == "running" and "unavailable" not in view
         await members.kill(0)
@@ -383,6 +386,45 @@ async def test_the_cluster_view_says_why_etcd_is_unknown(etcd: ClusterFactory) -
         assert "etcd did not answer" in view["unavailable"], view
         seen = {reports.get_nowait()[0] for _ in range(reports.qsize())}
         assert "coordination_unavailable" in seen, seen
+    finally:
+        await a.close()
+
+
+async def test_the_cluster_view_decodes_a_summary_once_and_never_keeps_one_replaced(
+    etcd: ClusterFactory,
+) -> None:
+    """The view keeps what each summary's bytes decoded to: the same bytes again are not
+    decoded again; different bytes under the key always are (a forgery is refused at every
+    read, a record copied under another node's key too), and the first bytes, back, are
+    shown again."""
+    members = await etcd(1)
+    reports: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+    a = coordinator(members.rdzv_endpoint, "a", reports)
+    decoded: list[str] = []
+    decode = a._kv.decode
+    a._kv.decode = lambda kv, *args: decoded.append(kv.key.decode()) or decode(kv, *args)  # type: ignore[method-assign]
+    try:
+        await a.start(lambda node, reason: None)
+        await a.publish_status(running("a"))
+        shown = [n["state"] for n in (await a.cluster())["nodes"]]
+        assert shown == ["running"] and decoded.count("status/a") == 1
+        await a.cluster()
+        assert decoded.count("status/a") == 1, "the same bytes were decoded again"
+        async with EtcdClient(members.endpoints) as admin:
+            good = await admin.get("/ftd/unit/status/a")
+            assert good is not None
+            for forged in (good.value[:-1] + b"x", good.value):
+                await admin.put("/ftd/unit/status/a", b"garbage")
+                for _ in range(2):
+                    view = await a.cluster()
+                    assert [n["state"] for n in view["nodes"]] == ["unknown"], view
+                await admin.put("/ftd/unit/status/a", forged)
+                await admin.put("/ftd/unit/status/b", good.value)  # a's record as b's
+                view = await a.cluster()
+                assert all(n["node_id"] != "b" for n in view["nodes"]), view
+            assert [n["state"] for n in view["nodes"]] == ["running"], view
+        assert decoded.count("status/a") == 7
+        assert sum(a.codec.refused.values()) >= 7, a.codec.refused
     finally:
         await a.close()
 
