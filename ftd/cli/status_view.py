@@ -255,7 +255,7 @@ def waiting_text(status: dict[str, Any]) -> str:
     missing = [value(n) for n in listed(wait.get("missing"))[:64]]
     count = wait.get("joined_count")
     how_many = count if type(count) is int and count >= len(joined) else len(joined)
-    named = ", ".join(joined) + (", ..." if how_many > len(joined) else "")
+    named = ", ".join([*joined, *(["..."] if how_many > len(joined) else [])])
     wanted = value(wait.get("nnodes_min"))
     if wait.get("nnodes_max") != wait.get("nnodes_min"):
         wanted += f" to {value(wait.get('nnodes_max'))}"

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Coroutine
+from functools import partial
 from typing import Any, Protocol, TypeVar
 
 from ftd.config.serve import ServeConfig
@@ -69,9 +70,9 @@ class RoundSteps(Protocol):
     async def returning(self, number: int, deadline: float) -> list[str]:
         """The members of the round before `number` that have joined `number`."""
 
-    async def joined(self, number: int) -> tuple[int, list[str]]:
-        """How many joined round `number` so far, and the names of at most JOINED_NAMES_MAX of
-        them (shared_rounds.py)."""
+    async def joined(self, number: int, names: bool) -> tuple[int, list[str]]:
+        """How many joined round `number` so far, and (`names`) the names of at most
+        JOINED_NAMES_MAX of them (shared_rounds.py)."""
 
     async def ask(self, number: int, request: RequestRecord, deadline: float) -> None:
         """Decide round `number`'s request (the first decided wins)."""
@@ -155,7 +156,9 @@ async def _await_close(
 
     closer = steps.spawn(close_when_due(), f"round-{number}-closer")
     progress = steps.spawn(
-        report_progress(config, number, last, lambda: steps.joined(number), deadline, waits),
+        report_progress(
+            config, number, last, partial(steps.joined, number), deadline, waits, known=joiner
+        ),
         f"round-{number}-progress",
     )
     try:

@@ -17,9 +17,10 @@ log = logging.getLogger("ftd.rendezvous")
 
 JOINED_NAMES_MAX = 64
 """A waiting node reads who joined its round every few seconds (progress.py): how many (one
-counter, or the count of one range), and the names of at most this many. Every name on every
-node would be N records read by each of N nodes per look: at 1,024 nodes ~30 ms of CPU each time
-on each node, 1,000,000 records read from the store (bench/SCALE.md)."""
+counter, or the count of one range), and their names while at most this many joined. Every name
+on every node would be N records read by each of N nodes per look: at 1,024 nodes ~30 ms of CPU
+each time on each node, 1,000,000 records read from the store (bench/SCALE.md); this many on
+every node is 64 N records at once as a restart's round closes."""
 
 
 def key(number: int, name: str) -> str:

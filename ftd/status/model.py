@@ -170,8 +170,8 @@ class Waiting:
     gives_up_at: float
     """When the join timeout ends the wait (time.time())."""
     joined_count: int | None = None
-    """How many joined (`joined` names at most 64 of them: shared_rounds.JOINED_NAMES_MAX);
-    None: as many as it names."""
+    """How many joined (`joined` names them while at most 64 did, none past that:
+    shared_rounds.JOINED_NAMES_MAX); None: as many as it names."""
 
     def to_dict(self) -> dict[str, object]:
         return {

@@ -44,8 +44,8 @@ class StoreRoundSteps:
     async def returning(self, number: int, deadline: float) -> list[str]:
         return await self._connections.call(self.book.returning, number)
 
-    async def joined(self, number: int) -> tuple[int, list[str]]:
-        return await self._connections.call(self.book.joined_some, number)
+    async def joined(self, number: int, names: bool) -> tuple[int, list[str]]:
+        return await self._connections.call(self.book.joined_some, number, names)
 
     async def ask(self, number: int, request: RequestRecord, deadline: float) -> None:
         decided = key(number, "request")

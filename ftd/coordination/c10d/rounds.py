@@ -225,13 +225,14 @@ class StoreRounds:
         """Blocking: the nodes with a valid join record in round `number` so far."""
         return sorted({m.node_id for m in self.join_records(s, number)[1].values()})
 
-    def joined_some(self, s: RecordStore, number: int) -> tuple[int, list[str]]:
-        """Blocking: how many joined round `number` so far, and the nodes of its first
-        JOINED_NAMES_MAX join records that are valid."""
+    def joined_some(self, s: RecordStore, number: int, names: bool = True) -> tuple[int, list[str]]:
+        """Blocking: how many joined round `number` so far, and (`names`) the nodes of its
+        first JOINED_NAMES_MAX join records that are valid."""
         joined = s.count(key(number, "joined"), 0, partial(self.joiners_written, s, number))
-        keys = [key(number, f"node/{i}") for i in range(1, min(joined, JOINED_NAMES_MAX) + 1)]
-        names = sorted({m.node_id for m in s.read_many(keys, Member).values()})
-        return max(joined, 0), names  # a forged counter may hold a negative number
+        shown = min(joined, JOINED_NAMES_MAX) if names else 0
+        keys = [key(number, f"node/{i}") for i in range(1, shown + 1)]
+        named = sorted({m.node_id for m in s.read_many(keys, Member).values()})
+        return max(joined, 0), named  # a forged counter may hold a negative number
 
     def returning(self, s: RecordStore, number: int) -> list[str]:
         """Blocking: the members of round `number - 1` that round `number` still gives a last

@@ -62,8 +62,8 @@ class EtcdRoundSteps:
         what = f"read round {number - 1}'s members"
         return await self._kv.call(what, lambda: self.book.returning(number), deadline)
 
-    async def joined(self, number: int) -> tuple[int, list[str]]:
-        return await self.book.joined_some(number)
+    async def joined(self, number: int, names: bool) -> tuple[int, list[str]]:
+        return await self.book.joined_some(number, names)
 
     async def ask(self, number: int, request: RequestRecord, deadline: float) -> None:
         decided = key(number, "request")

@@ -52,7 +52,7 @@ function renderWaiting(wait, reach, final) {
   const missing = Array.isArray(wait.missing) ? wait.missing.map(String) : [];
   const count = Number.isInteger(wait.joined_count) && wait.joined_count >= joined.length ?
     wait.joined_count : joined.length;
-  const named = joined.join(", ") + (count > joined.length ? ", …" : "");
+  const named = [...joined, ...(count > joined.length ? ["…"] : [])].join(", ");
   const wanted = wait.nnodes_max === wait.nnodes_min ? `${wait.nnodes_min}` :
     `${wait.nnodes_min} to ${wait.nnodes_max}`;
   const left = typeof wait.left_s === "number" ? `${Math.round(wait.left_s)} s` : "–";
