@@ -14,6 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ftd.coordination import job_culprit
+from ftd.coordination.base import new_request
 from ftd.coordination.job_culprit import GATHER_MAX_S, GATHER_QUIET_S, decide, gather_wait_s
 from ftd.coordination.records import Collectives, JobCulprit, Member
 from tests.conftest import free_port
@@ -113,11 +114,17 @@ async def joined_rounds(coordinators: Sequence[Any], nproc: int = 8) -> list[Any
 
 
 async def culprit_of_every_node(coordinators: Sequence[Any], lowest: dict[int, int]) -> list[Any]:
-    """Every node joins a round and shares its collectives (node rank r entered lowest[r], else
-    20); node rank 0 gathers and decides, every other node awaits the decision. The decisions
-    each node read, by node rank, and the operations each spent."""
+    """Every node joins a round and watches its end, as the daemon does, and the last node's
+    hang verdict ends it; then each shares its collectives (node rank r entered lowest[r],
+    else 20); node rank 0 gathers and decides, every other node awaits the decision. The
+    decisions each node read, by node rank, and the operations each spent taking part."""
     rounds = await joined_rounds(coordinators)
     by_rank = sorted(zip(rounds, coordinators, strict=True), key=lambda pair: pair[0].group_rank)
+    ends = [c.ended(rnd) for rnd, c in by_rank]
+    last_round, last = by_rank[-1]
+    hang = new_request("restart", "a rank hung", by=last.node_id, hang=True)
+    await last.request(last_round, hang)
+    assert all(request.hang for request in await asyncio.gather(*ends))
     before = [c.ops for _, c in by_rank]
 
     async def take_part(rnd: Any, coordinator: Any) -> JobCulprit | None:
@@ -225,45 +232,61 @@ async def test_etcd_every_node_reads_the_one_decision(etcd: ClusterFactory) -> N
     assert decision is not None and (decision.group_rank, decision.entered) == (2, 3)
     assert decision.waiting_nodes == 3
     assert len(seen) == nodes
-    # A watch, and one transaction that shares this node's collectives and reads the decision.
-    assert max(ops for _, ops in seen[1:]) <= 2, seen
+    # One transaction that shares this node's collectives and reads the decision; the watch on
+    # the round's end, there since the round began, hears it.
+    assert max(ops for _, ops in seen[1:]) <= 1, seen
 
 
 async def test_etcd_a_forged_decision_is_stepped_over_by_the_call_that_shares_and_reads(
     etcd: ClusterFactory,
 ) -> None:
-    """A value planted at the round's culprit key before a node takes part: its one call (the
-    watch, then a transaction that shares its collectives and reads the decision) reads the
-    garbage as no decision, refused and counted; its record reaches node rank 0, whose decision
-    replaces the garbage; the waiting node reads that decision."""
+    """A value planted at the round's culprit key before a node takes part, and keys planted
+    beside it under the request's: the node's one call (a transaction that shares its
+    collectives and reads the decision) reads the garbage as no decision, refused and counted;
+    its end's watch decodes nothing planted beside (not counted); its record reaches node rank
+    0, whose decision replaces the garbage; the end's watch hears that decision. A node whose
+    end's watch was dropped (its attempt ended otherwise) watches the decision itself."""
     from ftd.coordination.etcd.client import EtcdClient
 
     cluster = await etcd(1)
-    coordinators: list[Any] = etcd_coordinators(cluster.rdzv_endpoint, 2, "culprit-forged")
+    coordinators: list[Any] = etcd_coordinators(cluster.rdzv_endpoint, 3, "culprit-forged")
     try:
         rounds = await joined_rounds(coordinators)
         leader = next(i for i, rnd in enumerate(rounds) if rnd.group_rank == 0)
-        other = 1 - leader
+        other, dropped = (i for i in range(3) if i != leader)
         number = rounds[leader].number
+        ends = [c.ended(rnd) for c, rnd in zip(coordinators, rounds, strict=True)]
+        ends[dropped].cancel()  # as the supervisor drops it
+        hang = new_request("restart", "a rank hung", by=coordinators[other].node_id, hang=True)
+        await coordinators[other].request(rounds[other], hang)
+        assert (await ends[other]).hang  # its watch is there: it hears what is planted next
         async with EtcdClient(cluster.endpoints, prefix="/ftd/culprit-forged/") as client:
-            await client.put(f"r{number}/culprit", b"ftd1 - {}")
+            await client.put(f"r{number}/request/culprit", b"ftd1 - {}")
+            for planted in ("request/planted", "requests", "request/culprit/x"):
+                await client.put(f"r{number}/{planted}", b"ftd1 - {}")
 
         def mine(i: int, lowest: int) -> Collectives:
             rnd, node_id = rounds[i], coordinators[i].node_id
             update = {"round": number, "node_id": node_id, "group_rank": rnd.group_rank}
             return shared(rnd.group_rank, lowest).model_copy(update=update)
 
-        awaiting = asyncio.ensure_future(
-            coordinators[other].await_culprit(rounds[other], 30.0, mine(other, 4))
-        )
+        before = [c.ops for c in coordinators]
+        awaiting = [
+            asyncio.ensure_future(coordinators[i].await_culprit(rounds[i], 30.0, mine(i, 4 + i)))
+            for i in (other, dropped)
+        ]
         await coordinators[leader].share_collectives(rounds[leader], mine(leader, 9))
         found = await coordinators[leader].gather_collectives(rounds[leader])
         assert sorted(c.node_id for c in found) == sorted(c.node_id for c in coordinators)
         decision = decide(number, found, 1.0)
         assert decision is not None and decision.node_id == coordinators[other].node_id
         assert await coordinators[leader].decide_culprit(rounds[leader], decision) == decision
-        assert await awaiting == decision
-        assert coordinators[other].codec.refused, "the planted value is refused and counted"
+        assert await asyncio.gather(*awaiting) == [decision, decision]
+        assert coordinators[other].ops - before[other] == 1, "the transaction alone"
+        assert coordinators[dropped].ops - before[dropped] == 2, "a watch of its own too"
+        refused = coordinators[other].codec.refused
+        # The planted culprit, heard as it was put and read by the transaction; nothing beside.
+        assert refused == {"unsigned": 2}, refused
     finally:
         for coordinator in coordinators:
             await coordinator.close()

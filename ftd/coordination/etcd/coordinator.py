@@ -32,6 +32,7 @@ from ftd.coordination.etcd.inprocess_meeting import leaders_store
 from ftd.coordination.etcd.kv import Availability, RecordKv
 from ftd.coordination.etcd.liveness import EtcdLiveness
 from ftd.coordination.etcd.members import MemberWatch
+from ftd.coordination.etcd.round_end import CULPRIT, RoundEnds
 from ftd.coordination.etcd.round_steps import EtcdRoundSteps
 from ftd.coordination.etcd.rounds import EtcdRounds
 from ftd.coordination.progress import Reaching
@@ -89,6 +90,7 @@ class EtcdCoordinator:
         self._steps: EtcdRoundSteps | None = None
         self._opened = False
         self._tasks = Background()
+        self._ends = RoundEnds(self._kv, self._spawn)
         self._members = MemberWatch(
             lambda endpoint: self._etcd.transport.probe(endpoint, self.conf.timeout_s), report
         )
@@ -181,11 +183,7 @@ class EtcdCoordinator:
     # -- the round's end ---------------------------------------------------------------------
 
     def ended(self, rnd: Round) -> asyncio.Future[RequestRecord]:
-        async def request() -> RequestRecord:
-            record, _ = await self._kv.await_decided(key(rnd.number, "request"), RequestRecord)
-            return record
-
-        return self._spawn(request(), f"round-{rnd.number}-request")
+        return self._ends.ended(rnd.number)
 
     async def request(self, rnd: Round, request: RequestRecord) -> RequestRecord:
         decided = await self._call(
@@ -323,21 +321,17 @@ class EtcdCoordinator:
         return list(found.values())
 
     async def decide_culprit(self, rnd: Round, culprit: JobCulprit) -> JobCulprit:
-        slot = key(rnd.number, "culprit")
+        slot = key(rnd.number, CULPRIT)
         decide = partial(self._kv.decide, slot, culprit, JobCulprit)
         return await self._call("decide the job's culprit", decide)
 
     async def await_culprit(
         self, rnd: Round, within_s: float, mine: Collectives | None = None
     ) -> JobCulprit | None:
-        # Shared in the read's transaction: one call per node, not a put and a read (1,024
+        # Shared in the read's transaction, heard by the end's watch: one call per node (1,024
         # nodes do this at once, on a loaded store).
         shared = () if mine is None else (self._kv.put_op(self._collectives_key(rnd), mine),)
-        decided = self._kv.await_decided(key(rnd.number, "culprit"), JobCulprit, changes=shared)
-        try:
-            return (await within(decided, within_s))[0]
-        except TimeoutError:
-            return None
+        return await self._ends.await_culprit(rnd.number, shared, within_s)
 
     def _collectives_key(self, rnd: Round) -> str:
         return key(rnd.number, f"collectives/{self.node_id}")

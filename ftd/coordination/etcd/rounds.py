@@ -13,6 +13,7 @@ revision: EtcdClient.read) and at most one conditional write. Keys, under the jo
   r<N>/closed_delta     RoundDelta, in the close's transaction: what round N-1's members read
                         instead (round_delta.py)
   r<N>/request          RequestRecord, decided: restart, fail or succeed
+  r<N>/request/culprit  JobCulprit, decided after a hang (heard by the request's watch)
   r<N>/succeeded/<node>, r<N>/unhealthy/<node>          MarkRecords
   r<N>/respawn/<node>.<nonce>                           in-process respawns (budget)
   r<N>/inprocess        Member: node rank 0's store for the ranks' in-process rounds
