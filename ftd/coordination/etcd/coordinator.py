@@ -175,6 +175,7 @@ class EtcdCoordinator:
         self.round = await join(
             self.config, self._steps, me, self._deadline(), self.round, waits, self._learn
         )
+        self._ends.began(self.round.number, self._steps.closed_at)
         return self.round
 
     def _learn(self, record: RoundRecord) -> None:

@@ -273,6 +273,7 @@ class RecordKv:
         max_bytes: int = MAX_RECORD_BYTES,
         *,
         changes: Sequence[TxnOp] = (),
+        absent_at: int | None = None,
     ) -> tuple[R, int]:
         """The valid record at `key` once there is one, and its mod_revision. The watch starts
         first, from now, then the key is read: nothing written after the read is missed, and
@@ -281,7 +282,9 @@ class RecordKv:
         reads the key comes first, and the watch starts from the revision after it: what the
         others wait on is written one call sooner (1,024 nodes share at once, each call one
         round trip of a loaded store), and the answer, written only after every share, comes
-        once the catch-up is long done. Waits out an absent etcd for as long as it takes."""
+        once the catch-up is long done. `absent_at`: a revision at which the key held no valid
+        record (a transaction of this node's compared it, just now): the watch starts after it,
+        with no read. Waits out an absent etcd for as long as it takes."""
 
         def read() -> Awaitable[tuple[R | None, int]]:
             if changes:
@@ -292,7 +295,7 @@ class RecordKv:
             if self.closing:
                 raise CoordinationError("the daemon is stopping", "stopped")
             try:
-                start: int | None = None
+                start = None if absent_at is None else absent_at + 1
                 if changes:
                     record, revision = await self.call(f"read {key}", read, None)
                     if record is not None:
@@ -311,6 +314,7 @@ class RecordKv:
                             if found is not None:
                                 return found, event.revision
             except EtcdCompacted:
+                absent_at = None  # gone: from now on, and a read
                 continue
             except (EtcdUnavailable, EtcdBadAnswer) as error:
                 self.availability.failed(f"watch {key}", error)

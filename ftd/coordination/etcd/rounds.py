@@ -104,6 +104,8 @@ class EtcdRounds:
         """The newest round this daemon found full and waited for as a standby."""
         self.summaries = RecordMemo(kv, NodeSummary, NodeSummary.model_dump)
         """The cluster view's summaries as last read (most are unchanged at the next read)."""
+        self.joined_at: tuple[int, int] | None = None
+        """The round this node joined last, and the revision of its join (closed was absent)."""
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -190,11 +192,8 @@ class EtcdRounds:
             joined = key(number, "joined")
             # While round N is open nobody can have moved the hint past N (that takes a
             # request, which takes a closed round): the join may move it to N unconditionally.
-            hint = (
-                [self.kv.put_op("round", RoundHint(number=number))]
-                if view.hint is None or view.hint < number
-                else []
-            )
+            moved = view.hint is None or view.hint < number
+            hint = [self.kv.put_op("round", RoundHint(number=number))] if moved else []
             result = await self.kv.txn(
                 [self.kv.unchanged(key(number, "closed"), view.closed_kv)],
                 [
@@ -210,6 +209,7 @@ class EtcdRounds:
             assert isinstance(counter, RangeResult) and counter.kvs
             joiner = counter.kvs[0].version
             log.info("joined round %d as joiner %d", number, joiner)
+            self.joined_at = (number, result.revision)
             return number, joiner
 
     async def joined_some(self, number: int, names: bool = True) -> tuple[int, list[str]]:

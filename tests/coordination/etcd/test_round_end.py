@@ -71,3 +71,26 @@ async def test_after_a_failure_the_watch_stops_and_after_a_hang_it_holds_a_while
     finally:
         for coordinator in coordinators:
             await coordinator.close()
+
+
+async def test_the_first_end_watch_starts_where_the_round_closed_and_reads_nothing(
+    etcd: ClusterFactory,
+) -> None:
+    """A round's first end watch starts at its closing revision: a request made before it
+    was armed is heard all the same (etcd replays it), for one operation, the watch; a later
+    watch of the same round starts now and reads (two)."""
+    cluster = await etcd(1)
+    coordinators: list[Any] = etcd_coordinators(cluster.rdzv_endpoint, 2, "round-end-since")
+    try:
+        rounds = await joined_rounds(coordinators)
+        a, b = coordinators
+        await b.request(rounds[1], new_request("restart", "a rank failed", by=b.node_id))
+        before = a.ops
+        assert (await a.ended(rounds[0])).by == b.node_id
+        assert a.ops - before == 1, "the watch alone"
+        before = a.ops
+        assert (await a.ended(rounds[0])).by == b.node_id
+        assert a.ops - before == 2, "a watch from now, and a read"
+    finally:
+        for coordinator in coordinators:
+            await coordinator.close()
