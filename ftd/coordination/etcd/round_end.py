@@ -137,7 +137,7 @@ class RoundEnds:
         request_key, culprit_key = key(number, "request"), key(number, CULPRIT)
 
         def over() -> bool:
-            return end.done() and (not end.result().hang or culprit.done())
+            return end.done() and (end.cancelled() or not end.result().hang or culprit.done())
 
         def took(request: RequestRecord) -> None:
             end.set_result(request)
@@ -159,10 +159,9 @@ class RoundEnds:
                     if kv.closing:
                         raise CoordinationError("the daemon is stopping", "stopped")
                     start = None if since is None else since + 1
+                    watch = kv.etcd.watch(request_key, prefix=True, start_revision=start)
                     try:
-                        async with kv.etcd.watch(
-                            request_key, prefix=True, start_revision=start
-                        ) as events:
+                        async with watch as events:
                             kv.ops += 1
                             if not end.done() and start is None:
                                 record, _ = await kv.call(
@@ -185,6 +184,8 @@ class RoundEnds:
                         continue
                     except (EtcdUnavailable, EtcdBadAnswer) as error:
                         kv.availability.failed(f"watch {request_key}", error)
+                        if watch.next_revision is not None:  # on from where it stood
+                            since = watch.next_revision - 1
                         await asyncio.sleep(RETRY_PAUSE_S[1])  # back-off: etcd is away
         except TimeoutError:
             if not hold.expired():
