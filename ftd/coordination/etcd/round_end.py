@@ -13,7 +13,7 @@ stopped listening) watches the decision itself, as before (kv.await_decided).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
 from ftd.coordination.base import CoordinationError
@@ -104,15 +104,13 @@ class RoundEnds:
                 return None
         listening, kv = heard, self._kv
 
-        async def read_then_hear() -> JobCulprit | None:
+        def read() -> Awaitable[tuple[JobCulprit | None, int]]:
             if shared:
-                record, _ = await kv.call(
-                    f"read {slot}", lambda: kv.read_decided_with(shared, slot, JobCulprit), None
-                )
-            else:
-                record, _ = await kv.call(
-                    f"read {slot}", lambda: kv.read_decided(slot, JobCulprit), None
-                )
+                return kv.read_decided_with(shared, slot, JobCulprit)
+            return kv.read_decided(slot, JobCulprit)  # no read-only transaction (kv.reads)
+
+        async def read_then_hear() -> JobCulprit | None:
+            record, _ = await kv.call(f"read {slot}", read, None)
             if record is None:
                 record = await asyncio.shield(listening)
             if record is None:  # the end's watch stopped first (dropped): watch it here
