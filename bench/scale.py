@@ -38,11 +38,15 @@ rounds, window_s), formed, round_formed_s, later_rounds_formed_s, propagation_s 
 samples}, node_lost_s {p50, max, detected_s: the kill to node rank 0's first on_node_lost,
 victims, survivors, told, node_lost_calls}, steady_store_ops_per_s_per_node (counted at the
 store; `store_requests_by_kind` splits them), client_ops_per_s_per_node, store_host_cpu
-(cores) and store_host_rss_mb, cluster_view_bytes, cluster_view_s and cluster_view_max_s (the
-median and the max of 5 pages of node 0's, one every 2 s as the dashboard reads them),
-harness_cores (the worker processes' CPU over the window), machine_cores_busy (every process of
-the machine, other users' too), looks_late_max_s, false_node_lost, threads, forming (the cores
-used while round 0 formed) and forming_ops_per_node, culprit, saturated and saturated_why.
+(cores), store_host_rss_mb and store_host_waited_s (its wait for a core over the window;
+store_prioritized: its threads real-time), cluster_view_bytes, cluster_view_s and
+cluster_view_max_s (the median and the max of 5 pages of node 0's, one every 2 s as the
+dashboard reads them; `cluster_view_alone_s` and its max: the same at the end of the run with
+every other worker stopped, node rank 0 and the store alone on the cores), harness_cores (the
+worker processes' CPU over the window), machine_cores_busy (every process of the machine, other
+users' too), looks_late_max_s, false_node_lost, threads, forming (the cores used while round 0
+formed, the store's wait for a core) and forming_ops_per_node, culprit, saturated and
+saturated_why.
 
 `saturated` is true when this machine, not ftd, bounds the figures: over the steady window the
 harness's processes used at least 85 % of the machine's cores, or the whole machine was 95 %
@@ -63,7 +67,17 @@ The store's process (etcd's members) is started in a session of its own (STORE_G
 schedules each session as one group (autogroup), so the store shares the cores with the
 workers as a whole, as node rank 0's machine would hold its own cores beside the others'. In
 the workers' session it was one thread of ~13,000 at 4,096 nodes (load average 1,044) and got a
-thousandth of a core: the nodes' store calls outlived their bound and no round formed.
+thousandth of a core: the nodes' store calls outlived their bound and no round formed. A group
+of its own was not enough at 4,096 nodes: the store's loop, runnable, waited for a core 3-17 s
+at a time (its schedstat), and one wait of 30 s ended a run (every node's call outlived its
+bound at once); weighting the group at nice -10 still left it waiting 1.4-2.0 s of every 2.
+`--store-rt` makes the c10d store's thread real-time (SCHED_RR, STORE_RT_PRIORITY: ~10 ms of
+waiting in 2 s) where the harness may (root or CAP_SYS_NICE; `store_prioritized` says); it is
+off by default: with the store's answers never late, the workers' own cores were the bound,
+and a 4,096-node round 0 did not form (every node woken at once, its calls outlived 60 s in
+their worker). The time the store's threads waited for a core is measured in each phase
+(`store_waited_s` in `forming`, `store_host_waited_s` for the window): past STORE_WAITED_SHARE
+of a phase it is named in `saturated_why`.
 """
 
 from __future__ import annotations
@@ -75,6 +89,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -103,6 +118,15 @@ HUNG_LOCAL_RANK = 3
 """The hung rank on its node (scale_worker.HUNG_LOCAL_RANK)."""
 NPROC = 8
 """Ranks per virtual node (scale_worker.NPROC)."""
+STORE_RT_PRIORITY = 1
+"""The c10d store's real-time priority (the lowest): one thread that used 0.03-0.25 of a core at
+4,096 nodes, and Linux keeps 5 % of each second for the others whatever it does
+(sched_rt_runtime). Not etcd's members: their ~30 threads at one real-time priority queued
+behind one another (round-robin slices of 100 ms) and took the workers' cores, at 1,024 nodes
+round 0 2.27 s and the culprit 2.1-3.8 s (1.7-1.9 and at most 1.7 under the autogroup)."""
+STORE_WAITED_SHARE = 0.25
+"""A phase in which the store's threads waited for a core longer than this share of it (per
+store process: etcd's members' threads wait on one another too) is the machine's bound."""
 STORE_SCRIPT = """
 import asyncio, json, os, resource, sys
 import uvloop
@@ -154,6 +178,28 @@ def cpu_seconds(pid: int | str = "self") -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def run_wait_s(pid: int) -> float:
+    """Seconds the process's threads have waited for a core while runnable (schedstat): 0 once
+    it is gone."""
+    waited = 0
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            waited += int((task / "schedstat").read_text().split()[1])
+    return waited / 1e9
+
+
+def prioritized(pid: int) -> bool:
+    """Every thread of the process (and those it starts after) scheduled SCHED_RR at
+    STORE_RT_PRIORITY, as the cores of a machine of its own would serve it: whether that was
+    allowed (root or CAP_SYS_NICE)."""
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            os.sched_setscheduler(int(task.name), os.SCHED_RR, os.sched_param(STORE_RT_PRIORITY))
+    except (OSError, ValueError):
+        return False
+    return True
+
+
 def machine_busy_s() -> float:
     """CPU seconds every process of the machine spent busy since boot (/proc/stat)."""
     fields = [int(f) for f in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
@@ -181,7 +227,7 @@ def percentiles(samples: list[float]) -> dict[str, Any]:
 class Store:
     """ftd's TcpStoreServer in a process of its own (as node rank 0's daemon hosts it)."""
 
-    def __init__(self) -> None:
+    def __init__(self, realtime: bool) -> None:
         self.process = subprocess.Popen(
             [sys.executable, "-c", STORE_SCRIPT],
             stdin=subprocess.PIPE,
@@ -192,6 +238,7 @@ class Store:
         )
         assert self.process.stdout is not None
         self.port = int(self.process.stdout.readline())
+        self.prioritized = realtime and prioritized(self.process.pid)
 
     @property
     def endpoint(self) -> str:
@@ -206,6 +253,9 @@ class Store:
 
     def cpu_seconds(self) -> float:
         return cpu_seconds(self.process.pid)
+
+    def run_wait_s(self) -> float:
+        return run_wait_s(self.process.pid)
 
     def rss_mb(self) -> float:
         return rss_mb(self.process.pid)
@@ -244,6 +294,7 @@ class Etcd:
             ))  # fmt: skip
         for log in logs:
             wait_for(lambda log=log: READY in log.read_bytes(), 60, "etcd ready")
+        self.prioritized = False  # STORE_RT_PRIORITY is the c10d store's alone (its note)
 
     @property
     def endpoint(self) -> str:
@@ -263,6 +314,9 @@ class Etcd:
 
     def cpu_seconds(self) -> float:
         return sum(cpu_seconds(p.pid) for p in self.processes)
+
+    def run_wait_s(self) -> float:
+        return sum(run_wait_s(p.pid) for p in self.processes)
 
     def rss_mb(self) -> float:
         return sum(rss_mb(p.pid) for p in self.processes)
@@ -347,27 +401,33 @@ class Meter:
         self.workers, self.host = workers, host
         self._start = self._read()
 
-    def _read(self) -> tuple[float, float, float, float]:
+    def _read(self) -> tuple[float, float, float, float, float]:
         harness = sum(cpu_seconds(w.pid) for w in self.workers) + cpu_seconds()
-        return time.monotonic(), harness, self.host.cpu_seconds(), machine_busy_s()
+        host = self.host
+        return time.monotonic(), harness, host.cpu_seconds(), machine_busy_s(), host.run_wait_s()
 
     def cores(self) -> dict[str, float]:
         """Cores used since the meter started: harness, store host, machine."""
         end = self._read()
         span = max(end[0] - self._start[0], 1e-6)
         harness, host, machine = (
-            (b - a) / span for a, b in zip(self._start[1:], end[1:], strict=True)
+            (b - a) / span for a, b in zip(self._start[1:4], end[1:4], strict=True)
         )
         return {
             "span_s": round(span, 2),
             "harness": round(harness, 2),
             "store_host": round(host, 3),
             "machine": round(machine, 2),
+            "store_waited_s": round(end[4] - self._start[4], 2),
         }
 
 
 def verdict(
-    cores: dict[str, float], late_s: float, false_lost: int, forming: dict[str, float] | None
+    cores: dict[str, float],
+    late_s: float,
+    false_lost: int,
+    forming: dict[str, float] | None,
+    store_processes: int,
 ) -> list[str]:
     """Why this machine, not ftd, bounds the figures (empty: it does not)."""
     machine = os.cpu_count() or 1
@@ -384,6 +444,10 @@ def verdict(
         why.append(f"looks fell {late_s:.2f}s behind")
     if false_lost:
         why.append(f"{false_lost} false node_lost (beats of live nodes came too late)")
+    for phase, spent in (("round 0", forming), ("the window", cores)):
+        waited, span = (spent or {}).get("store_waited_s", 0.0), (spent or {}).get("span_s", 0.0)
+        if waited > STORE_WAITED_SHARE * span * store_processes:
+            why.append(f"the store waited {waited} s for a core in {phase} ({span} s)")
     return why
 
 
@@ -574,6 +638,20 @@ async def node_loss(
         result["node_lost_note"] = f"{lost['survivors'] - len(told)} survivors not told in time"
 
 
+async def view_alone(workers: list[Worker], v: int) -> dict[str, Any]:
+    """Node 0's cluster pages with every other worker stopped (SIGSTOP, then SIGCONT): node
+    rank 0's daemon and the store serve them alone, as on machines of their own, what every
+    node published still in the store."""
+    others = [w for w in workers[1:] if w.process is not None and w.process.returncode is None]
+    for w in others:
+        os.kill(w.pid, signal.SIGSTOP)
+    try:
+        return await workers[0].call("view", 60 + 0.05 * v)
+    finally:
+        for w in others:
+            os.kill(w.pid, signal.SIGCONT)
+
+
 async def measure(args: argparse.Namespace, host: Store | Etcd, work: Path) -> dict[str, Any]:
     v, p = args.nodes, args.procs
     result: dict[str, Any] = {
@@ -635,6 +713,8 @@ async def measure(args: argparse.Namespace, host: Store | Etcd, work: Path) -> d
             client_ops_per_s_per_node=round(ops / window / v, 3),
             store_host_cpu=cores["store_host"],
             store_host_rss_mb=round(host.rss_mb(), 1),
+            store_host_waited_s=cores["store_waited_s"],
+            store_prioritized=host.prioritized,
             harness_cores=cores["harness"],
             machine_cores_busy=cores["machine"],
             looks_late_max_s=round(late, 3),
@@ -660,6 +740,9 @@ async def measure(args: argparse.Namespace, host: Store | Etcd, work: Path) -> d
             await node_loss(args, workers, result)
         else:
             result["node_lost_note"] = "one worker process: none can be killed with survivors"
+        phase = say("cluster view alone")
+        alone = await view_alone(workers, v)
+        result.update(cluster_view_alone_s=alone["s"], cluster_view_alone_max_s=alone["max_s"])
     except Exception as error:  # whatever went wrong, the JSON says where and what
         said = str(error) if isinstance(error, HarnessError) else f"{type(error).__name__}: {error}"
         result["error"] = f"{phase}: {said}"
@@ -671,7 +754,8 @@ async def measure(args: argparse.Namespace, host: Store | Etcd, work: Path) -> d
         formed = "the run failed before its steady window" if result["formed"] else "no round 0"
         result["saturated_why"] = [formed]
     else:
-        why = verdict(*steady, result.get("false_node_lost", 0), result.get("forming"))
+        processes = 1 if isinstance(host, Store) else len(host.processes)
+        why = verdict(*steady, result.get("false_node_lost", 0), result.get("forming"), processes)
         runs = (result.get("culprit") or {}).get("runs", [])
         long = [r["machine_cores"] for r in runs if (r["named_after_s"] or 0) >= FORMING_SPAN_S]
         naming = max(long, default=0.0)
@@ -722,13 +806,18 @@ def main() -> None:
         "events (for sizes whose looks alone take this machine's cores: 4,096 nodes on 2)",
     )
     parser.add_argument("--etcd-members", type=int, default=3, help="etcd's cluster size")
+    parser.add_argument(
+        "--store-rt",
+        action="store_true",
+        help="the c10d store's thread real-time (STORE_RT_PRIORITY): no wait for a core",
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     if args.procs is None:
         args.procs = min(max(2, math.ceil(args.nodes / NODES_PER_PROC)), MAX_PROCS)
     args.procs = max(1, min(args.procs, args.nodes))
     work = Path(tempfile.mkdtemp(prefix="ftd-scale-"))
-    host = Store() if args.backend == "c10d" else Etcd(work, args.etcd_members)
+    host = Store(args.store_rt) if args.backend == "c10d" else Etcd(work, args.etcd_members)
     try:
         result = asyncio.run(measure(args, host, work))
     finally:

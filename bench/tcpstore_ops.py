@@ -43,6 +43,13 @@ def free_port() -> int:
 @contextlib.contextmanager
 def server(kind: str) -> Iterator[int]:
     """A store server of `kind` ("torch" or "ftd") in a process of its own: its port."""
+    with server_process(kind) as (port, _):
+        yield port
+
+
+@contextlib.contextmanager
+def server_process(kind: str) -> Iterator[tuple[int, int]]:
+    """`server`, its port and its process id (to read its CPU)."""
     port = free_port()
     command = (
         [sys.executable, "-c", TORCH_SERVER, str(port)]
@@ -58,7 +65,7 @@ def server(kind: str) -> Iterator[int]:
             if time.monotonic() > deadline or process.poll() is not None:
                 raise RuntimeError(f"the {kind} store did not start")
             time.sleep(0.05)
-        yield port
+        yield port, process.pid
     finally:
         process.terminate()
         process.wait(10)

@@ -72,6 +72,8 @@ class StoreClient:
         """How long `get`, `multi_get`, `wait` and a blocking `queue_pop` wait (set_timeout)."""
         self._buffer = bytearray()  # received, not yet read: only ever the replies asked for
         self._sock_timeout_s = timeout_s
+        self._asked = Command.VALIDATE
+        """The last query sent: what a reply that never came was the answer to."""
         try:
             self._sock = socket.create_connection((host.strip("[]"), port), timeout=timeout_s)
             self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -173,6 +175,7 @@ class StoreClient:
     def _send(self, query: Query) -> None:
         """A query whole, or StoreGone (a query cut by a timeout would put the stream out of
         step: the connection is then of no use)."""
+        self._asked = query.command
         try:
             self._timeout(max(self.timeout_s, MIN_TIMEOUT_S))
             self._sock.sendall(encode_query(query))
@@ -205,7 +208,9 @@ class StoreClient:
                     self._timeout(limit)
             except TimeoutError:
                 if buffer or wait_s is None:
-                    raise StoreGone("the store did not answer within the timeout") from None
+                    raise StoreGone(
+                        f"the store did not answer {self._asked.name} within {limit:g} s"
+                    ) from None
                 raise StoreTimeout("no reply within the timeout") from None
             except OSError as error:
                 raise StoreGone(f"the store's connection broke: {error}") from None

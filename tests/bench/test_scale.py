@@ -66,6 +66,10 @@ def check(result: dict[str, Any], backend: str) -> None:
         assert result["store_requests_by_kind"]["LeaseKeepAlive"] > 0, result
     assert 0 < result["cluster_view_bytes"] <= 64 * 1024 and result["cluster_view_s"] >= 0
     assert result["store_host_cpu"] >= 0 and result["store_host_rss_mb"] > 0
+    # The store's wait for a core, measured (its threads real-time where the harness may).
+    assert result["store_host_waited_s"] >= 0 and result["forming"]["store_waited_s"] >= 0
+    assert isinstance(result["store_prioritized"], bool)
+    assert 0 <= result["cluster_view_alone_s"] <= result["cluster_view_alone_max_s"]
     culprit = result["culprit"]
     assert culprit["right"] and culprit["decisions"] == 1, culprit
     assert culprit["node"] == culprit["hung"]["node"] and culprit["rank"] % 8 == 3, culprit

@@ -571,6 +571,14 @@ def test_ftds_client_says_when_the_store_is_gone(ftd_store: TcpStoreServer) -> N
             with pytest.raises(StoreGone):
                 client.wait(["k"], 2)
         client.close()
+    with socket.socket() as mute:  # a "store" that takes queries and never answers
+        mute.bind(("127.0.0.1", 0))
+        mute.listen()
+        client = StoreClient("127.0.0.1", mute.getsockname()[1], 0.2)
+        conn, _ = mute.accept()
+        with conn, pytest.raises(StoreGone, match=r"did not answer ADD within 0\.2 s"):
+            client.add("count", 1)  # the query it waited on, named: what an operator reads
+        client.close()
 
 
 @settings(max_examples=40, deadline=None)

@@ -207,11 +207,20 @@ class RecordStore:
 
     def read_many(self, keys: list[str], model: type[R]) -> dict[str, R]:
         """The valid records among `keys`; missing ones are skipped, never waited for."""
-        if not keys:
-            return {}
         if len(keys) == 1:  # one operation, not a check and a get (every node's every beat)
             one = self.peek(keys[0], model)
             return {keys[0]: one} if one is not None else {}
+        found: dict[str, R] = {}
+        for key, raw in self.values_of(keys).items():
+            record = self.codec.decode(key, raw, model)
+            if record is not None:
+                found[key] = record
+        return found
+
+    def values_of(self, keys: list[str]) -> dict[str, bytes]:
+        """The values (undecoded) of those of `keys` that are there, never waited for."""
+        if not keys:
+            return {}
         present = keys if self.check(keys) else [k for k in keys if self.check([k])]
         try:
             values = self.multi_get(present) if present else []
@@ -219,12 +228,7 @@ class RecordStore:
             pairs = [(key, self.get_if_present(key)) for key in present]
             present = [key for key, raw in pairs if raw is not None]
             values = [raw for _, raw in pairs if raw is not None]
-        found: dict[str, R] = {}
-        for key, raw in zip(present, values, strict=True):
-            record = self.codec.decode(key, raw, model)
-            if record is not None:
-                found[key] = record
-        return found
+        return dict(zip(present, values, strict=True))
 
     # -- decided values: the first valid record of a chain -----------------------------------
 

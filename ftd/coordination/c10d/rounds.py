@@ -15,6 +15,7 @@ from typing import Any
 from ftd.config.serve import ServeConfig
 from ftd.coordination.base import CoordinationError, Round, new_request, order_members
 from ftd.coordination.c10d.record_store import RecordStore
+from ftd.coordination.memo import BytesMemo
 from ftd.coordination.records import (
     MAX_ROUND_RECORD_BYTES,
     ExcludedRecord,
@@ -22,6 +23,7 @@ from ftd.coordination.records import (
     MarkRecord,
     Member,
     NodeSummary,
+    RecordCodec,
     RequestRecord,
     RoundRecord,
 )
@@ -65,6 +67,8 @@ class StoreRounds:
         self.closing = False
         self.standing_by: Late | None = None
         """The newest round this daemon found full and waited for as a standby."""
+        self.summaries: BytesMemo[dict[str, Any]] = BytesMemo()
+        """The cluster view's summaries as last read (most are unchanged at the next read)."""
 
     def enter(self, s: RecordStore, me: Member) -> tuple[int, int] | Late:
         """Blocking: find the open round and join it as its n-th joiner (or find it closed)."""
@@ -331,8 +335,10 @@ class StoreRounds:
         view = viewed_round(rnd, self.standing_by, self.node_id)
         standbys = self.standbys(s, view.number) if view.number is not None else set()
         names = sorted({*view.members, *standbys, self.node_id})
-        found = s.read_many([f"status/{n}" for n in names], NodeSummary)
-        summaries = {k.removeprefix("status/"): v.model_dump() for k, v in found.items()}
+        found = s.values_of([f"status/{n}" for n in names])
+        decoded = partial(summary_of, s.codec)
+        shown = self.summaries.take(((k, raw, (k, raw)) for k, raw in found.items()), decoded)
+        summaries = {k.removeprefix("status/"): v for k, v in shown.items()}
         return cluster_nodes(summaries, view, standbys), self.read_excluded(s)
 
     def stand_by(self, s: RecordStore, late: Late, since: float) -> None:
@@ -382,3 +388,9 @@ class StoreRounds:
         else:
             s.put(f"excluded/{node_id}", MarkRecord(node_id=node_id, reason=reason[:4000]))
         return nodes
+
+
+def summary_of(codec: RecordCodec, found: tuple[str, bytes]) -> dict[str, Any] | None:
+    """A published summary as the cluster view shows it (None: invalid, counted)."""
+    record = codec.decode(*found, NodeSummary)
+    return None if record is None else record.model_dump()

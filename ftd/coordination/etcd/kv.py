@@ -39,6 +39,7 @@ from ftd.coordination.etcd.client import (
     TxnResult,
 )
 from ftd.coordination.etcd.client.records import TxnOp
+from ftd.coordination.memo import BytesMemo
 from ftd.coordination.records import MAX_RECORD_BYTES, R, Record, RecordCodec
 from ftd.status.event_kind import EventKind
 
@@ -322,25 +323,20 @@ class RecordKv:
 
 
 class RecordMemo(Generic[R, T]):
-    """A prefix's valid records as `shown(record)`, by key, kept with the bytes each came from:
-    a read that finds the same bytes under a key again takes what they gave last time (a
-    record's decoding checks its MAC and validates it: at 1,024 summaries most of a read's CPU,
-    and a dashboard's read every 2 s finds most of them unchanged). It holds one read's."""
+    """A prefix's valid records as `shown(record)`, by key, decoded only where their bytes
+    changed since the last read (memo.BytesMemo)."""
 
     def __init__(self, kv: RecordKv, model: type[R], shown: Callable[[R], T]) -> None:
         self._kv = kv
         self._model = model
         self._shown = shown
-        self._last: dict[str, tuple[bytes, T]] = {}
+        self._memo: BytesMemo[T] = BytesMemo()
 
     def valid(self, found: RangeResult) -> dict[str, T]:
-        kept: dict[str, tuple[bytes, T]] = {}
-        for kv in found.kvs:
-            name = kv.key.decode(errors="replace")
-            had = self._last.get(name)
-            if had is not None and had[0] == kv.value:
-                kept[name] = had
-            elif (record := self._kv.decode(kv, self._model)) is not None:
-                kept[name] = (kv.value, self._shown(record))
-        self._last = kept
-        return {name: shown for name, (_, shown) in kept.items()}
+        return self._memo.take(
+            ((kv.key.decode(errors="replace"), kv.value, kv) for kv in found.kvs), self._decoded
+        )
+
+    def _decoded(self, kv: KeyValue) -> T | None:
+        record = self._kv.decode(kv, self._model)
+        return None if record is None else self._shown(record)
