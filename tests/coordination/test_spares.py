@@ -94,6 +94,9 @@ async def test_an_active_node_that_restarts_keeps_its_place_over_a_standby(
     await spare.stderr.expect(r"round 0 is full \(2 nodes\): waiting for its end", timeout=60)
     (out / "fail_a0_r1").touch()
     await b.stdout.expect(r"step a1 r1", timeout=60)
+    # b's ranks can run round 1 before a's daemon has heard it closed: a says so after its
+    # round_closed event is written (supervisor.py), then its events are read.
+    await a.stderr.expect(r"round 1: node rank 0 of 2 \(a, b\)", timeout=60)
     rounds = [e["data"]["members"] for e in events_in(run_dir(a, "a"), "round_closed")]
     assert rounds == [["a", "b"], ["a", "b"]], rounds
     await spare.stderr.expect(r"round 1 is full \(2 nodes\): waiting for its end", timeout=60)
