@@ -41,8 +41,11 @@ store; `store_requests_by_kind` splits them), client_ops_per_s_per_node, store_h
 (cores), store_host_rss_mb and store_host_waited_s (its wait for a core over the window;
 store_prioritized: its threads real-time), cluster_view_bytes, cluster_view_s and
 cluster_view_max_s (the median and the max of 5 pages of node 0's, one every 2 s as the
-dashboard reads them; `cluster_view_alone_s` and its max: the same at the end of the run with
-every other worker stopped, node rank 0 and the store alone on the cores), harness_cores (the
+dashboard reads them, served as a daemon serves them, from its kept view: ftd/api/
+kept_cluster.py; cluster_view_reads and cluster_view_read_s: how many reads of every summary
+were behind them and the longest; `cluster_view_alone_s`, its max and its read_s: the same at
+the end of the run with every other worker stopped, node rank 0 and the store alone on the
+cores), harness_cores (the
 worker processes' CPU over the window), machine_cores_busy (every process of the machine, other
 users' too), looks_late_max_s, false_node_lost, threads, forming (the cores used while round 0
 formed, the store's wait for a core) and forming_ops_per_node, culprit, saturated and
@@ -730,6 +733,8 @@ async def measure(args: argparse.Namespace, host: Store | Etcd, work: Path) -> d
             cluster_view_bytes=view["bytes"],
             cluster_view_s=round(view["s"], 4),
             cluster_view_max_s=round(view["max_s"], 4),
+            cluster_view_reads=view["reads"],
+            cluster_view_read_s=view["read_s"],
         )
         phase = say("propagation")
         await propagation(args, workers, result)
@@ -742,7 +747,11 @@ async def measure(args: argparse.Namespace, host: Store | Etcd, work: Path) -> d
             result["node_lost_note"] = "one worker process: none can be killed with survivors"
         phase = say("cluster view alone")
         alone = await view_alone(workers, v)
-        result.update(cluster_view_alone_s=alone["s"], cluster_view_alone_max_s=alone["max_s"])
+        result.update(
+            cluster_view_alone_s=alone["s"],
+            cluster_view_alone_max_s=alone["max_s"],
+            cluster_view_alone_read_s=alone["read_s"],
+        )
     except Exception as error:  # whatever went wrong, the JSON says where and what
         said = str(error) if isinstance(error, HarnessError) else f"{type(error).__name__}: {error}"
         result["error"] = f"{phase}: {said}"

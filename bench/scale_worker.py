@@ -23,8 +23,9 @@ Times in answers are wall clock (time.time(): one clock for every process of the
               how late the looks fell
     quiet    {}: stop every node's looks (the summaries, the job's times, the ring): the
               liveness and the rounds' waits go on
-    view     {}: node 0's bounded cluster page (GET /v1/cluster), its size, the median and
-             the max time of VIEW_SAMPLES, one every VIEW_EVERY_S
+    view     {}: node 0's bounded cluster page (GET /v1/cluster, from its kept view), its size,
+              the reads of every summary behind them (how many, the longest), the median and
+              the max time of VIEW_SAMPLES, one every VIEW_EVERY_S
     request  {node, hang}: that node requests its round's restart (`hang`: as a hang verdict
               does); when it asked. Where it is a hang, every node takes its part in naming the
               job's culprit as its round ends (supervision/job_culprit.py's, the daemon's code)
@@ -52,7 +53,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from ftd.api.cluster_view import DEFAULT_LIMIT, bounded
+from ftd.api.cluster_view import DEFAULT_LIMIT
+from ftd.api.kept_cluster import KeptClusterView
 from ftd.checkpoint.holder import CheckpointHolder
 from ftd.checkpoint.replication import Replication
 from ftd.config.serve import ServeConfig
@@ -63,6 +65,7 @@ from ftd.health.job_times import JobTimesShare
 from ftd.status.events import EventLog
 from ftd.supervision.job_culprit import JobCulpritShare
 from ftd.supervision.node_loss import ask_after_node_lost
+from ftd.tasks import Background
 
 SECRET = b"the scale harness's job secret!!"
 NPROC = 8
@@ -297,6 +300,8 @@ class Worker:
         self.looks: list[asyncio.Task[None]] = []
         self.asks: set[asyncio.Task[None]] = set()
         self._cpu, self._ops = 0.0, 0
+        self.background = Background()
+        self.kept_view: KeptClusterView | None = None
 
     def _on_node_lost(self, v: VirtualNode) -> Any:
         """What the daemon's NodeLoss does: say it, and ask for the round's restart."""
@@ -412,17 +417,29 @@ class Worker:
         }
 
     async def do_view(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """VIEW_SAMPLES pages, as the dashboard reads them (one alone is one draw of a loaded
-        loop)."""
-        took, size = [], 0
+        """VIEW_SAMPLES pages of node 0's, as the dashboard reads them (one alone is one draw of
+        a loaded loop), through the kept view a daemon serves them from (kept_cluster.py); and
+        the reads of every summary behind them."""
+        if self.kept_view is None:
+            self.kept_view = KeptClusterView(self.nodes[0].c.cluster, self.background)
+        kept, took, size = self.kept_view, [], 0
+        reads = kept.reads
         for sample in range(VIEW_SAMPLES):
             if sample:
                 await asyncio.sleep(VIEW_EVERY_S)
             started = time.monotonic()
-            page = bounded(await self.nodes[0].c.cluster(), 0, DEFAULT_LIMIT)
+            rnd = self.nodes[0].c.round
+            page = await kept.page(rnd.number if rnd else None, 0, DEFAULT_LIMIT)
             size = len(json.dumps(page))
             took.append(time.monotonic() - started)
-        return {"bytes": size, "s": statistics.median(took), "max_s": max(took)}
+        read_s = list(kept.recent_reads_s)[-(kept.reads - reads) :] if kept.reads > reads else []
+        return {
+            "bytes": size,
+            "s": statistics.median(took),
+            "max_s": max(took),
+            "reads": kept.reads - reads,
+            "read_s": max(read_s, default=None),
+        }
 
     async def do_request(self, msg: dict[str, Any]) -> dict[str, Any]:
         v = next(v for v in self.nodes if v.index == int(msg["node"]))
@@ -479,6 +496,7 @@ class Worker:
         for task in [*self.looks, *self.asks, *culprits]:
             task.cancel()
         await asyncio.gather(*self.looks, *self.asks, *culprits, return_exceptions=True)
+        await self.background.close()
         closing = asyncio.gather(*(v.c.close() for v in self.nodes), return_exceptions=True)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(closing, CLOSE_S)

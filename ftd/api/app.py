@@ -266,10 +266,10 @@ async def get_status(request: web.Request) -> web.Response:
 async def get_cluster(request: web.Request) -> web.Response:
     offset = _int_query(request, "offset", 0, 0, cluster_view.MAX_OFFSET)
     limit = _int_query(request, "limit", cluster_view.DEFAULT_LIMIT, 1, cluster_view.MAX_LIMIT)
-    view = request.app[CONTROL].cluster()
-    if inspect.isawaitable(view):
-        view = await view
-    return _json_response(cluster_view.bounded(view, offset, limit))
+    answer = request.app[CONTROL].cluster(offset, limit)
+    if inspect.isawaitable(answer):
+        answer = await answer
+    return _json_response(answer)
 
 
 async def post_restart(request: web.Request) -> web.Response:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import math
+from dataclasses import dataclass
 from typing import Any
 
 DEFAULT_LIMIT = 64
@@ -27,9 +28,19 @@ WORST = 16
 newest summaries first) listed in full."""
 
 
-def bounded(view: dict[str, Any], offset: int, limit: int) -> dict[str, Any]:
-    """`view` (a coordinator's cluster answer) with nodes `offset` .. `offset + limit` and the
-    aggregates over every node."""
+@dataclass(frozen=True)
+class Prepared:
+    """A cluster view with its aggregates computed (O(N) once), ready to be paged (O(limit))."""
+
+    view: dict[str, Any]
+    nodes: list[dict[str, Any]]
+    members: list[Any]
+    excluded: list[Any]
+    aggregates: dict[str, Any]
+
+
+def prepare(view: dict[str, Any]) -> Prepared:
+    """`view` (a coordinator's cluster answer) with the aggregates over every node."""
     nodes = [node for node in _listed(view.get("nodes")) if isinstance(node, dict)]
     stragglers = [s for s in _listed(view.get("stragglers")) if isinstance(s, dict)]
     states = collections.Counter(str(node.get("state")) for node in nodes)
@@ -38,17 +49,8 @@ def bounded(view: dict[str, Any], offset: int, limit: int) -> dict[str, Any]:
     failed = [node for node in timed if node.get("last_failure")]
     given = view.get("round")
     round_: dict[str, Any] = given if isinstance(given, dict) else {}
-    members = _listed(round_.get("members"))
-    excluded = _listed(view.get("excluded"))
-    return {
-        **view,
-        "round": {**round_, "members": members[offset : offset + limit], "size": len(members)},
-        "excluded": excluded[:limit],
-        "total_excluded": len(excluded),
-        "nodes": [_shown(node) for node in nodes[offset : offset + limit]],
+    aggregates = {
         "total_nodes": len(nodes),
-        "offset": offset,
-        "limit": limit,
         "counts": {"state": dict(sorted(states.items())), "role": dict(sorted(roles.items()))},
         "stragglers": sorted(stragglers, key=lambda s: -(_number(s.get("ratio")) or 0.0))[:WORST],
         "total_stragglers": len(stragglers),
@@ -62,6 +64,31 @@ def bounded(view: dict[str, Any], offset: int, limit: int) -> dict[str, Any]:
         ],
         "total_failed": len(failed),
     }
+    members = _listed(round_.get("members"))
+    return Prepared(view, nodes, members, _listed(view.get("excluded")), aggregates)
+
+
+def page(prepared: Prepared, offset: int, limit: int) -> dict[str, Any]:
+    """Nodes `offset` .. `offset + limit` of a prepared view, with its aggregates."""
+    given = prepared.view.get("round")
+    round_: dict[str, Any] = given if isinstance(given, dict) else {}
+    members = prepared.members
+    return {
+        **prepared.view,
+        "round": {**round_, "members": members[offset : offset + limit], "size": len(members)},
+        "excluded": prepared.excluded[:limit],
+        "total_excluded": len(prepared.excluded),
+        "nodes": [_shown(node) for node in prepared.nodes[offset : offset + limit]],
+        "offset": offset,
+        "limit": limit,
+        **prepared.aggregates,
+    }
+
+
+def bounded(view: dict[str, Any], offset: int, limit: int) -> dict[str, Any]:
+    """`view` (a coordinator's cluster answer) with nodes `offset` .. `offset + limit` and the
+    aggregates over every node."""
+    return page(prepare(view), offset, limit)
 
 
 def _shown(node: dict[str, Any]) -> dict[str, Any]:

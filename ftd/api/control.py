@@ -13,6 +13,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Literal
 
+from ftd.api.cluster_view import bounded
+from ftd.api.kept_cluster import KeptClusterView
 from ftd.config.serve import ServeConfig
 from ftd.coordination import CoordinationError, Coordinator
 from ftd.coordination.base import new_request
@@ -57,6 +59,7 @@ class NodeControl:
         self._summary = summary
         """This node's summary, as the other nodes see it (the one-node cluster view)."""
         self.status_snapshot = snapshot
+        self._cluster = KeptClusterView(coordinator.cluster, background)
 
     def request_restart(self, scope: str, reason: str, requested_by: str, count: bool) -> Event:
         """Ask for a restart of the workers; the `restart_requested` event. Conflict when the
@@ -115,16 +118,19 @@ class NodeControl:
             raise NotFound(f"rank {global_rank} does not run on node {self.config.node_id}")
         return self.run_dir / f"attempt_{attempt}" / str(local) / name
 
-    def cluster(self) -> dict[str, Any] | Awaitable[dict[str, Any]]:
-        """Every node's summary, the current round's membership, the excluded nodes (a
-        coroutine where they are read from the rendezvous store), the job's culprit of the last
-        hang as this node learned it."""
+    def cluster(self, offset: int, limit: int) -> dict[str, Any] | Awaitable[dict[str, Any]]:
+        """A page of every node's summary, the current round's membership, the excluded nodes,
+        the aggregates over them (cluster_view.py; a coroutine where they are read from the
+        rendezvous store, kept_cluster.py), the job's culprit of the last hang as this node
+        learned it."""
         coordinator = self._coordinator
         if self.config.multi_node and coordinator.reached and not coordinator.lost.is_set():
-            return self._with_culprit(coordinator.cluster())
+            rnd = coordinator.round
+            return self._with_culprit(
+                self._cluster.page(rnd.number if rnd else None, offset, limit)
+            )
         summary = self._summary()
-        return {
-            "culprit": self.status.job_culprit,
+        view = {
             "nodes": [{**summary, "role": "active"}],
             "round": {"round": self.status.attempt, "members": [self.config.node_id]},
             "excluded": [],
@@ -132,9 +138,10 @@ class NodeControl:
                 {"node_id": self.config.node_id, **s} for s in summary.get("stragglers", ())
             ],
         }
+        return {**bounded(view, offset, limit), "culprit": self.status.job_culprit}
 
-    async def _with_culprit(self, view: Awaitable[dict[str, Any]]) -> dict[str, Any]:
-        return {**(await view), "culprit": self.status.job_culprit}
+    async def _with_culprit(self, page: Awaitable[dict[str, Any]]) -> dict[str, Any]:
+        return {**(await page), "culprit": self.status.job_culprit}
 
     def get_timeouts(self) -> dict[str, Any]:
         """The rank-health timeouts in force. FeatureUnavailable until they exist."""
@@ -175,6 +182,7 @@ class NodeControl:
         coordinator = self._coordinator
         try:
             await coordinator.exclude(node_id, why)
+            self._cluster.drop()
             rnd = self._running.round
             if rnd is not None:
                 await coordinator.request(rnd, new_request("restart", why, self.config.node_id))
@@ -192,5 +200,6 @@ class NodeControl:
     async def _readmit(self, node_id: str) -> None:
         try:
             await self._coordinator.readmit(node_id)
+            self._cluster.drop()
         except CoordinationError as error:
             log.error("could not readmit node %s: %s", node_id, error.reason)

@@ -750,7 +750,7 @@ async def test_unexpected_errors_are_500_problems_without_traceback(
         status = NodeStatus(node_id="n", run_id="r")
         events = EventLog(None)
 
-        def cluster(self) -> dict[str, Any]:
+        def cluster(self, offset: int, limit: int) -> dict[str, Any]:
             raise RuntimeError("secret internals")
 
     app = build_app(Broken(), "t" * 16, HostPolicy(frozenset({"localhost"})))  # type: ignore[arg-type]

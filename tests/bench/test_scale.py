@@ -70,6 +70,9 @@ def check(result: dict[str, Any], backend: str) -> None:
     assert result["store_host_waited_s"] >= 0 and result["forming"]["store_waited_s"] >= 0
     assert isinstance(result["store_prioritized"], bool)
     assert 0 <= result["cluster_view_alone_s"] <= result["cluster_view_alone_max_s"]
+    # The pages come from node 0's kept view: at least one read of every summary behind them.
+    assert result["cluster_view_reads"] >= 1 and result["cluster_view_read_s"] > 0, result
+    assert result["cluster_view_alone_read_s"] is None or result["cluster_view_alone_read_s"] > 0
     culprit = result["culprit"]
     assert culprit["right"] and culprit["decisions"] == 1, culprit
     assert culprit["node"] == culprit["hung"]["node"] and culprit["rank"] % 8 == 3, culprit

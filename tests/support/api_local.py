@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from ftd.api import ApiLimits, ApiServer, start_api_server
+from ftd.api.cluster_view import bounded
 from ftd.config.serve import ServeConfig
 from ftd.errors import FeatureUnavailable, NotFound
 from ftd.status.events import Event, EventLog
@@ -62,12 +63,13 @@ class LocalControl:
             "restart_requested", scope=scope, reason=reason, by=requested_by, counted=count
         )
 
-    def cluster(self) -> dict[str, Any]:
-        return {
+    def cluster(self, offset: int, limit: int) -> dict[str, Any]:
+        view = {
             "nodes": [{"node_id": "local", "state": "running"}],
             "round": {"round": 0, "members": ["local"]},
             "excluded": [],
         }
+        return bounded(view, offset, limit)
 
     def get_timeouts(self) -> dict[str, Any]:
         return dict(self.timeouts)
