@@ -9,6 +9,10 @@ from ftd.cli.cells import listed, table, value
 from ftd.cli.event_lines import wall_time
 from ftd.text import NO_VALUE
 
+AGE_SHOWN_S = 1.0
+"""A page's nodes read this long ago or more are said to be (GET /v1/cluster's `view_age_s`:
+one read serves the pages asked while it is young)."""
+
 
 def cluster_lines(status: dict[str, Any], cluster: dict[str, Any]) -> list[str]:
     nodes = [node for node in listed(cluster.get("nodes")) if isinstance(node, dict)]
@@ -36,10 +40,16 @@ def cluster_lines(status: dict[str, Any], cluster: dict[str, Any]) -> list[str]:
         ]
         for node in nodes
     ]
+    age = cluster.get("view_age_s")
+    aged = (
+        f" (summaries read {age:.1f} s ago)"
+        if isinstance(age, int | float) and not isinstance(age, bool) and age >= AGE_SHOWN_S
+        else ""
+    )
     return [
         "",
         f"cluster: round {value(round_.get('round'))}, members "
-        f"{', '.join(members) or NO_VALUE}; excluded {', '.join(excluded) or 'none'}",
+        f"{', '.join(members) or NO_VALUE}; excluded {', '.join(excluded) or 'none'}{aged}",
         *table(["NODE", "STATE", "ATTEMPT", "RESTARTS USED", "RANKS", "ROLE"], rows),
         *more_nodes_lines(cluster, len(nodes)),
         *straggler_lines(cluster),

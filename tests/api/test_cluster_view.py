@@ -139,6 +139,12 @@ def test_ftd_status_says_how_many_more_nodes_there_are_and_where() -> None:
     assert lines[-1].startswith("stragglers: rank 2392 on node-00299 (1.5x")
     assert not more_nodes_lines(bounded(cluster(3), 0, DEFAULT_LIMIT), 3)
     assert not more_nodes_lines({"total_nodes": True}, 0)
+    said = [line for line in lines if line.startswith("cluster: round")]
+    assert said and "summaries read" not in said[0]  # a view read just now says nothing
+    for age, shown in ((2.25, " (summaries read 2.2 s ago)"), (0.4, ""), (True, ""), ("9", "")):
+        aged = {**page, "view_age_s": age}
+        [said] = [line for line in cluster_lines({}, aged) if line.startswith("cluster: round")]
+        assert said.endswith(f"excluded none{shown}"), said
 
 
 def test_failed_nodes_are_listed_newest_first_and_no_reason_breaks_the_bound() -> None:

@@ -44,7 +44,7 @@ class PagedStub(Stub):
     async def get_cluster(self, request: web.Request) -> web.Response:
         offset = int(request.query.get("offset", "0"))
         limit = int(request.query.get("limit", str(DEFAULT_LIMIT)))
-        body = json.dumps(bounded(self.view, offset, limit))
+        body = json.dumps({**bounded(self.view, offset, limit), "view_age_s": 2.5})
         self.sizes.append(len(body))
         return web.Response(body=body, content_type="application/json")
 
@@ -77,6 +77,7 @@ async def test_a_1024_node_job_is_a_page_the_counts_of_all_and_the_culprit(tmp_p
         summary = await page.locator("#cluster-summary").inner_text()
         assert f"{NODES} nodes ({DEFAULT_LIMIT} shown)" in summary, summary
         assert f"{NODES} members · 0 standby" in summary, summary
+        assert summary.endswith("· read 2.5 s ago"), summary  # the kept view's age
         chips = await page.locator("#cluster-counts .count").all_inner_texts()
         assert sorted(chips) == sorted([f"{NODES - 11} running", "11 restarting"]), chips
         named = await page.locator("#cluster-culprit").inner_text()

@@ -164,9 +164,11 @@ function renderCluster() {
   const total = Number.isInteger(c.total_nodes) ? c.total_nodes : nodes.length;
   const shown = total > nodes.length ? ` (${nodes.length} shown)` : "";
   const members = Number.isInteger(round.size) ? round.size : (round.members || []).length;
+  // One read of the nodes' summaries serves the pages asked while it is young (view_age_s).
+  const age = typeof c.view_age_s === "number" && c.view_age_s >= 1 ? ` · read ${c.view_age_s.toFixed(1)} s ago` : "";
   $("cluster-summary").textContent =
     `${total} node${total === 1 ? "" : "s"}${shown} · round ${round.round ?? "–"} · ` +
-    `${members} members · ${standbys} standby · ${excluded.size} excluded`;
+    `${members} members · ${standbys} standby · ${excluded.size} excluded${age}`;
   const list = $("node-ids");
   if (list.childElementCount !== state.nodes.size) {
     list.replaceChildren(...[...state.nodes].sort().map((id) => { const o = el("option"); o.value = id; return o; }));
