@@ -34,6 +34,7 @@ class Prepared:
 
     view: dict[str, Any]
     nodes: list[dict[str, Any]]
+    round: dict[str, Any]
     members: list[Any]
     excluded: list[Any]
     aggregates: dict[str, Any]
@@ -65,17 +66,19 @@ def prepare(view: dict[str, Any]) -> Prepared:
         "total_failed": len(failed),
     }
     members = _listed(round_.get("members"))
-    return Prepared(view, nodes, members, _listed(view.get("excluded")), aggregates)
+    return Prepared(view, nodes, round_, members, _listed(view.get("excluded")), aggregates)
 
 
 def page(prepared: Prepared, offset: int, limit: int) -> dict[str, Any]:
     """Nodes `offset` .. `offset + limit` of a prepared view, with its aggregates."""
-    given = prepared.view.get("round")
-    round_: dict[str, Any] = given if isinstance(given, dict) else {}
     members = prepared.members
     return {
         **prepared.view,
-        "round": {**round_, "members": members[offset : offset + limit], "size": len(members)},
+        "round": {
+            **prepared.round,
+            "members": members[offset : offset + limit],
+            "size": len(members),
+        },
         "excluded": prepared.excluded[:limit],
         "total_excluded": len(prepared.excluded),
         "nodes": [_shown(node) for node in prepared.nodes[offset : offset + limit]],
