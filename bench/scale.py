@@ -48,8 +48,10 @@ the end of the run with every other worker stopped, node rank 0 and the store al
 cores), harness_cores (the
 worker processes' CPU over the window), machine_cores_busy (every process of the machine, other
 users' too), looks_late_max_s, false_node_lost, threads, forming (the cores used while round 0
-formed, the store's wait for a core) and forming_ops_per_node, culprit, saturated and
-saturated_why.
+formed, the store's wait for a core; `steps`: from the last joiner's ask, its close through
+(`closed_s`), each node's closing record read and each node's round had, p50 and max;
+`later_rounds_steps` the same for each later round) and forming_ops_per_node, culprit,
+saturated and saturated_why.
 
 `saturated` is true when this machine, not ftd, bounds the figures: over the steady window the
 harness's processes used at least 85 % of the machine's cores, or the whole machine was 95 %
@@ -479,7 +481,23 @@ async def join_all(
         joined = sum(a["joined"] for a in answers)
         raise HarnessError(f"{joined} nodes joined; the others: {failed[0]['error']}")
     had = max(a["had_round_at"] for a in answers)
+    answers[0]["forming_steps"] = forming_steps(answers, asked["asked_at"])
     return had - asked["asked_at"], had - started, answers
+
+
+def forming_steps(answers: list[dict[str, Any]], asked: float) -> dict[str, Any]:
+    """Where a round's forming went, from the last joiner's ask: the close's write through,
+    each node's closing record read (p50, max), each node's round had (p50, max)."""
+    steps: dict[str, Any] = {}
+    closes = [t - asked for a in answers for t in a.pop("closed_at", [])]
+    if closes:
+        steps["closed_s"] = round(min(closes), 3)
+    for name in ("record_at", "had_at"):
+        times = [t - asked for a in answers for t in a.pop(name, [])]
+        if times:
+            shown = percentiles(times)
+            steps[name.removesuffix("_at")] = {"p50": shown["p50"], "max": shown["max"]}
+    return steps
 
 
 async def round_end(workers: list[Worker], timeout_s: float) -> list[dict[str, Any]]:
@@ -509,7 +527,8 @@ async def propagation(
             result["propagation_s"] = percentiles(samples)
         else:  # a false node_lost's restart came first: nothing to time
             result["propagation_skipped"] = result.get("propagation_skipped", 0) + 1
-        formed, total, _ = await join_all(workers, args.join_timeout + 60, args.nodes - 1)
+        formed, total, answers = await join_all(workers, args.join_timeout + 60, args.nodes - 1)
+        result.setdefault("later_rounds_steps", []).append(answers[0].pop("forming_steps"))
         later.append(round(formed, 3))
         all_joined.append(round(total, 3))
         result["later_rounds_formed_s"] = later
@@ -689,6 +708,7 @@ async def measure(args: argparse.Namespace, host: Store | Etcd, work: Path) -> d
         phase, meter = say("round 0"), Meter(workers, host)
         formed, total, answers = await join_all(workers, args.join_timeout + 60, v - 1)
         result.update(formed=True, round_formed_s=round(formed, 3), forming=meter.cores())
+        result["forming"]["steps"] = answers[0].pop("forming_steps")
         result["round_all_joined_s"] = round(total, 3)
         result["forming"]["machine_after_last_joiner"] = answers[0]["machine_cores"]
         result["forming"]["after_last_joiner_s"] = round(formed, 3)

@@ -167,6 +167,10 @@ class VirtualNode:
         self.entered = asyncio.Event()
         self.joining: asyncio.Task[Round] | None = None
         self.had_round_at: float | None = None
+        self.closed_at: float | None = None
+        """When this node's close of the round it joins went through (the closing node's)."""
+        self.record_at: float | None = None
+        """When this node had the closing record of the round it joins."""
         self.hung_node: int | None = None
         self.culprit_task: asyncio.Future[Any] | None = None
         self.named_at: float | None = None
@@ -183,6 +187,18 @@ class VirtualNode:
             return entry
 
         steps.enter = entering
+        close, closing = steps.close, steps.closing
+
+        async def closed(number: int, abort: bool, deadline: float) -> None:
+            await close(number, abort, deadline)
+            self.closed_at = time.time()
+
+        async def recorded(*args: Any) -> Any:
+            record = await closing(*args)
+            self.record_at = time.time()
+            return record
+
+        steps.close, steps.closing = closed, recorded
 
     def collectives(self, rnd: Round, since: float) -> SimpleNamespace:
         """What this node's ranks had entered when the attempt ended on the hang: the hung
@@ -341,7 +357,7 @@ class Worker:
             return rnd
 
         v.entered.clear()
-        v.had_round_at = None
+        v.had_round_at = v.closed_at = v.record_at = None
         v.joining = asyncio.ensure_future(join())
 
     async def do_join(self, msg: dict[str, Any]) -> dict[str, Any]:
@@ -373,6 +389,9 @@ class Worker:
         answer: dict[str, Any] = {
             "joined": len(had),
             "had_round_at": max(had, default=None),
+            "had_at": had,
+            "record_at": [v.record_at for v in self.nodes if v.record_at is not None],
+            "closed_at": [v.closed_at for v in self.nodes if v.closed_at is not None],
             "cpu_s": cpu_seconds() - self._cpu,
             "ops": sum(v.c.ops for v in self.nodes) - self._ops,
             "threads": threading.active_count(),
