@@ -7,7 +7,8 @@ carries an HMAC-SHA256 over (rdzv id, key, value). The key names the round (`r5/
 record replayed into another key, round or job fails. A record that fails to parse or verify is
 logged once with its key and ignored: never acted on, never an exception in a task.
 
-Wire form, one line: `ftd1 <hex mac or -> <record JSON>`.
+Wire form, one line: `ftd1 <hex mac or -> <body>`, the body the record's JSON or, where that is
+long, the JSON packed (record_body.py); the MAC covers the body as stored.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Annotated, Literal, NamedTuple, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
+from ftd.coordination.record_body import BodyRefused, pack, unpack
 from ftd.refusals import Refusals
 
 log = logging.getLogger("ftd.coordination.records")
@@ -301,7 +303,7 @@ class RecordCodec:
         return hmac.new(self._secret, message, hashlib.sha256).hexdigest()
 
     def encode(self, key: str, record: Record) -> str:
-        body = record.model_dump_json().encode()
+        body = pack(record.model_dump_json().encode())
         mac = self._mac(key, body) if self._secret is not None else UNSIGNED
         return f"{MAGIC} {mac} {body.decode()}"
 
@@ -330,8 +332,11 @@ class RecordCodec:
                     "or the nodes' secrets (FTD_RDZV_SECRET / secret_file) differ",
                 )
                 return None
+        if isinstance(json := unpack(body, max_bytes), BodyRefused):
+            self._refuse(key, json.cause, json.detail)
+            return None
         try:
-            return model.model_validate_json(body)
+            return model.model_validate_json(json)
         except ValidationError as error:
             first = error.errors()[0]
             where = ".".join(str(p) for p in first["loc"]) or "record"

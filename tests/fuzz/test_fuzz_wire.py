@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import zlib
 from typing import Any
 
 import pytest
@@ -34,6 +35,7 @@ from ftd.coordination.etcd.client import wire
 from ftd.coordination.etcd.client.errors import EtcdBadAnswer
 from ftd.coordination.etcd.client.records import Delete, Get, Put
 from ftd.coordination.etcd.client.transport import AttemptFailed, parse
+from ftd.coordination.record_body import COMPRESS_FROM, BodyRefused, unpack
 from ftd.coordination.records import (
     MAX_RECORD_BYTES,
     AliveRecord,
@@ -102,6 +104,17 @@ _SAMPLES: list[tuple[str, BaseModel]] = [
             RoundRecord(number=2, members=(RoundMember.of(_member),), restarts=1),
         ),
     ),
+    (  # long enough to be stored packed (record_body.py)
+        "r/round/4/closed",
+        RoundRecord(
+            number=4,
+            members=tuple(
+                RoundMember.of(_member.model_copy(update={"node_id": f"node-{i:04d}"}))
+                for i in range(200)
+            ),
+            restarts=1,
+        ),
+    ),
     ("r/round/3/request", RequestRecord(action="restart", reason="rank 1 failed", by="node-a")),
     ("r/alive/node-a", AliveRecord(seq=7)),
     ("r/round/3/mark/node-a", MarkRecord(node_id="node-a", reason="unhealthy")),
@@ -127,6 +140,11 @@ def _encoded(codec: RecordCodec) -> st.SearchStrategy[bytes]:
     return st.sampled_from(_SAMPLES).map(lambda s: codec.encode(s[0], s[1]).encode())
 
 
+def _packed(body: bytes) -> bytes:
+    """A body packed as record_body.pack packs it, whatever its length."""
+    return b"z:" + base64.b64encode(zlib.compress(body))
+
+
 def _framed(body: bytes, mac: bytes) -> bytes:
     return b"ftd1 " + mac + b" " + body
 
@@ -138,6 +156,10 @@ _record_bytes = st.one_of(
     st.builds(_framed, _json.map(lambda v: json.dumps(v).encode()), st.just(b"-")),
     st.builds(_framed, _deep(b"[") | _deep(b'{"a":'), st.just(b"-")),
     st.builds(lambda n: b"ftd1 - " + b"9" * n, st.integers(1000, MAX_RECORD_BYTES + 10)),
+    st.builds(
+        _framed, _mangled(_json.map(lambda v: _packed(json.dumps(v).encode()))), st.just(b"-")
+    ),
+    st.builds(_framed, _deep(b"[").map(_packed), st.just(b"-")),  # a bomb of brackets
 )
 
 
@@ -159,6 +181,32 @@ def test_every_sample_round_trips() -> None:
     for codec in (_SIGNED, _UNSIGNED):
         for key, record in _SAMPLES:
             assert codec.decode(key, codec.encode(key, record), type(record)) == record
+    packed = [k for k, r in _SAMPLES if b" z:" in _UNSIGNED.encode(k, r).encode()]
+    assert packed == ["r/round/4/closed"]  # the fuzz above mangles a packed record too
+
+
+_inflating = st.one_of(
+    st.binary(max_size=256).map(lambda b: b"z:" + b),
+    st.binary(max_size=4096).map(_packed),
+    _mangled(st.binary(max_size=4096).map(_packed)),
+    st.integers(0, 1 << 22).map(lambda n: _packed(b"\0" * n)),  # up to 4 MiB of zeros
+    st.integers(0, 1 << 16).map(lambda n: _packed(b"x" * n) + b"tail"),
+)
+
+
+@fuzz_target("store_records", 200)
+@given(_inflating, st.integers(0, 2 * COMPRESS_FROM))
+def test_fuzz_packed_bodies(stored: bytes, max_bytes: int) -> None:
+    """A packed body inflates within `max_bytes`, or is refused as oversized or malformed; a
+    body that is not packed is its own JSON."""
+    with budget():
+        body = unpack(stored, max_bytes)
+    if isinstance(body, BodyRefused):
+        assert body.cause in ("oversized", "malformed")
+    elif stored.startswith(b"z:"):
+        assert len(body) <= max_bytes
+    else:  # not packed: its own JSON (the codec bounded its length before)
+        assert body == stored
 
 
 # -- etcd's answers -------------------------------------------------------------------------
