@@ -49,7 +49,8 @@ cores), harness_cores (the
 worker processes' CPU over the window), machine_cores_busy (every process of the machine, other
 users' too), looks_late_max_s, false_node_lost, threads, forming (the cores used while round 0
 formed, the store's wait for a core; `steps`: from the last joiner's ask, its close through
-(`closed_s`), each node's closing record read and each node's round had, p50 and max;
+(`closed_s`; absent where the record reached the closer first and its wait for its own close
+was dropped), each node's closing record read and each node's round had, p50 and max;
 `later_rounds_steps` the same for each later round) and forming_ops_per_node, culprit,
 saturated and saturated_why.
 

@@ -1,7 +1,9 @@
 """What round 0's closing record costs the store that serves it: every one of N nodes reads a
 record that lists the N members (b N bytes), b N² bytes in all, from one store process (c10d).
 
-For N in `--members`: a value of `--bytes-per-member` times N bytes is set, then read N times (once
+For N in `--members`: the closing record of N members (`--record`: `packed`, as ftd stores it
+since record_body.py, of nodes named `node-00001.cluster.local` with IPv4 addresses; `real`, the
+same record unpacked; `flat`, `--bytes-per-member` times N bytes) is set, then read N times (once
 per node) by `--clients` threads, each on a connection of its own (torch's C++ client: the
 threads run side by side, the store is kept busy); beside it N `add`s on the same connections
 (an operation with no value: what a round's other ~11 operations per node cost). The store's
@@ -10,7 +12,7 @@ and per add, and the wall time of the N reads: ftd's store (`ftd store`, as node
 it) and torch 2.13's own libuv server, in the same run, each in a process of its own.
 
     PYTHONPATH=.:client python bench/store_round_bytes.py [--members 1024 4096 16384]
-        [--bytes-per-member 31] [--clients 8] [--json OUT]
+        [--record packed|real|flat] [--bytes-per-member 31] [--clients 8] [--json OUT]
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from typing import Any
 
 from ftd_client.store import tcp_store_client
 from tcpstore_ops import server_process
+
+from ftd.coordination.records import RecordCodec, RoundMember, RoundRecord
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -53,10 +57,25 @@ def on_threads(clients: list[Any], total: int, op: Callable[[Any], object]) -> f
     return time.perf_counter() - start
 
 
-def measure(kind: str, members: int, per_member: int, clients: int) -> dict[str, Any]:
+def closing_record(members: int, record: str, per_member: int) -> bytes:
+    """Round 0's closing record of `members`: `flat`, `per_member` bytes a member; `real`, the
+    signed record of nodes named `node-00001.cluster.local` with IPv4 addresses, as ftd stored
+    it before record_body.py; `packed`, that record as ftd stores it now."""
+    if record == "flat":
+        return b"m" * (per_member * members)
+    addr = "10.{}.{}.{}".format
+    rows = tuple(RoundMember(f"node-{i:05d}.cluster.local", addr(i >> 16, i >> 8 & 255, i & 255),
+                             8, 29500) for i in range(members))  # fmt: skip
+    round_record = RoundRecord(number=0, members=rows, restarts=0)
+    if record == "packed":
+        return RecordCodec("job", b"secret").encode("r0/closed", round_record).encode()
+    return b"ftd1 " + b"0" * 64 + b" " + round_record.model_dump_json().encode()
+
+
+def measure(kind: str, members: int, value: bytes, clients: int) -> dict[str, Any]:
     with server_process(kind) as (port, pid):
         conns = [tcp_store_client("127.0.0.1", port) for _ in range(clients)]
-        conns[0].set("closed", b"m" * (per_member * members))
+        conns[0].set("closed", value)
         before = cpu_s(pid)
         read_wall = on_threads(conns, members, lambda c: c.get("closed"))
         read_cpu = cpu_s(pid) - before
@@ -66,8 +85,8 @@ def measure(kind: str, members: int, per_member: int, clients: int) -> dict[str,
     return {
         "server": kind,
         "members": members,
-        "record_bytes": per_member * members,
-        "served_bytes": per_member * members * members,
+        "record_bytes": len(value),
+        "served_bytes": len(value) * members,
         "reads_store_cpu_s": round(read_cpu, 3),
         "read_store_cpu_us": round(read_cpu / members * 1e6, 1),
         "reads_wall_s": round(read_wall, 3),
@@ -79,14 +98,16 @@ def measure(kind: str, members: int, per_member: int, clients: int) -> dict[str,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--members", type=int, nargs="+", default=[1024, 4096, 16384])
-    parser.add_argument("--bytes-per-member", type=int, default=31)
+    parser.add_argument("--record", choices=["flat", "real", "packed"], default="packed")
+    parser.add_argument("--bytes-per-member", type=int, default=31, help="for --record flat")
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     rows = []
     for members in args.members:
+        value = closing_record(members, args.record, args.bytes_per_member)
         for kind in ("ftd", "torch"):
-            row = measure(kind, members, args.bytes_per_member, args.clients)
+            row = {"record": args.record, **measure(kind, members, value, args.clients)}
             rows.append(row)
             print(json.dumps(row), flush=True)
     if args.json:

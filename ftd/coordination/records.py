@@ -332,11 +332,11 @@ class RecordCodec:
                     "or the nodes' secrets (FTD_RDZV_SECRET / secret_file) differ",
                 )
                 return None
-        if isinstance(json := unpack(body, max_bytes), BodyRefused):
-            self._refuse(key, json.cause, json.detail)
+        if isinstance(plain := unpack(body, max_bytes), BodyRefused):
+            self._refuse(key, plain.cause, plain.detail)
             return None
         try:
-            return model.model_validate_json(json)
+            return model.model_validate_json(plain)
         except ValidationError as error:
             first = error.errors()[0]
             where = ".".join(str(p) for p in first["loc"]) or "record"

@@ -46,9 +46,11 @@ def check(result: dict[str, Any], backend: str) -> None:
     assert result["formed"] and result["round_formed_s"] >= 0
     assert len(result["later_rounds_formed_s"]) == ROUNDS
     # Where each round's forming went, from the last joiner's ask: its close (the last joiner
-    # closes a full round), every node's closing record, every node's round.
+    # closes a full round; absent where the record came first and its close's wait was
+    # dropped), every node's closing record, every node's round.
     for steps in (result["forming"]["steps"], *result["later_rounds_steps"]):
-        assert steps["closed_s"] >= 0 and steps["record"]["max"] <= steps["had"]["max"], steps
+        assert steps.get("closed_s", 0) >= 0, steps
+        assert steps["record"]["max"] <= steps["had"]["max"], steps
         assert steps["record"]["p50"] <= steps["had"]["p50"], steps
     assert abs(result["forming"]["steps"]["had"]["max"] - result["round_formed_s"]) < 0.002
     # Every node's round end timed after each restart request, none before it was made.
