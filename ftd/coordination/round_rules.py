@@ -23,8 +23,9 @@ from typing import Any, Protocol, TypeVar
 
 from ftd.config.serve import ServeConfig
 from ftd.coordination.base import CoordinationError, Round, RoundWaits
+from ftd.coordination.exclusion_ledger import ExclusionLedger
 from ftd.coordination.progress import report_progress
-from ftd.coordination.records import ExclusionLedger, Member, RequestRecord, RoundRecord
+from ftd.coordination.records import Member, RequestRecord, RoundRecord
 from ftd.coordination.shared_rounds import (
     Late,
     excluded_error,

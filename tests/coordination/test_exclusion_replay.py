@@ -13,9 +13,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 
 from ftd.coordination.etcd.client import EtcdClient
+from ftd.coordination.exclusion_ledger import ExclusionLedger
 from ftd.coordination.records import (
     ExcludedRecord,
-    ExclusionLedger,
     RecordCodec,
     RoundRecord,
 )

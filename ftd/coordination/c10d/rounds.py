@@ -15,11 +15,11 @@ from typing import Any
 from ftd.config.serve import ServeConfig
 from ftd.coordination.base import CoordinationError, Round, new_request, order_members
 from ftd.coordination.c10d.record_store import RecordStore
+from ftd.coordination.exclusion_ledger import ExclusionLedger
 from ftd.coordination.memo import BytesMemo
 from ftd.coordination.records import (
     MAX_ROUND_RECORD_BYTES,
     ExcludedRecord,
-    ExclusionLedger,
     MarkRecord,
     Member,
     NodeSummary,

@@ -37,10 +37,10 @@ from ftd.config.serve import ServeConfig
 from ftd.coordination.base import CoordinationError, Round, order_members
 from ftd.coordination.etcd.client import Get, KeyValue, RangeResult
 from ftd.coordination.etcd.kv import RecordKv, RecordMemo
+from ftd.coordination.exclusion_ledger import ExclusionLedger
 from ftd.coordination.records import (
     MAX_ROUND_RECORD_BYTES,
     ExcludedRecord,
-    ExclusionLedger,
     MarkRecord,
     Member,
     NodeSummary,
