@@ -2,14 +2,15 @@
 list, in runs, and the rows new to it.
 
 Every member waits for its round's closing record, N members long: N nodes reading N rows is
-b N² bytes a round, all served by the one store (31 MB at 1,024 nodes, 0.9 GB at 4,096 with real
-names). A restart keeps nearly every member where it was, so the closer of round N (which reads
-round N-1's record to order the members) also writes `RoundDelta`, decided beside the closing
-record: round N-1's rows it keeps as runs of their places, the rows that are new. A member of
-round N-1 waits for that instead and rebuilds the list from its own copy: a restart costs each
-such node O(changes) bytes, the job O(N). A node without round N-1's list (round 0, a newcomer, a
-standby, a daemon restarted) reads the closing record itself, as does one whose rebuilt list
-does not match the digest (counted, `bad_round_delta`): the closing record stays the truth.
+b N² bytes a round, all served by the one store (31 MB at 1,024 nodes, 0.9 GB at 4,096 with
+real names; packed since record_body.py, a tenth of that). A restart keeps nearly every member where
+it was, so the closer of round N (which reads round N-1's record to order the members) also
+writes `RoundDelta`, decided beside the closing record: round N-1's rows it keeps as runs of
+their places, the rows that are new. A member of round N-1 waits for that instead and rebuilds
+the list from its own copy: a restart costs each such node O(changes) bytes, the job O(N). A
+node without round N-1's list (round 0, a newcomer, a standby, a daemon restarted) reads the
+closing record itself, as does one whose rebuilt list does not match the digest (counted,
+`bad_round_delta`): the closing record stays the truth.
 """
 
 from __future__ import annotations
