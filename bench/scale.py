@@ -701,7 +701,7 @@ async def measure(args: argparse.Namespace, host: Store | Etcd, work: Path) -> d
             await w.spawn()
         start = {"backend": args.backend, "endpoint": host.endpoint, "nodes": v, "work": str(work),
                  "keepalive_s": args.keepalive, "join_timeout_s": args.join_timeout,
-                 "start_batch": args.start_batch,
+                 "start_batch": args.start_batch, "list_max": args.list_max,
                  "etcd_read_timeout_s": args.etcd_read_timeout}  # fmt: skip
         starts = (w.call("start", 120 + 0.05 * v, first=w.first, count=w.count, **start)
                   for w in workers)  # fmt: skip
@@ -814,6 +814,12 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, required=True)
     parser.add_argument("--procs", type=int, help="worker processes (default: V/32, 2 to 32)")
     parser.add_argument("--seconds", type=float, default=30.0, help="the steady window")
+    parser.add_argument(
+        "--list-max",
+        type=int,
+        help="rounds of at most this many members are read whole by each node, larger ones as "
+        "each node's assignment (default: ftd's, assignment.LIST_MAX, 64)",
+    )
     parser.add_argument(
         "--keepalive", type=float, default=5.0, help="--node-keepalive-timeout (default: 5, ftd's)"
     )

@@ -58,6 +58,7 @@ from ftd.api.kept_cluster import KeptClusterView
 from ftd.checkpoint.holder import CheckpointHolder
 from ftd.checkpoint.replication import Replication
 from ftd.config.serve import ServeConfig
+from ftd.coordination.assignment import LIST_MAX
 from ftd.coordination.base import Coordinator, Round, new_request
 from ftd.coordination.job_share import JobShare
 from ftd.coordination.records import Member, RequestRecord
@@ -263,7 +264,8 @@ class VirtualNode:
         if rnd is None:
             return None
         first = rnd.group_rank * NPROC
-        return rnd.number, rnd.node_ids, range(first, first + NPROC), NPROC * len(rnd.members)
+        members = list(rnd.node_ids or (self.node_id, *([rnd.successor] if rnd.successor else [])))
+        return rnd.number, members, range(first, first + NPROC), NPROC * rnd.size
 
     def arm(self, rnd: Round) -> None:
         """Watch `rnd`'s end: the moment this node would stop its ranks."""
@@ -343,6 +345,9 @@ class Worker:
         async def start(v: VirtualNode) -> None:
             async with gate:  # connections opened a batch at a time, not all at once
                 await v.c.start(self._on_node_lost(v))
+            rounds: Any = v.c._rounds  # both backends' StoreRounds/EtcdRounds
+            listed = msg.get("list_max")
+            rounds.list_max = LIST_MAX if listed is None else int(listed)
             v.watch_entry()
 
         await asyncio.gather(*(start(v) for v in self.nodes))

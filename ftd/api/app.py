@@ -291,7 +291,7 @@ async def post_fault(request: web.Request) -> web.Response:
 
 async def exclude_node(request: web.Request) -> web.Response:
     body = _validate(ExcludeRequest, await _body(request))
-    event = request.app[CONTROL].exclude_node(
+    event = await request.app[CONTROL].exclude_node(
         request.match_info["node_id"], body.reason, _requested_by(request)
     )
     return _event_accepted(event.id, event.to_dict(), 202)

@@ -151,7 +151,7 @@ class NodeControl:
         """Apply a partial update (validated; InvalidRequest naming the field); the new values."""
         return self._health.update(patch, by=requested_by).model_dump()
 
-    def exclude_node(self, node_id: str, reason: str, requested_by: str) -> Event:
+    async def exclude_node(self, node_id: str, reason: str, requested_by: str) -> Event:
         """Exclude a node from the job. NotFound, Conflict (below MIN) or FeatureUnavailable."""
         if not self.config.multi_node:
             if node_id != self.config.node_id:
@@ -161,9 +161,19 @@ class NodeControl:
                 "--nnodes MIN:MAX (MAX > 1)"
             )
         rnd = self._running.round
-        members = rnd.node_ids if rnd else [self.config.node_id]
+        members: tuple[str, ...] = (self.config.node_id,)
+        if rnd is not None:
+            try:
+                members = await self._coordinator.roster(rnd)
+            except CoordinationError as error:
+                raise FeatureUnavailable(
+                    f"cannot read the round's members: {error.reason}"
+                ) from None
         if node_id not in members:
-            raise NotFound(f"no node {node_id!r} in the current round ({', '.join(members)})")
+            listed = ", ".join(members[:20]) + (
+                f" and {len(members) - 20} more" if len(members) > 20 else ""
+            )
+            raise NotFound(f"no node {node_id!r} in the current round ({listed})")
         if node_id in self._coordinator.excluded:
             raise Conflict(f"node {node_id!r} is already excluded")
         if len(members) - 1 < self.config.nnodes_min:

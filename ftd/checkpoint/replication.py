@@ -236,7 +236,15 @@ class Replication:
         view = self._round_view()
         if view is not None:
             self.ring.number, self.ring.members, self.ring.ranks, self.ring.world = view
-            self.ring.read(await self._share.every_summary())
+            nodes = await self._share.every_summary()
+            active = tuple(
+                n["node_id"]
+                for n in nodes
+                if n.get("role") == "active" and isinstance(n.get("node_id"), str)
+            )
+            if len(active) > len(self.ring.members):  # a node that holds no list: the view's
+                self.ring.members = active
+            self.ring.read(nodes)
 
     def _newest_complete(self) -> int | None:
         """The newest step complete on every rank of this node in this round."""
@@ -336,10 +344,14 @@ def replication_for(
         rnd = coordinator.round
         if rnd is None:
             return None
-        placement = rnd.placement()
-        first = placement.base_global_rank
+        first = rnd.base_global_rank
         ranks = range(first, first + rnd.nproc)
-        return rnd.number, rnd.node_ids, ranks, placement.world_size
+        # Where this node holds no list (a large round: assignment.py), its ring is itself and
+        # its successor; node rank 0, which gathers the floor, holds the list.
+        members = rnd.node_ids
+        if members is None:
+            members = (config.node_id, rnd.successor) if rnd.successor else (config.node_id,)
+        return rnd.number, members, ranks, rnd.world_size
 
     def replication(holder: CheckpointHolder) -> Replication:
         return Replication(key, config.node_id, events, round_view, share, publish, holder)

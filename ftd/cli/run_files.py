@@ -177,7 +177,8 @@ def read_run(run_dir: str | os.PathLike[str]) -> Record:
 
 
 def _cluster_view(record: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
-    """cluster.json (`{"round", "members", "excluded"}`) as the API's /v1/cluster shapes it,
+    """cluster.json (`{"round", "members", "size", "excluded"}`; `members` empty at a node of a
+    large round, which holds no list) as the API's /v1/cluster shapes it,
     with this node's last state: other nodes' states are not in the run directory."""
     members = record.get("members") if isinstance(record.get("members"), list) else []
     assert isinstance(members, list)

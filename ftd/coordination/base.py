@@ -16,8 +16,9 @@ Rules every implementation keeps:
 from __future__ import annotations
 
 import asyncio
+import bisect
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Literal, Protocol
@@ -81,41 +82,79 @@ class CoordinationError(Exception):
 
 @dataclass(frozen=True)
 class Round:
+    """A round as this node holds it: its own place in it, node rank 0's row and its replicas'
+    successor; `members`, the whole list, only where this node read the closing record (node
+    rank 0 always; see assignment.py). `roster` (the coordinator's) reads the list elsewhere."""
+
     number: int
-    members: tuple[MemberRow, ...]
     restarts: int
     """Restarts used before this round (the budget is counted across the cluster)."""
     group_rank: int
     excluded: Mapping[str, str]
+    size: int
+    """The members (the group world size)."""
+    leader: MemberRow
+    """Node rank 0's row."""
+    nproc: int
+    """This node's ranks in this round."""
+    base_global_rank: int
+    world_size: int
+    successor: str | None
+    """The next member in the replicas' ring (node ids in order); None alone."""
+    members: tuple[MemberRow, ...] | None = None
+
+    @classmethod
+    def of_members(
+        cls,
+        number: int,
+        members: tuple[MemberRow, ...],
+        restarts: int,
+        group_rank: int,
+        excluded: Mapping[str, str],
+    ) -> Round:
+        """The round from its whole list (the closing record, or one node alone)."""
+        nprocs = [row[2] for row in members]  # RoundMember.nproc
+        ring = sorted({row[0] for row in members})
+        me = members[group_rank][0]
+        successor = None
+        if len(ring) > 1:
+            successor = ring[(bisect.bisect_left(ring, me) + 1) % len(ring)]
+        return cls(
+            number=number,
+            restarts=restarts,
+            group_rank=group_rank,
+            excluded=excluded,
+            size=len(members),
+            leader=members[0],
+            nproc=nprocs[group_rank],
+            base_global_rank=sum(nprocs[:group_rank]),
+            world_size=sum(nprocs),
+            successor=successor,
+            members=members,
+        )
 
     @cached_property
-    def node_ids(self) -> tuple[str, ...]:
-        """Computed once a round: read on every ring look of every node (O(N) each)."""
-        return tuple(row[0] for row in self.members)
+    def node_ids(self) -> tuple[str, ...] | None:
+        """The members' ids, where this node holds the list (computed once a round)."""
+        return None if self.members is None else tuple(row[0] for row in self.members)
+
+    @property
+    def leader_id(self) -> str:
+        return self.leader[0]
 
     @property
     def store_host(self) -> tuple[str, int]:
         """Where this round's workers' store listens: node rank 0's, ready before it joined."""
-        first = RoundMember._make(self.members[0])
+        first = RoundMember._make(self.leader)
         return first.addr, first.store_port
 
-    @property
-    def nproc(self) -> int:
-        """This node's ranks in this round."""
-        return RoundMember._make(self.members[self.group_rank]).nproc
-
     def placement(self) -> Placement:
-        return self._placement
-
-    @cached_property
-    def _placement(self) -> Placement:
         host, port = self.store_host
-        nprocs = [row[2] for row in self.members]  # RoundMember.nproc
         return Placement(
             group_rank=self.group_rank,
-            group_world_size=len(self.members),
-            base_global_rank=sum(nprocs[: self.group_rank]),
-            world_size=sum(nprocs),
+            group_world_size=self.size,
+            base_global_rank=self.base_global_rank,
+            world_size=self.world_size,
             master_addr=host,
             master_port=port,
         )
@@ -211,6 +250,11 @@ class Coordinator(Protocol):
 
     async def restarts_used(self, rnd: Round) -> int: ...
 
+    async def roster(self, rnd: Round) -> tuple[str, ...]:
+        """`rnd`'s members' ids: the list this node holds, else read from the closing record
+        (O(N): for an operator's view or the job's end, never once a round on every node)."""
+        ...
+
     async def count_restart(self, rnd: Round, reason: str) -> int:
         """Charge one restart that ends no round (an in-process respawn): the restarts used,
         this one included."""
@@ -288,11 +332,15 @@ def cluster_answer(
     store_ops: int,
     refused: dict[str, int],
     unavailable: str | None = None,
+    members: Sequence[str] | None = None,
 ) -> dict[str, Any]:
-    """`GET /v1/cluster`'s answer, the same from every backend."""
+    """`GET /v1/cluster`'s answer, the same from every backend (`members`: `rnd`'s, where
+    this node holds no list)."""
+    if members is None:
+        members = (rnd.node_ids or ()) if rnd else ()
     answer: dict[str, Any] = {
         "nodes": nodes,
-        "round": {"round": rnd.number if rnd else 0, "members": list(rnd.node_ids) if rnd else []},
+        "round": {"round": rnd.number if rnd else 0, "members": list(members)},
         "excluded": [{"node_id": n, "reason": r} for n, r in sorted(excluded.items())],
         "stragglers": [
             {"node_id": node.get("node_id"), **straggler}

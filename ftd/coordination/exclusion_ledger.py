@@ -3,7 +3,20 @@ records.py): one owner, so that a replayed record never rolls an exclusion back.
 
 from __future__ import annotations
 
-from ftd.coordination.records import ExcludedRecord, RecordCodec, RoundRecord
+from collections.abc import Mapping
+from typing import Protocol
+
+from ftd.coordination.records import ExcludedRecord, RecordCodec
+
+
+class Excluding(Protocol):
+    """What a round's closing record (or a member's assignment of it) says of exclusions."""
+
+    @property
+    def excluded(self) -> Mapping[str, str]: ...
+
+    @property
+    def excluded_epoch(self) -> int: ...
 
 
 class ExclusionLedger:
@@ -34,10 +47,11 @@ class ExclusionLedger:
                 self.newest = found
         return self.nodes
 
-    def learn(self, record: RoundRecord) -> None:
-        """What a closed round's record says about the excluded nodes."""
+    def learn(self, record: Excluding) -> None:
+        """What a closed round's record (or an assignment of it) says about the excluded
+        nodes."""
         if record.excluded_epoch > self.newest.epoch:
-            self.newest = ExcludedRecord(nodes=record.excluded, epoch=record.excluded_epoch)
+            self.newest = ExcludedRecord(nodes=dict(record.excluded), epoch=record.excluded_epoch)
 
     def updated(
         self, current: ExcludedRecord | None, node_id: str, reason: str | None

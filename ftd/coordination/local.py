@@ -55,7 +55,7 @@ class LocalCoordinator:
 
     async def join(self, me: Member, waits: RoundWaits | None = None) -> Round:
         number, self._next = self._next, self._next + 1
-        self.round = Round(number, (RoundMember.of(me),), self._restarts, 0, {})
+        self.round = Round.of_members(number, (RoundMember.of(me),), self._restarts, 0, {})
         return self.round
 
     def _future(self, rnd: Round) -> asyncio.Future[RequestRecord]:
@@ -78,6 +78,9 @@ class LocalCoordinator:
 
     async def restarts_used(self, rnd: Round) -> int:
         return self._restarts
+
+    async def roster(self, rnd: Round) -> tuple[str, ...]:
+        return rnd.node_ids or (rnd.leader_id,)
 
     async def count_restart(self, rnd: Round, reason: str) -> int:
         self._restarts += 1

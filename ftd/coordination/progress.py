@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 
 from ftd.config.serve import ServeConfig
@@ -89,7 +89,8 @@ async def report_progress(
     look, the count 0.2). A read that fails is said and tried again. The board hears that the
     wait is over when this ends."""
     loop = asyncio.get_running_loop()
-    previous = last.node_ids if last is not None else []
+    # A node that holds no list of the round before (a large round) names nobody missing.
+    previous: Sequence[str] = (last.node_ids or ()) if last is not None else ()
     seen = known
 
     async def look(say: bool) -> None:

@@ -22,8 +22,9 @@ from functools import partial
 from typing import Any, Protocol, TypeVar
 
 from ftd.config.serve import ServeConfig
+from ftd.coordination.assignment import Assignment, round_of
 from ftd.coordination.base import CoordinationError, Round, RoundWaits
-from ftd.coordination.exclusion_ledger import ExclusionLedger
+from ftd.coordination.exclusion_ledger import Excluding, ExclusionLedger
 from ftd.coordination.progress import report_progress
 from ftd.coordination.records import Member, RequestRecord, RoundRecord
 from ftd.coordination.shared_rounds import (
@@ -60,11 +61,10 @@ class RoundSteps(Protocol):
         """Join the newest open round: (its number, this node's place among its joiners), or
         Late for a round that closed without this node."""
 
-    async def closing(self, number: int, base: Round | None) -> tuple[RoundRecord, int | None]:
-        """Round `number`'s closing record once decided (and the store's revision of it, where
-        the store has one: what the members' watch starts from). `base`: this node's round
-        before, from whose members a member of round `number - 1` rebuilds it
-        (round_delta.py)."""
+    async def closing(self, number: int, me: str) -> tuple[RoundRecord | Assignment, int | None]:
+        """Round `number` once closed: `me`'s assignment where it has a place other than node
+        rank 0's, else the closing record (assignment.py); and the store's revision of the
+        closing record, where the store has one: what the members' watch starts from."""
 
     async def close(self, number: int, abort: bool, deadline: float) -> None: ...
 
@@ -96,7 +96,7 @@ async def join(
     deadline: float,
     last: Round | None,
     waits: RoundWaits | None,
-    on_record: Callable[[RoundRecord], None],
+    on_record: Callable[[Excluding], None],
 ) -> Round:
     """This node's next round (`last`: its round before); `on_record` hears each closing record
     it read (its excluded nodes), before the round is returned or refused."""
@@ -107,7 +107,19 @@ async def join(
             await _as_late(config, steps, entry, deadline, waits)
             continue
         number, joiner = entry
-        record, revision = await _await_close(config, steps, number, joiner, deadline, last, waits)
+        got, revision = await _await_close(
+            config, steps, me.node_id, (number, joiner), deadline, last, waits
+        )
+        if isinstance(got, Assignment) and got.place is not None:
+            book.exclusions.learn(got)
+            on_record(got)
+            book.round_hint = number + 1
+            book.known_restarts = restarts_kept(number, got.restarts, book.known_restarts)
+            rnd = round_of(got, got.place, book.known_restarts)
+            steps.watch([rnd.leader_id], revision)
+            return rnd
+        assert isinstance(got, RoundRecord)  # the steps read the record for any other
+        record = got
         if record.aborted:
             raise CoordinationError(record.aborted)
         book.exclusions.learn(record)
@@ -123,7 +135,7 @@ async def join(
             await _as_late(config, steps, Late(number, record), deadline, waits)
             continue
         book.known_restarts = restarts_kept(number, record.restarts, book.known_restarts)
-        rnd = Round(
+        rnd = Round.of_members(
             number, record.members, book.known_restarts, ids.index(me.node_id), record.excluded
         )
         steps.watch(ids[1:] if rnd.group_rank == 0 else ids[:1], revision)
@@ -133,14 +145,16 @@ async def join(
 async def _await_close(
     config: ServeConfig,
     steps: RoundSteps,
-    number: int,
-    joiner: int,
+    node_id: str,
+    entry: tuple[int, int],
     deadline: float,
     last: Round | None,
     waits: RoundWaits | None,
-) -> tuple[RoundRecord, int | None]:
-    """Wait for round `number` to close; close it when it is this node's turn."""
-    closed = steps.spawn(steps.closing(number, last), f"round-{number}-closed")
+) -> tuple[RoundRecord | Assignment, int | None]:
+    """Wait for round `number` (`entry`: it, and this node's place among its joiners) to
+    close; close it when it is this node's turn."""
+    number, joiner = entry
+    closed = steps.spawn(steps.closing(number, node_id), f"round-{number}-closed")
 
     async def close_when_due() -> None:
         loop = asyncio.get_running_loop()

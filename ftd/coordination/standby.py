@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,13 +50,16 @@ class ClusterView:
     standby: bool
 
 
-def viewed_round(rnd: Round | None, standing_by: Late | None, me: str) -> ClusterView:
+def viewed_round(
+    rnd: Round | None, members: Sequence[str], standing_by: Late | None, me: str
+) -> ClusterView:
+    """`members`: `rnd`'s (the coordinator's roster)."""
     if standing_by is not None and (rnd is None or standing_by.number > rnd.number):
         members = tuple(standing_by.record.node_ids())
         return ClusterView(standing_by.number, members, me, standby=True)
     if rnd is None:
         return ClusterView(None, (), me, standby=False)
-    return ClusterView(rnd.number, tuple(rnd.node_ids), me, standby=False)
+    return ClusterView(rnd.number, tuple(members), me, standby=False)
 
 
 def cluster_nodes(

@@ -238,8 +238,9 @@ class StatusBoard:
         self.persist.write_json(self.run_dir / "status.json", self.snapshot())
 
     def write_cluster(
-        self, number: int | None, members: Sequence[str], excluded: dict[str, str]
+        self, number: int | None, members: Sequence[str], excluded: dict[str, str], size: int
     ) -> None:
-        """`<run dir>/cluster.json`: the last round and the excluded nodes as this node saw them."""
-        state = {"round": number, "members": list(members), "excluded": excluded}
+        """`<run dir>/cluster.json`: the last round and the excluded nodes as this node saw them
+        (`members` empty where it holds no list: a large round, coordination/assignment.py)."""
+        state = {"round": number, "members": list(members), "size": size, "excluded": excluded}
         self.persist.write_json(self.run_dir / "cluster.json", state)

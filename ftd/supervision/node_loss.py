@@ -49,7 +49,7 @@ async def ask_after_node_lost(
     coordinator: Coordinator, config: ServeConfig, rnd: Round, node_id: str, reason: str
 ) -> None:
     """Round `rnd` lost `node_id`: request its restart unless the policy lets it go on."""
-    healthy = len(rnd.members) - 1
+    healthy = rnd.size - 1
     if counts_healthy_nodes(config.restart_policy):
         healthy = await coordinator.unhealthy(rnd, node_id)
     decision = after_node_lost(reason, config.restart_policy, healthy, config.nnodes_min)

@@ -205,16 +205,19 @@ class Supervisor:
             return None
         self.running.now_in(rnd)
         self.board.round_joined(rnd.number, rnd.group_rank, rnd.restarts)
-        self.board.write_cluster(rnd.number, rnd.node_ids, dict(self.coordinator.excluded))
+        # A node of a large round holds no list (coordination/assignment.py): its count.
+        listed = rnd.node_ids or ()
+        self.board.write_cluster(rnd.number, listed, dict(self.coordinator.excluded), rnd.size)
         self.tools.events.emit(
             EventKind.ROUND_CLOSED,
             round=rnd.number,
-            members=list(rnd.node_ids),  # an event holds JSON's types
+            members=list(listed),  # an event holds JSON's types
+            size=rnd.size,
             group_rank=rnd.group_rank,
         )
         if self.config.multi_node:
-            ids, size = ", ".join(rnd.node_ids), len(rnd.members)
-            log.info("round %d: node rank %d of %d (%s)", rnd.number, rnd.group_rank, size, ids)
+            ids = ", ".join(listed) if listed else f"node rank 0: {rnd.leader_id}"
+            log.info("round %d: node rank %d of %d (%s)", rnd.number, rnd.group_rank, rnd.size, ids)
         self.recovery.round_closed()
         return rnd
 
@@ -388,9 +391,8 @@ class Supervisor:
         if error.code == "excluded":
             excluded = {**self.coordinator.excluded, self.config.node_id: error.reason}
             rnd = self.running.round
-            self.board.write_cluster(
-                rnd.number if rnd else None, rnd.node_ids if rnd else [], excluded
-            )
+            listed, size = ((rnd.node_ids or ()), rnd.size) if rnd else ((), 0)
+            self.board.write_cluster(rnd.number if rnd else None, listed, excluded, size)
         log.error("%s", error.reason)
         self.board.set_state(state, error.reason)
         return 1

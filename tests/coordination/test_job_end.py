@@ -22,21 +22,21 @@ from tests.support.etcd_cluster import ClusterFactory
 def full_reads(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     """The reads of every member's marks, by kind, whichever node made them."""
     from ftd.coordination.c10d.rounds import StoreRounds
-    from ftd.coordination.etcd.rounds import EtcdRounds
+    from ftd.coordination.etcd.marks import EtcdMarks
 
     seen: list[str] = []
-    c10d_marks, etcd_marks = StoreRounds.marks, EtcdRounds.marks_now
+    c10d_marks, etcd_marks = StoreRounds.marks, EtcdMarks.marks_now
 
     def marks(self: StoreRounds, s: Any, number: int, members: list[str], kind: str) -> Any:
         seen.append(kind)
         return c10d_marks(self, s, number, members, kind)
 
-    async def marks_now(self: EtcdRounds, rnd: Any, *kinds: str) -> Any:
+    async def marks_now(self: EtcdMarks, rnd: Any, members: Any, *kinds: str) -> Any:
         seen.extend(kinds)
-        return await etcd_marks(self, rnd, *kinds)
+        return await etcd_marks(self, rnd, members, *kinds)
 
     monkeypatch.setattr(StoreRounds, "marks", marks)
-    monkeypatch.setattr(EtcdRounds, "marks_now", marks_now)
+    monkeypatch.setattr(EtcdMarks, "marks_now", marks_now)
     yield seen
 
 

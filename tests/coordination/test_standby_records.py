@@ -36,7 +36,7 @@ def _member(node_id: str) -> RoundMember:
 
 
 def _round(*members: str) -> Round:
-    return Round(0, tuple(_member(m) for m in members), 0, 0, {})
+    return Round.of_members(0, tuple(_member(m) for m in members), 0, 0, {})
 
 
 def test_forged_and_oversized_standby_records_are_skipped_and_counted() -> None:
@@ -67,7 +67,7 @@ def test_forged_and_oversized_standby_records_are_skipped_and_counted() -> None:
         late = Late(0, RoundRecord(number=0, members=(_member("a"), _member("b")), restarts=0))
         spare = StoreRounds(config.model_copy(update={"node_id": "c"}))
         spare.stand_by(store, late, time.time())  # the 6th slot: the real standby
-        nodes, _ = rounds.cluster_view(store, _round("a", "b"))
+        nodes, _, _ = rounds.cluster_view(store, _round("a", "b"))
         assert {n["node_id"]: n["role"] for n in nodes} == {
             "a": "active",
             "b": "active",
@@ -113,7 +113,7 @@ def test_fuzz_a_standby_record(record: object, sign: bool, cut: int, junk: bytes
     mac = SIGNED._mac(KEY, body) if sign else "-"
     data = b"ftd1 " + mac.encode() + b" " + body
     refused = sum(SIGNED.refused.values())
-    view = viewed_round(_round("a", "b"), None, "a")
+    view = viewed_round(_round("a", "b"), ("a", "b"), None, "a")
     with budget():
         found = SIGNED.decode(KEY, data, StandbyRecord)
         standbys = {found.node_id} if found is not None else set()

@@ -26,7 +26,7 @@ from tests.support.etcd_cluster import ClusterFactory
 CONFIG = ServeConfig(
     entrypoint=__file__, node_id="a", nnodes_min=2, nnodes_max=3, rdzv_endpoint="h:29400"
 )
-LAST = Round(
+LAST = Round.of_members(
     3,
     tuple(RoundMember(n, "h", 1, 1) for n in ("a", "b", "c")),
     0,

@@ -31,6 +31,7 @@ from ftd.api.app import (
 )
 from ftd.api.security import HostPolicy, bearer_token, host_of
 from ftd.config.ft import RankTimeouts
+from ftd.coordination.assignment import Assignment, assignments_of
 from ftd.coordination.etcd.client import wire
 from ftd.coordination.etcd.client.errors import EtcdBadAnswer
 from ftd.coordination.etcd.client.records import Delete, Get, Put
@@ -48,7 +49,6 @@ from ftd.coordination.records import (
     RoundMember,
     RoundRecord,
 )
-from ftd.coordination.round_delta import RoundDelta, delta_of
 from ftd.errors import InvalidRequest
 from ftd.refusals import INPUT_REFUSED
 from tests.support.fuzzing import budget, fuzz_target
@@ -91,18 +91,19 @@ def _deep(opener: bytes) -> st.SearchStrategy[bytes]:
 
 _MODELS: list[type[BaseModel]] = [
     Member, RoundRecord, RequestRecord, AliveRecord, MarkRecord, ExcludedRecord, NodeSummary,
-    RoundDelta,
+    Assignment,
 ]  # fmt: skip
 _member = Member(node_id="node-a", addr="10.0.0.1", nproc=2, store_port=29500)
 _SAMPLES: list[tuple[str, BaseModel]] = [
     ("r/0/members/node-a", _member),
     ("r/round/3", RoundRecord(number=3, members=(RoundMember.of(_member),), restarts=1)),
     (
-        "r/round/3/closed_delta",
-        delta_of(
+        "r/round/3/assign/node-a",
+        assignments_of(
             RoundRecord(number=3, members=(RoundMember.of(_member),), restarts=1),
-            RoundRecord(number=2, members=(RoundMember.of(_member),), restarts=1),
-        ),
+            ["node-a"],
+            list_max=0,
+        )["node-a"],
     ),
     (  # long enough to be stored packed (record_body.py)
         "r/round/4/closed",

@@ -35,6 +35,7 @@ from typing import Any
 
 from ftd.config.serve import ServeConfig
 from ftd.coordination.base import CoordinationError, NodeLost, Round, RoundWaits, cluster_answer
+from ftd.coordination.c10d.assigned import roster
 from ftd.coordination.c10d.connections import StoreConnections
 from ftd.coordination.c10d.liveness import Keepalive
 from ftd.coordination.c10d.reach import reach_store
@@ -42,6 +43,7 @@ from ftd.coordination.c10d.record_store import RecordStore
 from ftd.coordination.c10d.round_steps import StoreRoundSteps
 from ftd.coordination.c10d.rounds import StoreRounds
 from ftd.coordination.endpoint import parse_endpoint, route_address
+from ftd.coordination.exclusion_ledger import Excluding
 from ftd.coordination.job_culprit import gather_wait_s
 from ftd.coordination.progress import Reaching
 from ftd.coordination.records import (
@@ -53,7 +55,6 @@ from ftd.coordination.records import (
     NodeSummary,
     RecordCodec,
     RequestRecord,
-    RoundRecord,
 )
 from ftd.coordination.round_rules import join
 from ftd.coordination.shared_rounds import (
@@ -197,7 +198,7 @@ class StoreCoordinator:
         )
         return self.round
 
-    def _learn(self, record: RoundRecord) -> None:
+    def _learn(self, record: Excluding) -> None:
         self.excluded = dict(record.excluded)
 
     # -- the round's end ---------------------------------------------------------------------
@@ -249,7 +250,7 @@ class StoreCoordinator:
         def ack(s: RecordStore) -> None:
             s.put(key(rnd.number, f"acked/{self.node_id}"), MarkRecord(node_id=self.node_id))
             if self.hosting:
-                keys = [key(rnd.number, f"acked/{n}") for n in rnd.node_ids]
+                keys = [key(rnd.number, f"acked/{n}") for n in roster(s, rnd)]
                 s.wait(keys, self.config.node_keepalive_timeout_s * 2)
 
         try:
@@ -290,8 +291,10 @@ class StoreCoordinator:
 
     async def cluster(self) -> dict[str, Any]:
         rnd = self.round
-        nodes, self.excluded = await self._connections.call(self._rounds.cluster_view, rnd)
-        return cluster_answer(nodes, rnd, self.excluded, self.ops, dict(self.codec.refused))
+        view = await self._connections.call(self._rounds.cluster_view, rnd)
+        nodes, self.excluded, members = view
+        refused = dict(self.codec.refused)
+        return cluster_answer(nodes, rnd, self.excluded, self.ops, refused, members=members)
 
     # -- the job's culprit of a hang (job_culprit.py) ----------------------------------------
 
@@ -305,8 +308,11 @@ class StoreCoordinator:
 
         await self._connections.call(share)
 
+    async def roster(self, rnd: Round) -> tuple[str, ...]:
+        return await self._connections.call(roster, rnd)
+
     async def gather_collectives(self, rnd: Round) -> list[Collectives]:
-        slots = {key(rnd.number, f"collectives/{n}"): n for n in rnd.node_ids}
+        slots = {key(rnd.number, f"collectives/{n}"): n for n in await self.roster(rnd)}
         shared = key(rnd.number, "collectives_shared")
 
         def gather(s: RecordStore) -> list[Collectives]:

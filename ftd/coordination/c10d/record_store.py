@@ -146,6 +146,9 @@ class RecordStore:
     def multi_get(self, keys: list[str]) -> list[bytes]:
         return self._timed("multi_get", self.raw.multi_get, [self._key(k) for k in keys])
 
+    def multi_set(self, keys: list[str], values: list[str]) -> None:
+        self._timed("multi_set", self.raw.multi_set, [self._key(k) for k in keys], values)
+
     def delete_key(self, key: str) -> bool:
         return self._timed("delete_key", self.raw.delete_key, self._key(key))
 

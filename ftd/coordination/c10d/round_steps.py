@@ -8,7 +8,8 @@ from collections.abc import Coroutine
 from functools import partial
 from typing import Any, TypeVar
 
-from ftd.coordination.base import Round
+from ftd.coordination.assignment import Assignment
+from ftd.coordination.c10d.assigned import assigned_now, await_assigned
 from ftd.coordination.c10d.connections import StoreConnections
 from ftd.coordination.c10d.liveness import Keepalive
 from ftd.coordination.c10d.rounds import StoreRounds
@@ -29,14 +30,12 @@ class StoreRoundSteps:
     async def enter(self, me: Member, deadline: float) -> tuple[int, int] | Late:
         return await self._connections.call(self.book.enter, me)
 
-    async def closing(self, number: int, base: Round | None) -> tuple[RoundRecord, int | None]:
-        rounds = self.book
+    async def closing(self, number: int, me: str) -> tuple[RoundRecord | Assignment, int | None]:
         wait = self._connections.wait_decided
-        slot = key(number, "closed")  # the backup look's: a closer lost after it, no delta
-        waiting = rounds.await_closed
-        if base is not None and base.number == number - 1:
-            waiting = partial(rounds.await_closed_from, base=base)
-        return await wait(waiting, rounds.closed_now, number, slot, "its closing record"), None
+        slot = key(number, "closed")  # the backup look's
+        waiting = partial(await_assigned, me=me)
+        now = partial(assigned_now, me=me)
+        return await wait(waiting, now, number, slot, "its closing record"), None
 
     async def close(self, number: int, abort: bool, deadline: float) -> None:
         await self._connections.call(self.book.close, number, abort)

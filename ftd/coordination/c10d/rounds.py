@@ -13,7 +13,9 @@ from functools import partial
 from typing import Any
 
 from ftd.config.serve import ServeConfig
+from ftd.coordination.assignment import LIST_MAX
 from ftd.coordination.base import CoordinationError, Round, new_request, order_members
+from ftd.coordination.c10d.assigned import roster, write_assignments
 from ftd.coordination.c10d.record_store import RecordStore
 from ftd.coordination.exclusion_ledger import ExclusionLedger
 from ftd.coordination.memo import BytesMemo
@@ -27,7 +29,6 @@ from ftd.coordination.records import (
     RequestRecord,
     RoundRecord,
 )
-from ftd.coordination.round_delta import DELTA, MAX_DELTA_BYTES, RoundDelta, delta_of, rebuilt
 from ftd.coordination.shared_rounds import (
     JOINED_NAMES_MAX,
     Late,
@@ -58,6 +59,8 @@ class StoreRounds:
     def __init__(self, config: ServeConfig) -> None:
         self.config = config
         self.node_id = config.node_id
+        self.list_max = LIST_MAX
+        """Rounds of at most this many members are read whole by each (assignment.py)."""
         self.known_restarts = 0
         """The highest restart count this daemon has seen: it never accepts a lower one."""
         self.round_hint = 0
@@ -145,16 +148,6 @@ class StoreRounds:
         return s.await_decided(key(number, "closed"), RoundRecord, MAX_ROUND_RECORD_BYTES)
 
     @staticmethod
-    def await_closed_from(s: RecordStore, number: int, base: Round) -> RoundRecord:
-        """Round `number`'s closing record, for a member of round `base` (the one before):
-        rebuilt from its members and the round's delta where it can be, else read whole."""
-        delta = s.await_decided(key(number, DELTA), RoundDelta, MAX_DELTA_BYTES)
-        record = rebuilt(delta, base, s.codec, key(number, DELTA))
-        if record is not None:
-            return record
-        return s.await_decided(key(number, "closed"), RoundRecord, MAX_ROUND_RECORD_BYTES)
-
-    @staticmethod
     def closed_now(s: RecordStore, number: int) -> RoundRecord | None:
         return s.decided(key(number, "closed"), RoundRecord, MAX_ROUND_RECORD_BYTES)
 
@@ -206,8 +199,8 @@ class StoreRounds:
         decided = s.decide(key(number, "closed"), record, RoundRecord, MAX_ROUND_RECORD_BYTES)
         if decided != record:
             return
-        if number > 0:  # what round N-1's members wait for (round_delta.py)
-            s.decide(key(number, DELTA), delta_of(record, previous), RoundDelta, MAX_DELTA_BYTES)
+        # What each joiner reads instead of the record (assignment.py): one operation.
+        write_assignments(s, record, [m.node_id for m in found.values()], self.list_max)
         if not record.aborted:
             log.info("closed round %d with %d nodes", number, len(record.members))
 
@@ -283,12 +276,13 @@ class StoreRounds:
         N nodes (issue 43)."""
         succeeded = self.mark(s, rnd, "succeeded", self.node_id)
         unhealthy = self.marked(s, rnd, "unhealthy", 0)
-        if succeeded + unhealthy < len(rnd.members):
+        if succeeded + unhealthy < rnd.size:
             return
-        done = self.marks(s, rnd.number, rnd.node_ids, "succeeded") | self.marks(
-            s, rnd.number, rnd.node_ids, "unhealthy"
+        members = roster(s, rnd)
+        done = self.marks(s, rnd.number, members, "succeeded") | self.marks(
+            s, rnd.number, members, "unhealthy"
         )
-        if done >= set(rnd.node_ids):
+        if done >= set(members):
             request = new_request("succeed", "every node's ranks exited 0", self.node_id)
             s.decide(key(rnd.number, "request"), request, RequestRecord)
 
@@ -296,7 +290,7 @@ class StoreRounds:
         """`node_id` is unhealthy; how many members are not, as counted (where several nodes
         mark one node at once, the others may answer before its maker's count has it: the
         maker's answer, and every later one, does)."""
-        return len(rnd.members) - self.mark(s, rnd, "unhealthy", node_id)
+        return rnd.size - self.mark(s, rnd, "unhealthy", node_id)
 
     def mark(self, s: RecordStore, rnd: Round, kind: str, node_id: str) -> int:
         """Write `node_id`'s mark of `kind` unless it has one; how many members have one. A
@@ -320,26 +314,26 @@ class StoreRounds:
     def marked(self, s: RecordStore, rnd: Round, kind: str, adding: int) -> int:
         """The count of members marked `kind` (after adding `adding`); a forged count is
         repaired from the marks themselves."""
-        members = rnd.node_ids
         return s.count(
             key(rnd.number, f"{kind}-count"),
             adding,
-            lambda: len(self.marks(s, rnd.number, members, kind)),
+            lambda: len(self.marks(s, rnd.number, roster(s, rnd), kind)),
         )
 
     def cluster_view(
         self, s: RecordStore, rnd: Round | None
-    ) -> tuple[list[dict[str, Any]], dict[str, str]]:
-        """Every member's, standby's (and this node's) published summary with its role, and
-        the excluded nodes."""
-        view = viewed_round(rnd, self.standing_by, self.node_id)
+    ) -> tuple[list[dict[str, Any]], dict[str, str], tuple[str, ...]]:
+        """Every member's, standby's (and this node's) published summary with its role, the
+        excluded nodes, and the members of `rnd`."""
+        members = roster(s, rnd) if rnd is not None else ()
+        view = viewed_round(rnd, members, self.standing_by, self.node_id)
         standbys = self.standbys(s, view.number) if view.number is not None else set()
         names = sorted({*view.members, *standbys, self.node_id})
         found = s.values_of([f"status/{n}" for n in names])
         decoded = partial(summary_of, s.codec)
         shown = self.summaries.take(((k, raw, (k, raw)) for k, raw in found.items()), decoded)
         summaries = {k.removeprefix("status/"): v for k, v in shown.items()}
-        return cluster_nodes(summaries, view, standbys), self.read_excluded(s)
+        return cluster_nodes(summaries, view, standbys), self.read_excluded(s), members
 
     def stand_by(self, s: RecordStore, late: Late, since: float) -> None:
         """Blocking: register as a standby of round `late.number`, in its next slot."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from functools import partial
 from typing import Any, TypeVar
 
@@ -35,6 +35,7 @@ from ftd.coordination.etcd.members import MemberWatch
 from ftd.coordination.etcd.round_end import CULPRIT, RoundEnds
 from ftd.coordination.etcd.round_steps import EtcdRoundSteps
 from ftd.coordination.etcd.rounds import EtcdRounds
+from ftd.coordination.exclusion_ledger import Excluding
 from ftd.coordination.progress import Reaching
 from ftd.coordination.records import (
     AGGREGATES,
@@ -46,7 +47,6 @@ from ftd.coordination.records import (
     Record,
     RecordCodec,
     RequestRecord,
-    RoundMember,
     RoundRecord,
 )
 from ftd.coordination.round_rules import join
@@ -178,7 +178,7 @@ class EtcdCoordinator:
         self._ends.began(self.round.number, self._steps.closed_at)
         return self.round
 
-    def _learn(self, record: RoundRecord) -> None:
+    def _learn(self, record: Excluding) -> None:
         self.excluded = dict(record.excluded)
 
     # -- the round's end ---------------------------------------------------------------------
@@ -196,12 +196,14 @@ class EtcdCoordinator:
         return decided
 
     async def restarts_used(self, rnd: Round) -> int:
-        respawns = await self._call("count the restarts", lambda: self._rounds.respawns(rnd.number))
+        respawns = await self._call(
+            "count the restarts", lambda: self._rounds.marks.respawns(rnd.number)
+        )
         return rnd.restarts + respawns
 
     async def count_restart(self, rnd: Round, reason: str) -> int:
         respawns = await self._call(
-            "charge a restart", lambda: self._rounds.charge_respawn(rnd.number, reason)
+            "charge a restart", lambda: self._rounds.marks.charge_respawn(rnd.number, reason)
         )
         return rnd.restarts + respawns
 
@@ -210,11 +212,14 @@ class EtcdCoordinator:
             # Counts first: only a node whose counts say every member may be done reads the
             # marks (O(N) once at the job's end, not by each of N nodes).
             rounds = self._rounds
-            counts = await rounds.mark(rnd, "succeeded", self.node_id, "unhealthy", counts=True)
-            if sum(r.count for r in counts) < len(rnd.members):
+            counts = await rounds.marks.mark(
+                rnd, "succeeded", self.node_id, "unhealthy", counts=True
+            )
+            if sum(r.count for r in counts) < rnd.size:
                 return
-            done, unhealthy = await rounds.marks_now(rnd, "succeeded", "unhealthy")
-            if done | unhealthy >= set(rnd.node_ids):
+            members = await self._roster(rnd)
+            done, unhealthy = await rounds.marks.marks_now(rnd, members, "succeeded", "unhealthy")
+            if done | unhealthy >= set(members):
                 request = new_request("succeed", "every node's ranks exited 0", self.node_id)
                 await self._kv.decide(key(rnd.number, "request"), request, RequestRecord)
 
@@ -222,9 +227,9 @@ class EtcdCoordinator:
 
     async def unhealthy(self, rnd: Round, node_id: str) -> int:
         (found,) = await self._call(
-            f"mark {node_id} unhealthy", lambda: self._rounds.mark(rnd, "unhealthy", node_id)
+            f"mark {node_id} unhealthy", lambda: self._rounds.marks.mark(rnd, "unhealthy", node_id)
         )
-        return len(rnd.members) - len(self._rounds.marked(rnd, "unhealthy", found))
+        return rnd.size - len(self._rounds.marks.marked(rnd, "unhealthy", found, rnd.node_ids))
 
     async def leave(self, rnd: Round) -> None:
         """The job is over for this node: say so, so that its keys going is no loss."""
@@ -299,18 +304,42 @@ class EtcdCoordinator:
         """Every member's summary as etcd has it; while etcd does not answer, what this node
         knows, and why the rest is unknown (never an error for the API's caller)."""
         rnd = self.round
-        view = viewed_round(rnd, self._rounds.standing_by, self.node_id)
-        nodes = cluster_nodes({}, view, ())
+        members: Sequence[str] = (rnd.node_ids or (rnd.leader_id,)) if rnd else ()
         unavailable = None
         try:
+            if rnd is not None:
+                members = await self._kv.call(
+                    "read the round", lambda: self._roster(rnd), self._soon()
+                )
+        except CoordinationError as error:
+            unavailable = error.reason
+        view = viewed_round(rnd, members, self._rounds.standing_by, self.node_id)
+        nodes = cluster_nodes({}, view, ())
+        try:
+            if unavailable is not None:
+                raise CoordinationError(unavailable)
             read = partial(self._rounds.read_cluster, view)
             nodes, self.excluded = await self._kv.call("read the cluster", read, self._soon())
         except CoordinationError as error:
             unavailable = error.reason
         refused = dict(self.codec.refused)
-        return cluster_answer(nodes, rnd, self.excluded, self.ops, refused, unavailable)
+        return cluster_answer(nodes, rnd, self.excluded, self.ops, refused, unavailable, members)
 
     # -- the job's culprit of a hang (job_culprit.py) ----------------------------------------
+
+    async def roster(self, rnd: Round) -> tuple[str, ...]:
+        return await self._call("read the round's members", lambda: self._roster(rnd))
+
+    async def _roster(self, rnd: Round) -> tuple[str, ...]:
+        """Round `rnd`'s members' ids, read from its closing record where this node holds
+        only its assignment (assignment.py)."""
+        if rnd.node_ids is not None:
+            return rnd.node_ids
+        slot = key(rnd.number, "closed")
+        record, _ = await self._kv.read_decided(slot, RoundRecord, MAX_ROUND_RECORD_BYTES)
+        if record is None:
+            raise CoordinationError(f"round {rnd.number}'s closing record is gone or invalid")
+        return tuple(record.node_ids())
 
     async def share_collectives(self, rnd: Round, mine: Collectives) -> None:
         slot = self._collectives_key(rnd)
@@ -318,7 +347,7 @@ class EtcdCoordinator:
 
     async def gather_collectives(self, rnd: Round) -> list[Collectives]:
         prefix = key(rnd.number, "collectives/")
-        found = await gather_members(self._kv, prefix, Collectives, rnd.node_ids)
+        found = await gather_members(self._kv, prefix, Collectives, await self.roster(rnd))
         return list(found.values())
 
     async def decide_culprit(self, rnd: Round, culprit: JobCulprit) -> JobCulprit:
@@ -354,7 +383,7 @@ class EtcdCoordinator:
             me = Member(node_id=self.node_id, addr=host, nproc=1, store_port=port)
             await self._call("publish the in-process store", lambda: self._kv.put(slot, me))
             return host, port
-        leader = RoundMember._make(rnd.members[0]).node_id
+        leader = rnd.leader_id
         published = self._spawn(self._kv.await_decided(slot, Member), "member-published")
         ended = self.ended(rnd)
         timeout_s = self.config.rdzv_join_timeout_s

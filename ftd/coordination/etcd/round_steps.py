@@ -7,13 +7,18 @@ import asyncio
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from ftd.coordination.base import Round
+from ftd.coordination.assignment import Assignment
+from ftd.coordination.etcd.assigned import await_assignment
 from ftd.coordination.etcd.client import EtcdError, lease_gone
 from ftd.coordination.etcd.kv import RecordKv
 from ftd.coordination.etcd.liveness import EtcdLiveness
 from ftd.coordination.etcd.rounds import EtcdRounds
-from ftd.coordination.records import MAX_ROUND_RECORD_BYTES, Member, RequestRecord, RoundRecord
-from ftd.coordination.round_delta import DELTA, MAX_DELTA_BYTES, RoundDelta, rebuilt
+from ftd.coordination.records import (
+    MAX_ROUND_RECORD_BYTES,
+    Member,
+    RequestRecord,
+    RoundRecord,
+)
 from ftd.coordination.shared_rounds import Late, key
 from ftd.tasks import Background
 
@@ -45,20 +50,14 @@ class EtcdRoundSteps:
 
         return await self._kv.call("join a round", join, deadline)
 
-    async def closing(self, number: int, base: Round | None) -> tuple[RoundRecord, int | None]:
-        # The join compared the closing record absent (the delta is written with it): the
-        # watch starts after the join, with no read (1,024 reads fewer as a round forms).
+    async def closing(self, number: int, me: str) -> tuple[RoundRecord | Assignment, int | None]:
+        # The join compared the closing record absent (the mark is written with it): the
+        # watches start after the join, with no read (1,024 reads fewer as a round forms).
         joined = self.book.joined_at
         absent = joined[1] if joined is not None and joined[0] == number else None
-        if base is not None and base.number == number - 1:
-            slot = key(number, DELTA)
-            delta, revision = await self._kv.await_decided(
-                slot, RoundDelta, MAX_DELTA_BYTES, absent_at=absent
-            )
-            record = rebuilt(delta, base, self._kv.codec, slot)
-            if record is not None:
-                return record, revision  # written with the closing record: its revision
-            absent = None  # the delta did not fit this node's round: the record, read
+        found = await await_assignment(self._kv, self._tasks, number, me, absent)
+        if found is not None:
+            return found
         return await self._kv.await_decided(
             key(number, "closed"), RoundRecord, MAX_ROUND_RECORD_BYTES, absent_at=absent
         )

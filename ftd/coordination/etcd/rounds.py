@@ -10,8 +10,9 @@ revision: EtcdClient.read) and at most one conditional write. Keys, under the jo
                         joiner's number, its mod_revision what a close compares against
   r<N>/closed           RoundRecord, decided: members in node-rank order, restarts used
                         before, the excluded nodes (or `aborted`)
-  r<N>/closed_delta     RoundDelta, in the close's transaction: what round N-1's members read
-                        instead (round_delta.py)
+  r<N>/assigning        MarkRecord, in the close's transaction: the assignments follow
+  r<N>/assign/<node>    Assignment, one per joiner, written after the close in batches: what
+                        a member reads instead of the closing record (assignment.py)
   r<N>/request          RequestRecord, decided: restart, fail or succeed
   r<N>/request/culprit  JobCulprit, decided after a hang (heard by the request's watch)
   r<N>/succeeded/<node>, r<N>/unhealthy/<node>          MarkRecords
@@ -29,14 +30,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
 from ftd.config.serve import ServeConfig
-from ftd.coordination.base import CoordinationError, Round, order_members
+from ftd.coordination.assignment import ASSIGNING, LIST_MAX
+from ftd.coordination.base import CoordinationError, order_members
+from ftd.coordination.etcd.assigned import write_assignments
 from ftd.coordination.etcd.client import Get, KeyValue, RangeResult
 from ftd.coordination.etcd.kv import RecordKv, RecordMemo
+from ftd.coordination.etcd.marks import EtcdMarks
 from ftd.coordination.exclusion_ledger import ExclusionLedger
 from ftd.coordination.records import (
     MAX_ROUND_RECORD_BYTES,
@@ -49,7 +52,6 @@ from ftd.coordination.records import (
     RoundNumber,
     RoundRecord,
 )
-from ftd.coordination.round_delta import DELTA, delta_of
 from ftd.coordination.shared_rounds import (
     JOINED_NAMES_MAX,
     Late,
@@ -94,6 +96,9 @@ class EtcdRounds:
         self.config = config
         self.node_id = config.node_id
         self.kv = kv
+        self.list_max = LIST_MAX
+        """Rounds of at most this many members are read whole by each (assignment.py)."""
+        self.marks = EtcdMarks(kv, self.node_id)
         self.known_restarts = 0
         """The highest restart count this daemon has seen: it never accepts a lower one."""
         self.round_hint = 0
@@ -298,14 +303,18 @@ class EtcdRounds:
             if attempt < MAX_CLOSE_TRIES - 1:
                 counter = joined.kvs[0] if joined.kvs else None
                 compare.append(self.kv.unchanged(key(number, "joined"), counter))
-            writes = [self.kv.put_op(key(number, "closed"), record)]
-            if number > 0:  # what round N-1's members wait for (round_delta.py)
-                delta = delta_of(record, previous_record)
-                writes.append(self.kv.put_op(key(number, DELTA), delta))
+            writes = [
+                self.kv.put_op(key(number, "closed"), record),
+                self.kv.put_op(key(number, ASSIGNING), MarkRecord(node_id=self.node_id)),
+            ]
             result = await self.kv.txn(compare, writes)
             if result.succeeded:
                 if not record.aborted:
                     log.info("closed round %d with %d nodes", number, len(record.members))
+                joiners = [
+                    m.node_id for k, m in valid.items() if k == key(number, f"join/{m.node_id}")
+                ]
+                await write_assignments(self.kv, record, joiners, result.revision, self.list_max)
                 return
 
     def _round_record(
@@ -337,51 +346,6 @@ class EtcdRounds:
             excluded=excluded,
             excluded_epoch=epoch,
         )
-
-    # -- marks -------------------------------------------------------------------------------
-
-    def marked(self, rnd: Round, kind: str, found: RangeResult) -> set[str]:
-        """Members with a valid mark of `kind` (a mark names the node its key names)."""
-        members = set(rnd.node_ids)
-        return {
-            mark.node_id
-            for k, mark in self.kv.valid(found, MarkRecord).items()
-            if k == key(rnd.number, f"{kind}/{mark.node_id}") and mark.node_id in members
-        }
-
-    async def mark(
-        self, rnd: Round, kind: str, node_id: str, *also: str, counts: bool = False
-    ) -> list[RangeResult]:
-        """Write `node_id`'s mark of `kind`, then read the marks of `kind` and each of `also`,
-        at once (`counts`: how many only, one number per kind, not every member's mark)."""
-        slot = key(rnd.number, f"{kind}/{node_id}")
-        limit = 1 if counts else 0  # 1: the range's count, one key at most
-        reads = [Get(key(rnd.number, f"{k}/"), prefix=True, limit=limit) for k in (kind, *also)]
-        result = await self.kv.txn((), [self.kv.put_op(slot, MarkRecord(node_id=node_id)), *reads])
-        return [r for r in result.responses if isinstance(r, RangeResult)]
-
-    async def marks_now(self, rnd: Round, *kinds: str) -> list[set[str]]:
-        """The members marked each of `kinds`, read at one revision."""
-        _, found = await self.kv.reads(*(Get(key(rnd.number, f"{k}/"), prefix=True) for k in kinds))
-        return [self.marked(rnd, k, r) for k, r in zip(kinds, found, strict=True)]
-
-    async def respawns(self, number: int) -> int:
-        _, (found,) = await self.kv.reads(Get(key(number, "respawn/"), prefix=True))
-        return len(self.kv.valid(found, MarkRecord))
-
-    async def charge_respawn(self, number: int, reason: str) -> int:
-        """Record one in-process respawn in round `number`: the respawns recorded so far."""
-        slot = key(number, f"respawn/{self.node_id}.{uuid.uuid4().hex[:12]}")
-        result = await self.kv.txn(
-            (),
-            [
-                self.kv.put_op(slot, MarkRecord(node_id=self.node_id, reason=reason[:4000])),
-                Get(key(number, "respawn/"), prefix=True),
-            ],
-        )
-        found = result.responses[1]
-        assert isinstance(found, RangeResult)
-        return len(self.kv.valid(found, MarkRecord))
 
     # -- exclusion ---------------------------------------------------------------------------
 

@@ -1,0 +1,86 @@
+"""A joiner's round on etcd as it holds it (ftd/coordination/assignment.py): the closer
+writes every joiner's assignment after the close's transaction; a joiner awaits its own."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from ftd.coordination.assignment import (
+    ASSIGN_GRACE_S,
+    ASSIGNING,
+    ETCD_BATCH,
+    MAX_ASSIGNMENT_BYTES,
+    Assignment,
+    assign_key,
+    assignment_fits,
+    assignments_of,
+)
+from ftd.coordination.etcd.kv import RecordKv
+from ftd.coordination.records import MarkRecord, RoundRecord
+from ftd.coordination.shared_rounds import key
+from ftd.tasks import Background
+
+log = logging.getLogger("ftd.rendezvous")
+
+
+async def write_assignments(
+    kv: RecordKv, record: RoundRecord, joiners: list[str], revision: int, list_max: int
+) -> None:
+    """Write each joiner's assignment of `record` (closed at `revision`), in batches of
+    ETCD_BATCH puts a transaction. One that fails is said: its joiners read the closing
+    record after ASSIGN_GRACE_S."""
+    assigned = list(assignments_of(record, joiners, revision, list_max).items())
+    batches = [assigned[i : i + ETCD_BATCH] for i in range(0, len(assigned), ETCD_BATCH)]
+
+    async def write(batch: list[tuple[str, Assignment]]) -> None:
+        await kv.txn((), [kv.put_op(key(record.number, assign_key(n)), a) for n, a in batch])
+
+    done = await asyncio.gather(*(write(b) for b in batches), return_exceptions=True)
+    failed = [error for error in done if isinstance(error, BaseException)]
+    if failed:
+        log.warning(
+            "round %d: %d of %d batches of assignments not written (%s): their nodes read "
+            "the closing record",
+            record.number,
+            len(failed),
+            len(batches),
+            failed[0],
+        )
+
+
+async def await_assignment(
+    kv: RecordKv, tasks: Background, number: int, me: str, absent: int | None
+) -> tuple[Assignment, int | None] | None:
+    """`me`'s assignment of round `number` and the closing record's revision, where it has a
+    place other than node rank 0's; None where the closing record is to be read: it has no
+    place, or none came within ASSIGN_GRACE_S of the round's `assigning` mark. Two watches
+    (its key, the mark) from `absent`, the join's revision."""
+    mine = tasks.adopt(_assigned(kv, number, me, absent), f"ftd-etcd-assign-{number}")
+    mark = tasks.adopt(_marked(kv, number, absent), f"ftd-etcd-assigning-{number}")
+    try:
+        await asyncio.wait({mine, mark}, return_when=asyncio.FIRST_COMPLETED)
+        return mine.result() if mine.done() else None
+    finally:
+        for task in (mine, mark):
+            task.cancel()
+
+
+async def _assigned(
+    kv: RecordKv, number: int, me: str, absent: int | None
+) -> tuple[Assignment, int | None] | None:
+    slot = key(number, assign_key(me))
+    found, revision = await kv.await_decided(
+        slot, Assignment, MAX_ASSIGNMENT_BYTES, absent_at=absent
+    )
+    if not assignment_fits(found, number, me):
+        kv.codec.refuse(slot, "bad_assignment", "names another round or node")
+        return None
+    if found.place is None or found.place.group_rank == 0:
+        return None
+    return found, found.revision if found.revision is not None else revision
+
+
+async def _marked(kv: RecordKv, number: int, absent: int | None) -> None:
+    await kv.await_decided(key(number, ASSIGNING), MarkRecord, absent_at=absent)
+    await asyncio.sleep(ASSIGN_GRACE_S)
