@@ -113,6 +113,7 @@ def coordinator(msg: dict[str, Any], index: int) -> tuple[ServeConfig, Coordinat
         rdzv_conf={"read_timeout": str(msg["etcd_read_timeout_s"])}
         if msg["backend"] == "etcd"
         else {},
+        rdzv_list_max=LIST_MAX if msg.get("list_max") is None else int(msg["list_max"]),
     )
     if msg["backend"] == "c10d":
         from ftd.coordination.c10d.coordinator import StoreCoordinator
@@ -345,9 +346,6 @@ class Worker:
         async def start(v: VirtualNode) -> None:
             async with gate:  # connections opened a batch at a time, not all at once
                 await v.c.start(self._on_node_lost(v))
-            rounds: Any = v.c._rounds  # both backends' StoreRounds/EtcdRounds
-            listed = msg.get("list_max")
-            rounds.list_max = LIST_MAX if listed is None else int(listed)
             v.watch_entry()
 
         await asyncio.gather(*(start(v) for v in self.nodes))

@@ -5,14 +5,16 @@ For N in `--members`: the closing record of N members (`--record`: `packed`, as 
 since record_body.py, of nodes named `node-00001.cluster.local` with IPv4 addresses; `real`, the
 same record unpacked; `flat`, `--bytes-per-member` times N bytes) is set, then read N times (once
 per node) by `--clients` threads, each on a connection of its own (torch's C++ client: the
-threads run side by side, the store is kept busy); beside it N `add`s on the same connections
+threads run side by side, the store is kept busy; `assigned`: what ftd does since
+assignment.py, each node's signed assignment set in one multi_set, each read once, by its
+node); beside it N `add`s on the same connections
 (an operation with no value: what a round's other ~11 operations per node cost). The store's
 CPU (its process's user + system time, from /proc, in 10 ms ticks: coarse below 4,096) per read
 and per add, and the wall time of the N reads: ftd's store (`ftd store`, as node rank 0 hosts
 it) and torch 2.13's own libuv server, in the same run, each in a process of its own.
 
     PYTHONPATH=.:client python bench/store_round_bytes.py [--members 1024 4096 16384]
-        [--record packed|real|flat] [--bytes-per-member 31] [--clients 8] [--json OUT]
+        [--record packed|real|flat|assigned] [--bytes-per-member 31] [--clients 8] [--json OUT]
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import Any
 from ftd_client.store import tcp_store_client
 from tcpstore_ops import server_process
 
+from ftd.coordination.assignment import assignments_of
 from ftd.coordination.records import RecordCodec, RoundMember, RoundRecord
 
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -72,12 +75,32 @@ def closing_record(members: int, record: str, per_member: int) -> bytes:
     return b"ftd1 " + b"0" * 64 + b" " + round_record.model_dump_json().encode()
 
 
-def measure(kind: str, members: int, value: bytes, clients: int) -> dict[str, Any]:
+def assignments(members: int) -> dict[str, bytes]:
+    """Each member's signed assignment of the packed record's round, by its key."""
+    rows = tuple(RoundMember(f"node-{i:05d}.cluster.local", f"10.0.{i >> 8}.{i & 255}", 8, 29500)
+                 for i in range(members))  # fmt: skip
+    round_record = RoundRecord(number=0, members=rows, restarts=0)
+    codec = RecordCodec("job", b"secret")
+    found = assignments_of(round_record, [r[0] for r in rows], list_max=0)
+    return {f"r0/assign/{n}": codec.encode(f"r0/assign/{n}", a).encode() for n, a in found.items()}
+
+
+def measure(
+    kind: str, members: int, value: bytes | dict[str, bytes], clients: int
+) -> dict[str, Any]:
     with server_process(kind) as (port, pid):
         conns = [tcp_store_client("127.0.0.1", port) for _ in range(clients)]
-        conns[0].set("closed", value)
         before = cpu_s(pid)
-        read_wall = on_threads(conns, members, lambda c: c.get("closed"))
+        if isinstance(value, dict):  # the closer's one multi_set, then each node its own key
+            conns[0].multi_set(list(value), list(value.values()))
+            keys = iter(list(value))
+            read_wall = on_threads(conns, members, lambda c: c.get(next(keys)))
+            served = sum(len(v) for v in value.values())
+            largest = max(len(v) for v in value.values())
+        else:
+            conns[0].set("closed", value)
+            read_wall = on_threads(conns, members, lambda c: c.get("closed"))
+            served, largest = len(value) * members, len(value)
         read_cpu = cpu_s(pid) - before
         before = cpu_s(pid)
         add_wall = on_threads(conns, members, lambda c: c.add("joined", 1))
@@ -85,8 +108,8 @@ def measure(kind: str, members: int, value: bytes, clients: int) -> dict[str, An
     return {
         "server": kind,
         "members": members,
-        "record_bytes": len(value),
-        "served_bytes": len(value) * members,
+        "record_bytes": largest,
+        "served_bytes": served,
         "reads_store_cpu_s": round(read_cpu, 3),
         "read_store_cpu_us": round(read_cpu / members * 1e6, 1),
         "reads_wall_s": round(read_wall, 3),
@@ -98,14 +121,20 @@ def measure(kind: str, members: int, value: bytes, clients: int) -> dict[str, An
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--members", type=int, nargs="+", default=[1024, 4096, 16384])
-    parser.add_argument("--record", choices=["flat", "real", "packed"], default="packed")
+    parser.add_argument(
+        "--record", choices=["flat", "real", "packed", "assigned"], default="packed"
+    )
     parser.add_argument("--bytes-per-member", type=int, default=31, help="for --record flat")
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     rows = []
     for members in args.members:
-        value = closing_record(members, args.record, args.bytes_per_member)
+        value: bytes | dict[str, bytes] = (
+            assignments(members)
+            if args.record == "assigned"
+            else closing_record(members, args.record, args.bytes_per_member)
+        )
         for kind in ("ftd", "torch"):
             row = {"record": args.record, **measure(kind, members, value, args.clients)}
             rows.append(row)

@@ -102,6 +102,8 @@ def serve_config_from_args(args: argparse.Namespace) -> ServeConfig:
     join = args.rdzv_join_timeout or rdzv_conf.get("join_timeout")
     if join is not None:
         fields["rdzv_join_timeout_s"] = join
+    if (listed := rdzv_conf.get("list_max")) is not None:
+        fields["rdzv_list_max"] = listed
     fields.update(_fault_tolerance_fields(args))
     try:
         return ServeConfig.model_validate(fields)

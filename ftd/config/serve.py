@@ -14,6 +14,9 @@ from ftd.config.ft import FaultToleranceConfig
 from ftd.config.restart import RestartMode, RestartPolicy
 from ftd.text import is_decimal
 
+RDZV_LIST_MAX = 64
+"""`--rdzv-conf list_max`'s default (coordination/assignment.py's LIST_MAX)."""
+
 NO_PRELOAD = "none"
 """`--preload none`: the zygote imports nothing, not even torch (for ranks that do not use it)."""
 
@@ -84,6 +87,9 @@ class ServeConfig(BaseModel):
     """Once MIN nodes joined, a round waits this long for more before it closes."""
     rdzv_join_timeout_s: float = Field(600.0, gt=0)
     """How long a round waits for MIN nodes before the job fails."""
+    rdzv_list_max: int = Field(RDZV_LIST_MAX, ge=0, le=100_000)
+    """Rounds of at most this many nodes are listed on every node; in a larger one each node
+    reads only its own assignment (`--rdzv-conf list_max=N`, coordination/assignment.py)."""
     role: str = "default"
     start_method: StartMethod = "zygote"
     preload: tuple[str, ...] = Field(

@@ -18,6 +18,7 @@ from typing import Annotated
 
 from pydantic import Field
 
+from ftd.config.serve import RDZV_LIST_MAX
 from ftd.coordination.base import Round
 from ftd.coordination.records import (
     MAX_NODES,
@@ -40,10 +41,10 @@ ASSIGN_GRACE_S = 5.0
 """How long a joiner waits for its assignment once its round closed before it reads the closing
 record (the closer writes them right after the record, one operation on c10d)."""
 MAX_ASSIGNMENT_BYTES = 64 * 1024
-LIST_MAX = 64
-"""A round of at most this many members is read whole by each (its record under 4 KiB, its
-list in every node's events, logs and cluster.json, as operators of small jobs expect): the
-assignments of such a round have no place."""
+LIST_MAX = RDZV_LIST_MAX
+"""By default (`--rdzv-conf list_max=N`), a round of at most this many members is read whole by
+each (its record under 4 KiB, its list in every node's events, logs and cluster.json, as
+operators of small jobs expect): the assignments of such a round have no place."""
 ETCD_BATCH = 100
 """Assignments per etcd transaction (below etcd's default --max-txn-ops, 128)."""
 

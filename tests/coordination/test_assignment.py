@@ -92,6 +92,7 @@ def configs(nodes: int) -> list[ServeConfig]:
             run_id="assign",
             node_id=f"n{node:02d}",
             local_addr="127.0.0.1",
+            rdzv_list_max=0,  # every node but node rank 0 holds its assignment alone
         )
         for node in range(nodes)
     ]
@@ -101,10 +102,10 @@ def member(coordinator: Any) -> Member:
     return Member(node_id=coordinator.node_id, addr="127.0.0.1", nproc=2, store_port=1)
 
 
-async def started(coordinators: list[Any], list_max: int = 0) -> list[Any]:
+async def started(coordinators: list[Any]) -> list[Any]:
     for coordinator in coordinators:
         await coordinator.start(lambda node, reason: None)
-        coordinator._rounds.list_max = list_max
+        assert coordinator._rounds.list_max == coordinator.config.rdzv_list_max == 0
     return coordinators
 
 
@@ -252,7 +253,7 @@ async def test_a_closer_lost_before_the_assignments_costs_the_grace_not_the_roun
     member reads the closing record ASSIGN_GRACE_S after the close, and holds the list."""
     import ftd.coordination.c10d.assigned as c10d_assigned
     import ftd.coordination.c10d.rounds as c10d_rounds
-    import ftd.coordination.etcd.assigned as etcd_assigned
+    import ftd.coordination.etcd.coordinator as etcd_coordinator
     import ftd.coordination.etcd.rounds as etcd_rounds
 
     async def lost_async(*args: Any) -> None:
@@ -261,7 +262,7 @@ async def test_a_closer_lost_before_the_assignments_costs_the_grace_not_the_roun
     monkeypatch.setattr(c10d_rounds, "write_assignments", lambda *args: None)
     monkeypatch.setattr(etcd_rounds, "write_assignments", lost_async)
     monkeypatch.setattr(c10d_assigned, "ASSIGN_GRACE_S", 0.3)
-    monkeypatch.setattr(etcd_assigned, "ASSIGN_GRACE_S", 0.3)
+    monkeypatch.setattr(etcd_coordinator, "assign_grace_s", lambda timeout_s: 0.3)
     coordinators, server = await on_backend(backend, etcd, 3)
     try:
         await started(coordinators)

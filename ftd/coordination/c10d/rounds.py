@@ -13,7 +13,6 @@ from functools import partial
 from typing import Any
 
 from ftd.config.serve import ServeConfig
-from ftd.coordination.assignment import LIST_MAX
 from ftd.coordination.base import CoordinationError, Round, new_request, order_members
 from ftd.coordination.c10d.assigned import roster, write_assignments
 from ftd.coordination.c10d.record_store import RecordStore
@@ -59,7 +58,7 @@ class StoreRounds:
     def __init__(self, config: ServeConfig) -> None:
         self.config = config
         self.node_id = config.node_id
-        self.list_max = LIST_MAX
+        self.list_max = config.rdzv_list_max
         """Rounds of at most this many members are read whole by each (assignment.py)."""
         self.known_restarts = 0
         """The highest restart count this daemon has seen: it never accepts a lower one."""

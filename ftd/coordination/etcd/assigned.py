@@ -24,12 +24,18 @@ from ftd.tasks import Background
 log = logging.getLogger("ftd.rendezvous")
 
 
+def assign_grace_s(call_timeout_s: float) -> float:
+    """How long after a round's `assigning` mark a joiner waits for its assignment: a live
+    closer has written them within one call's timeout (ASSIGN_GRACE_S past it)."""
+    return ASSIGN_GRACE_S + call_timeout_s
+
+
 async def write_assignments(
     kv: RecordKv, record: RoundRecord, joiners: list[str], revision: int, list_max: int
 ) -> None:
     """Write each joiner's assignment of `record` (closed at `revision`), in batches of
     ETCD_BATCH puts a transaction. One that fails is said: its joiners read the closing
-    record after ASSIGN_GRACE_S."""
+    record after the grace (await_assignment)."""
     assigned = list(assignments_of(record, joiners, revision, list_max).items())
     batches = [assigned[i : i + ETCD_BATCH] for i in range(0, len(assigned), ETCD_BATCH)]
 
@@ -50,14 +56,16 @@ async def write_assignments(
 
 
 async def await_assignment(
-    kv: RecordKv, tasks: Background, number: int, me: str, absent: int | None
+    kv: RecordKv, tasks: Background, of: tuple[int, str], absent: int | None, grace_s: float
 ) -> tuple[Assignment, int | None] | None:
-    """`me`'s assignment of round `number` and the closing record's revision, where it has a
-    place other than node rank 0's; None where the closing record is to be read: it has no
-    place, or none came within ASSIGN_GRACE_S of the round's `assigning` mark. Two watches
-    (its key, the mark) from `absent`, the join's revision."""
+    """`me`'s assignment of round `number` (`of`) and the closing record's revision, where it
+    has a place other than node rank 0's; None where the closing record is to be read: it has
+    no place, or none came within `grace_s` of the round's `assigning` mark (ASSIGN_GRACE_S
+    past the closer's call timeout: a live closer has written them by then). Two watches (its
+    key, the mark) from `absent`, the join's revision."""
+    number, me = of
     mine = tasks.adopt(_assigned(kv, number, me, absent), f"ftd-etcd-assign-{number}")
-    mark = tasks.adopt(_marked(kv, number, absent), f"ftd-etcd-assigning-{number}")
+    mark = tasks.adopt(_marked(kv, number, absent, grace_s), f"ftd-etcd-assigning-{number}")
     try:
         await asyncio.wait({mine, mark}, return_when=asyncio.FIRST_COMPLETED)
         return mine.result() if mine.done() else None
@@ -81,6 +89,6 @@ async def _assigned(
     return found, found.revision if found.revision is not None else revision
 
 
-async def _marked(kv: RecordKv, number: int, absent: int | None) -> None:
+async def _marked(kv: RecordKv, number: int, absent: int | None, grace_s: float) -> None:
     await kv.await_decided(key(number, ASSIGNING), MarkRecord, absent_at=absent)
-    await asyncio.sleep(ASSIGN_GRACE_S)
+    await asyncio.sleep(grace_s)

@@ -44,8 +44,8 @@ ETCD_CONF = (
     "read_timeout",
     SECRET_FILE_CONF,
 )
-CLI_CONF = ("join_timeout", "last_call_timeout")
-"""Read by the CLI into --rdzv-join-timeout and --rdzv-last-call-timeout."""
+CLI_CONF = ("join_timeout", "last_call_timeout", "list_max")
+"""Read by the CLI into --rdzv-join-timeout, --rdzv-last-call-timeout and the list's size."""
 _PREFIX = re.compile(r"^(/[A-Za-z0-9._-]+)*$")
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@:+-]{0,252}$")
 _USERNAME = re.compile(r"^[^\s,=:]{1,128}$")

@@ -25,6 +25,7 @@ from ftd.coordination.base import (
     new_request,
 )
 from ftd.coordination.endpoint import parse_endpoint, route_address
+from ftd.coordination.etcd.assigned import assign_grace_s
 from ftd.coordination.etcd.client import Get
 from ftd.coordination.etcd.conf import open_client, parse_etcd_conf, warn_unsigned
 from ftd.coordination.etcd.gather import gather_members
@@ -139,7 +140,8 @@ class EtcdCoordinator:
             self._members.reaching = None
             reaching.done()
         self._liveness = liveness
-        self._steps = EtcdRoundSteps(self._kv, self._rounds, liveness, self._tasks)
+        grace_s = assign_grace_s(self.conf.timeout_s)
+        self._steps = EtcdRoundSteps(self._kv, self._rounds, liveness, self._tasks, grace_s)
         self.excluded = await self._call("read the excluded nodes", self._rounds.read_excluded)
         self.reached = True
 

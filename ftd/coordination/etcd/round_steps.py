@@ -27,8 +27,15 @@ T = TypeVar("T")
 
 class EtcdRoundSteps:
     def __init__(
-        self, kv: RecordKv, rounds: EtcdRounds, liveness: EtcdLiveness, tasks: Background
+        self,
+        kv: RecordKv,
+        rounds: EtcdRounds,
+        liveness: EtcdLiveness,
+        tasks: Background,
+        grace_s: float,
     ) -> None:
+        self._grace_s = grace_s
+        """How long after a round's `assigning` mark a joiner waits for its assignment."""
         self._kv = kv
         self.book = rounds
         self._liveness = liveness
@@ -55,7 +62,7 @@ class EtcdRoundSteps:
         # watches start after the join, with no read (1,024 reads fewer as a round forms).
         joined = self.book.joined_at
         absent = joined[1] if joined is not None and joined[0] == number else None
-        found = await await_assignment(self._kv, self._tasks, number, me, absent)
+        found = await await_assignment(self._kv, self._tasks, (number, me), absent, self._grace_s)
         if found is not None:
             return found
         return await self._kv.await_decided(

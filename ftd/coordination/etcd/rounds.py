@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ftd.config.serve import ServeConfig
-from ftd.coordination.assignment import ASSIGNING, LIST_MAX
+from ftd.coordination.assignment import ASSIGNING
 from ftd.coordination.base import CoordinationError, order_members
 from ftd.coordination.etcd.assigned import write_assignments
 from ftd.coordination.etcd.client import Get, KeyValue, RangeResult
@@ -96,7 +96,7 @@ class EtcdRounds:
         self.config = config
         self.node_id = config.node_id
         self.kv = kv
-        self.list_max = LIST_MAX
+        self.list_max = config.rdzv_list_max
         """Rounds of at most this many members are read whole by each (assignment.py)."""
         self.marks = EtcdMarks(kv, self.node_id)
         self.known_restarts = 0
