@@ -104,11 +104,10 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
         *_flag("--rdzv-conf"),
         default="",
         metavar="K=V,...",
-        help="rendezvous options: join_timeout, last_call_timeout, secret_file (a 0600 file: "
-        "signs the daemons' records), list_max (rounds of up to this many nodes are listed "
-        "on every node, larger ones only on node rank 0; default 64); c10d: is_host, host; "
-        "etcd: protocol, cacert, cert, key, username, password_file (a 0600 file), prefix, "
-        "lease_ttl (s, default --node-keepalive-timeout), read_timeout (s, default 5)",
+        help="rendezvous options: join_timeout, last_call_timeout, list_max (rounds of up to N "
+        "nodes listed on every node; 64), secret_file (a 0600 file: signs the daemons' records); "
+        "c10d: is_host, host; etcd: protocol, cacert, cert, key, username, password_file (a 0600 "
+        "file), prefix, lease_ttl (s, default --node-keepalive-timeout), read_timeout (s; 5)",
     )
     add(*_flag("--max-restarts"), type=int, default=0, metavar="N", help="restarts before failing")
     add(

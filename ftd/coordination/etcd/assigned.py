@@ -57,10 +57,11 @@ async def write_assignments(
 
 async def await_assignment(
     kv: RecordKv, tasks: Background, of: tuple[int, str], absent: int | None, grace_s: float
-) -> tuple[Assignment, int | None] | None:
+) -> tuple[Assignment, int | None] | bool:
     """`me`'s assignment of round `number` (`of`) and the closing record's revision, where it
-    has a place other than node rank 0's; None where the closing record is to be read: it has
-    no place, or none came within `grace_s` of the round's `assigning` mark (ASSIGN_GRACE_S
+    has a place other than node rank 0's; else whether the closing record is there to be read
+    (True: its assignment has no place; False: none came within `grace_s` of the round's
+    `assigning` mark (ASSIGN_GRACE_S
     past the closer's call timeout: a live closer has written them by then). Two watches (its
     key, the mark) from `absent`, the join's revision."""
     number, me = of
@@ -68,7 +69,7 @@ async def await_assignment(
     mark = tasks.adopt(_marked(kv, number, absent, grace_s), f"ftd-etcd-assigning-{number}")
     try:
         await asyncio.wait({mine, mark}, return_when=asyncio.FIRST_COMPLETED)
-        return mine.result() if mine.done() else None
+        return mine.result() if mine.done() else False
     finally:
         for task in (mine, mark):
             task.cancel()
@@ -76,16 +77,16 @@ async def await_assignment(
 
 async def _assigned(
     kv: RecordKv, number: int, me: str, absent: int | None
-) -> tuple[Assignment, int | None] | None:
+) -> tuple[Assignment, int | None] | bool:
     slot = key(number, assign_key(me))
     found, revision = await kv.await_decided(
         slot, Assignment, MAX_ASSIGNMENT_BYTES, absent_at=absent
     )
     if not assignment_fits(found, number, me):
         kv.codec.refuse(slot, "bad_assignment", "names another round or node")
-        return None
+        return False
     if found.place is None or found.place.group_rank == 0:
-        return None
+        return True
     return found, found.revision if found.revision is not None else revision
 
 

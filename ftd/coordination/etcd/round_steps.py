@@ -63,8 +63,15 @@ class EtcdRoundSteps:
         joined = self.book.joined_at
         absent = joined[1] if joined is not None and joined[0] == number else None
         found = await await_assignment(self._kv, self._tasks, (number, me), absent, self._grace_s)
-        if found is not None:
+        if isinstance(found, tuple):
             return found
+        if found:  # the record is there (the assignments follow it): read, not watched from
+            # the past, which waits for etcd's catch-up loop (up to 100 ms a round)
+            record, revision = await self._kv.read_decided(
+                key(number, "closed"), RoundRecord, MAX_ROUND_RECORD_BYTES
+            )
+            if record is not None:
+                return record, revision
         return await self._kv.await_decided(
             key(number, "closed"), RoundRecord, MAX_ROUND_RECORD_BYTES, absent_at=absent
         )
