@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ftd.config.serve import ServeConfig
-from ftd.coordination.assignment import ASSIGNING
+from ftd.coordination.assignment import ASSIGNING, ETCD_BATCH, assign_key, assignments_of
 from ftd.coordination.base import CoordinationError, order_members
 from ftd.coordination.etcd.assigned import write_assignments
 from ftd.coordination.etcd.client import Get, KeyValue, RangeResult
@@ -307,14 +307,25 @@ class EtcdRounds:
                 self.kv.put_op(key(number, "closed"), record),
                 self.kv.put_op(key(number, ASSIGNING), MarkRecord(node_id=self.node_id)),
             ]
+            joiners = [m.node_id for k, m in valid.items() if k == key(number, f"join/{m.node_id}")]
+            # A short round's assignments (no place: each joiner reads the record) go with its
+            # close: its joiners wait for no second commit.
+            inline = len(joiners) + len(writes) <= ETCD_BATCH and (
+                record.aborted is not None or len(record.members) <= self.list_max
+            )
+            if inline:
+                assigned = assignments_of(record, joiners, None, self.list_max)
+                writes += [
+                    self.kv.put_op(key(number, assign_key(n)), a) for n, a in assigned.items()
+                ]
             result = await self.kv.txn(compare, writes)
             if result.succeeded:
                 if not record.aborted:
                     log.info("closed round %d with %d nodes", number, len(record.members))
-                joiners = [
-                    m.node_id for k, m in valid.items() if k == key(number, f"join/{m.node_id}")
-                ]
-                await write_assignments(self.kv, record, joiners, result.revision, self.list_max)
+                if not inline:
+                    await write_assignments(
+                        self.kv, record, joiners, result.revision, self.list_max
+                    )
                 return
 
     def _round_record(
