@@ -64,6 +64,15 @@ class Place(Record):
     """The next member in the replicas' ring (node ids in order), None alone."""
 
 
+class ClosedMark(Record):
+    """etcd's `r<N>/assigning`, written in the close's transaction: a copy of the closing
+    record where the round is short or aborted (each joiner takes it from this event, as it
+    took the record's before), None where each joiner awaits its assignment."""
+
+    number: RoundNumber
+    record: RoundRecord | None = None
+
+
 class Assignment(Record):
     """Round `number` for `node_id`: its place (None: a joiner the round left out, which reads
     the closing record), and what the closing record says of the budget and exclusions."""

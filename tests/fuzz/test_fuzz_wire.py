@@ -31,7 +31,7 @@ from ftd.api.app import (
 )
 from ftd.api.security import HostPolicy, bearer_token, host_of
 from ftd.config.ft import RankTimeouts
-from ftd.coordination.assignment import Assignment, assignments_of
+from ftd.coordination.assignment import Assignment, ClosedMark, assignments_of
 from ftd.coordination.etcd.client import wire
 from ftd.coordination.etcd.client.errors import EtcdBadAnswer
 from ftd.coordination.etcd.client.records import Delete, Get, Put
@@ -91,12 +91,18 @@ def _deep(opener: bytes) -> st.SearchStrategy[bytes]:
 
 _MODELS: list[type[BaseModel]] = [
     Member, RoundRecord, RequestRecord, AliveRecord, MarkRecord, ExcludedRecord, NodeSummary,
-    Assignment,
+    Assignment, ClosedMark,
 ]  # fmt: skip
 _member = Member(node_id="node-a", addr="10.0.0.1", nproc=2, store_port=29500)
 _SAMPLES: list[tuple[str, BaseModel]] = [
     ("r/0/members/node-a", _member),
     ("r/round/3", RoundRecord(number=3, members=(RoundMember.of(_member),), restarts=1)),
+    (
+        "r/round/3/assigning",
+        ClosedMark(
+            number=3, record=RoundRecord(number=3, members=(RoundMember.of(_member),), restarts=1)
+        ),
+    ),
     (
         "r/round/3/assign/node-a",
         assignments_of(

@@ -12,12 +12,13 @@ from ftd.coordination.assignment import (
     ETCD_BATCH,
     MAX_ASSIGNMENT_BYTES,
     Assignment,
+    ClosedMark,
     assign_key,
     assignment_fits,
     assignments_of,
 )
 from ftd.coordination.etcd.kv import RecordKv
-from ftd.coordination.records import MarkRecord, RoundRecord
+from ftd.coordination.records import MAX_ROUND_RECORD_BYTES, RoundRecord
 from ftd.coordination.shared_rounds import key
 from ftd.tasks import Background
 
@@ -57,19 +58,21 @@ async def write_assignments(
 
 async def await_assignment(
     kv: RecordKv, tasks: Background, of: tuple[int, str], absent: int | None, grace_s: float
-) -> tuple[Assignment, int | None] | bool:
-    """`me`'s assignment of round `number` (`of`) and the closing record's revision, where it
-    has a place other than node rank 0's; else whether the closing record is there to be read
-    (True: its assignment has no place; False: none came within `grace_s` of the round's
-    `assigning` mark (ASSIGN_GRACE_S
-    past the closer's call timeout: a live closer has written them by then). Two watches (its
-    key, the mark) from `absent`, the join's revision."""
+) -> tuple[RoundRecord | Assignment, int | None] | bool:
+    """Round `number` (`of`) as `me` holds it, and the closing record's revision: its
+    assignment where it has a place other than node rank 0's, the record where the round's
+    `assigning` mark carries it (a short round); else whether the closing record is there to
+    be read (True: its assignment has no place; False: none came within `grace_s` of the mark:
+    ASSIGN_GRACE_S past the closer's call timeout, when a live closer has written them). Two
+    watches (its key, the mark) from `absent`, the join's revision."""
     number, me = of
     mine = tasks.adopt(_assigned(kv, number, me, absent), f"ftd-etcd-assign-{number}")
     mark = tasks.adopt(_marked(kv, number, absent, grace_s), f"ftd-etcd-assigning-{number}")
     try:
         await asyncio.wait({mine, mark}, return_when=asyncio.FIRST_COMPLETED)
-        return mine.result() if mine.done() else False
+        if mine.done():
+            return mine.result()
+        return mark.result() or False
     finally:
         for task in (mine, mark):
             task.cancel()
@@ -90,6 +93,15 @@ async def _assigned(
     return found, found.revision if found.revision is not None else revision
 
 
-async def _marked(kv: RecordKv, number: int, absent: int | None, grace_s: float) -> None:
-    await kv.await_decided(key(number, ASSIGNING), MarkRecord, absent_at=absent)
+async def _marked(
+    kv: RecordKv, number: int, absent: int | None, grace_s: float
+) -> tuple[RoundRecord, int] | None:
+    """The record the round's mark carries (a short round), else None `grace_s` after it."""
+    slot = key(number, ASSIGNING)
+    mark, revision = await kv.await_decided(
+        slot, ClosedMark, MAX_ROUND_RECORD_BYTES, absent_at=absent
+    )
+    if mark.record is not None and mark.number == mark.record.number == number:
+        return mark.record, revision
     await asyncio.sleep(grace_s)
+    return None

@@ -10,7 +10,8 @@ revision: EtcdClient.read) and at most one conditional write. Keys, under the jo
                         joiner's number, its mod_revision what a close compares against
   r<N>/closed           RoundRecord, decided: members in node-rank order, restarts used
                         before, the excluded nodes (or `aborted`)
-  r<N>/assigning        MarkRecord, in the close's transaction: the assignments follow
+  r<N>/assigning        ClosedMark, in the close's transaction: a short round's record (its
+                        joiners take it from here), else: the assignments follow
   r<N>/assign/<node>    Assignment, one per joiner, written after the close in batches: what
                         a member reads instead of the closing record (assignment.py)
   r<N>/request          RequestRecord, decided: restart, fail or succeed
@@ -34,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ftd.config.serve import ServeConfig
-from ftd.coordination.assignment import ASSIGNING, ETCD_BATCH, assign_key, assignments_of
+from ftd.coordination.assignment import ASSIGNING, ClosedMark
 from ftd.coordination.base import CoordinationError, order_members
 from ftd.coordination.etcd.assigned import write_assignments
 from ftd.coordination.etcd.client import Get, KeyValue, RangeResult
@@ -303,26 +304,22 @@ class EtcdRounds:
             if attempt < MAX_CLOSE_TRIES - 1:
                 counter = joined.kvs[0] if joined.kvs else None
                 compare.append(self.kv.unchanged(key(number, "joined"), counter))
+            # A short round's joiners take the record from the mark (one event each, as
+            # before assignments); a long one's await their assignments, written after.
+            short = record.aborted is not None or len(record.members) <= self.list_max
+            mark = ClosedMark(number=number, record=record if short else None)
             writes = [
                 self.kv.put_op(key(number, "closed"), record),
-                self.kv.put_op(key(number, ASSIGNING), MarkRecord(node_id=self.node_id)),
+                self.kv.put_op(key(number, ASSIGNING), mark),
             ]
-            joiners = [m.node_id for k, m in valid.items() if k == key(number, f"join/{m.node_id}")]
-            # A short round's assignments (no place: each joiner reads the record) go with its
-            # close: its joiners wait for no second commit.
-            inline = len(joiners) + len(writes) <= ETCD_BATCH and (
-                record.aborted is not None or len(record.members) <= self.list_max
-            )
-            if inline:
-                assigned = assignments_of(record, joiners, None, self.list_max)
-                writes += [
-                    self.kv.put_op(key(number, assign_key(n)), a) for n, a in assigned.items()
-                ]
             result = await self.kv.txn(compare, writes)
             if result.succeeded:
                 if not record.aborted:
                     log.info("closed round %d with %d nodes", number, len(record.members))
-                if not inline:
+                if not short:
+                    joiners = [
+                        m.node_id for k, m in valid.items() if k == key(number, f"join/{m.node_id}")
+                    ]
                     await write_assignments(
                         self.kv, record, joiners, result.revision, self.list_max
                     )
