@@ -14,6 +14,9 @@ from pathlib import Path
 from ftd.config.scheduler import Detected, SchedulerError, detect
 from ftd.config.serve import DEFAULT_API_PORT, ServeConfig, parse_nnodes, parse_rdzv_conf
 from ftd.errors import format_validation_error
+from ftd.text import is_decimal
+
+MAX_LIST = 100_000
 
 
 class UsageError(Exception):
@@ -103,7 +106,11 @@ def serve_config_from_args(args: argparse.Namespace) -> ServeConfig:
     if join is not None:
         fields["rdzv_join_timeout_s"] = join
     if (listed := rdzv_conf.get("list_max")) is not None:
-        fields["rdzv_list_max"] = listed
+        if not is_decimal(listed) or len(listed) > 6 or int(listed) > MAX_LIST:
+            raise UsageError(
+                f"--rdzv-conf list_max={listed[:40]}: a number of nodes, 0 to {MAX_LIST}"
+            )
+        fields["rdzv_list_max"] = int(listed)
     fields.update(_fault_tolerance_fields(args))
     try:
         return ServeConfig.model_validate(fields)

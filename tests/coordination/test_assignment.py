@@ -300,3 +300,32 @@ async def test_a_job_of_nodes_without_the_list_ends_when_every_node_succeeded(
         for coordinator in coordinators:
             await coordinator.close()
         del server
+
+
+async def test_etcd_junk_and_another_rounds_mark_are_not_taken(etcd: ClusterFactory) -> None:
+    """Anyone who reaches etcd may write a round's `assigning` key: junk there is refused as
+    it comes (the watch waits on for the genuine mark), and a mark that carries another round's
+    record (a job without a secret) is not taken: the joiner reads the closing record after
+    the grace. The genuine short round's mark gives its record."""
+    from ftd.coordination.assignment import ASSIGNING, ClosedMark
+    from ftd.coordination.etcd.assigned import _marked
+
+    coordinators = await etcd_coordinators(etcd, 2)
+    try:
+        await started(coordinators[:1])
+        kv = coordinators[0]._kv
+        refused = sum(kv.codec.refused.values())
+        await kv.etcd.put(key(5, ASSIGNING), b"junk", None)
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(_marked(kv, 5, None, 0.01), 1.0)
+        assert sum(kv.codec.refused.values()) > refused
+        other = RoundRecord(number=7, members=(row(1),), restarts=0)
+        await kv.put(key(5, ASSIGNING), ClosedMark(number=5, record=other))
+        assert await asyncio.wait_for(_marked(kv, 5, None, 0.01), 10) is None
+        mine = RoundRecord(number=6, members=(row(1),), restarts=0)
+        await kv.put(key(6, ASSIGNING), ClosedMark(number=6, record=mine))
+        found = await asyncio.wait_for(_marked(kv, 6, None, 30), 10)
+        assert found is not None and found[0] == mine
+    finally:
+        for coordinator in coordinators:
+            await coordinator.close()

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
+import sys
 
 import pytest
 
-from tests.conftest import Backend, ServeFactory, events_in
+from tests.conftest import ROOT, Backend, ServeFactory, events_in
 from tests.support.cluster import Cluster, api, ready_together, run_dir
 
 pytestmark = pytest.mark.timeout(90)
@@ -55,3 +57,16 @@ async def test_a_node_without_the_list_answers_the_cluster_view_and_an_exclusion
     await a.stdout.expect(f"ready a{n + 1} r0")  # a goes on alone
     a.signal(signal.SIGTERM)
     assert await a.wait() == 128 + signal.SIGTERM
+
+
+@pytest.mark.parametrize("value", ["abc", "-1", "100001", "9" * 50])
+def test_a_bad_list_max_is_one_line_and_exit_2(value: str) -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "ftd", "serve", "--nnodes", "2", "--rdzv-endpoint",
+         "127.0.0.1:1", "--rdzv-conf", f"list_max={value}", "train.py"],
+        capture_output=True, text=True, timeout=60, cwd=ROOT,
+    )  # fmt: skip
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.strip().splitlines() == [
+        f"ftd serve: error: --rdzv-conf list_max={value[:40]}: a number of nodes, 0 to 100000"
+    ]
