@@ -6,20 +6,20 @@ store (b 3-7 packed: 115 MB at 4,096 nodes, 1.8 GB at 16,384; bench/SCALE.md). T
 computes every member's place anyway, so after deciding the closing record it writes one
 `Assignment` per joiner it read, at `r<N>/assign/<node>`: each member reads its own, and the
 job pays O(N). The closing record stays the truth: node rank 0 (it watches every member), a
-joiner the round left out, a late node, a standby and the cluster view read it whole, as does
-a member whose assignment does not come within ASSIGN_GRACE_S of the close (its closer lost
-between the two writes, or this node joined as the round closed) or does not verify.
+joiner the round left out, a late node, a standby, every node of a short round (LIST_MAX) and
+the cluster view read it whole, as does a member whose assignment does not come within the
+grace (its closer lost between the two writes, or this node joined as the round closed) or
+does not verify. On etcd a short round's record rides in the close's mark (ClosedMark).
 """
 
 from __future__ import annotations
 
-import bisect
 from typing import Annotated
 
 from pydantic import Field
 
 from ftd.config.serve import RDZV_LIST_MAX
-from ftd.coordination.base import Round
+from ftd.coordination.base import Round, ring_successor
 from ftd.coordination.records import (
     MAX_NODES,
     Count,
@@ -35,11 +35,13 @@ from ftd.coordination.records import (
 ASSIGN = "assign/"
 """Under the round: `r<N>/assign/<node>`."""
 ASSIGNING = "assigning"
-"""etcd: `r<N>/assigning`, a small mark written with the closing record, which a joiner awaits
-beside its assignment (a watch on the record itself would send each joiner its N members)."""
+"""etcd: `r<N>/assigning`, the ClosedMark written with the closing record, which a joiner
+awaits beside its assignment (a watch on the record itself would send each joiner its N
+members)."""
 ASSIGN_GRACE_S = 5.0
 """How long a joiner waits for its assignment once its round closed before it reads the closing
-record (the closer writes them right after the record, one operation on c10d)."""
+record (c10d: the closer writes them right after the record, one operation; etcd: this past
+the closer's call timeout, etcd/assigned.py)."""
 MAX_ASSIGNMENT_BYTES = 64 * 1024
 LIST_MAX = RDZV_LIST_MAX
 """By default (`--rdzv-conf list_max=N`), a round of at most this many members is read whole by
@@ -52,7 +54,7 @@ Rank = Annotated[int, Field(ge=0, lt=2**31)]
 
 
 class Place(Record):
-    """Where a member's ranks sit in round `number`'s world."""
+    """Where a member's ranks sit in its round's world."""
 
     group_rank: Annotated[int, Field(ge=0, lt=MAX_NODES)]
     size: Annotated[int, Field(ge=1, le=MAX_NODES)]
@@ -123,9 +125,7 @@ def assignments_of(
         for rank, member in enumerate(members):
             if member.node_id in out:
                 continue
-            successor = None
-            if len(ring) > 1:
-                successor = ring[(bisect.bisect_left(ring, member.node_id) + 1) % len(ring)]
+            successor = ring_successor(ring, member.node_id)
             place = Place(
                 group_rank=rank,
                 size=len(members),

@@ -114,11 +114,7 @@ class Round:
     ) -> Round:
         """The round from its whole list (the closing record, or one node alone)."""
         nprocs = [row[2] for row in members]  # RoundMember.nproc
-        ring = sorted({row[0] for row in members})
-        me = members[group_rank][0]
-        successor = None
-        if len(ring) > 1:
-            successor = ring[(bisect.bisect_left(ring, me) + 1) % len(ring)]
+        successor = ring_successor(sorted({row[0] for row in members}), members[group_rank][0])
         return cls(
             number=number,
             restarts=restarts,
@@ -158,6 +154,14 @@ class Round:
             master_addr=host,
             master_port=port,
         )
+
+
+def ring_successor(ring: list[str], me: str) -> str | None:
+    """The node after `me` in the replicas' ring (`ring`: the members' ids, sorted); None
+    alone."""
+    if len(ring) < 2:
+        return None
+    return ring[(bisect.bisect_left(ring, me) + 1) % len(ring)]
 
 
 def new_request(
