@@ -166,9 +166,8 @@ class NodeControl:
             try:
                 members = await self._coordinator.roster(rnd)
             except CoordinationError as error:
-                raise FeatureUnavailable(
-                    f"cannot read the round's members: {error.reason}"
-                ) from None
+                why = f"cannot read the round's members now: {error.reason}"
+                raise Conflict(why) from None
         if node_id not in members:
             listed = ", ".join(members[:20]) + (
                 f" and {len(members) - 20} more" if len(members) > 20 else ""
