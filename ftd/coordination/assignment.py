@@ -27,6 +27,7 @@ from ftd.coordination.records import (
     NodeId,
     Reason,
     Record,
+    RecordCodec,
     RoundMember,
     RoundNumber,
     RoundRecord,
@@ -94,10 +95,19 @@ def assign_key(node_id: str) -> str:
     return f"{ASSIGN}{node_id}"
 
 
-def assignment_fits(found: Assignment, number: int, node_id: str) -> bool:
-    """Whether an assignment read at `r<number>/assign/<node_id>` names that round and node
-    (signed, it cannot be moved to another key; unsigned, anyone may write anything)."""
-    return found.number == number and found.node_id == node_id
+def placed(
+    found: Assignment | None, slot: str, of: tuple[int, str], codec: RecordCodec
+) -> Assignment | None:
+    """`found`, read at `slot` for round and node `of`, where it names them and gives a place
+    other than node rank 0's (else the closing record is read). One naming another round or
+    node is refused, counted (signed, it cannot be moved to another key; unsigned, anyone may
+    write anything)."""
+    if found is None:
+        return None
+    if (found.number, found.node_id) != of:
+        codec.refuse(slot, "bad_assignment", "names another round or node")
+        return None
+    return found if found.place is not None and found.place.group_rank > 0 else None
 
 
 def assignments_of(

@@ -10,8 +10,8 @@ from ftd.coordination.assignment import (
     MAX_ASSIGNMENT_BYTES,
     Assignment,
     assign_key,
-    assignment_fits,
     assignments_of,
+    placed,
 )
 from ftd.coordination.base import CoordinationError, Round
 from ftd.coordination.c10d.record_store import RecordStore
@@ -31,10 +31,8 @@ def await_assigned(s: RecordStore, number: int, me: str) -> RoundRecord | Assign
     slot = key(number, assign_key(me))
     if s.wait([slot], ASSIGN_GRACE_S):
         found = s.codec.decode(slot, s.get(slot), Assignment, MAX_ASSIGNMENT_BYTES)
-        if found is not None and not assignment_fits(found, number, me):
-            s.codec.refuse(slot, "bad_assignment", "names another round or node")
-        elif found is not None and found.place is not None and found.place.group_rank > 0:
-            return found
+        if (mine := placed(found, slot, (number, me), s.codec)) is not None:
+            return mine
         record = s.codec.decode(closed, s.get(closed), RoundRecord, MAX_ROUND_RECORD_BYTES)
         if record is not None:
             return record
@@ -46,10 +44,8 @@ def assigned_now(s: RecordStore, number: int, me: str) -> RoundRecord | Assignme
     rank 0's, else the closing record (None: not closed yet)."""
     slot = key(number, assign_key(me))
     found = s.read(slot, Assignment, MAX_ASSIGNMENT_BYTES)
-    if found is not None and not assignment_fits(found, number, me):
-        s.codec.refuse(slot, "bad_assignment", "names another round or node")
-    elif found is not None and found.place is not None and found.place.group_rank > 0:
-        return found
+    if (mine := placed(found, slot, (number, me), s.codec)) is not None:
+        return mine
     return s.decided(key(number, "closed"), RoundRecord, MAX_ROUND_RECORD_BYTES)
 
 

@@ -14,8 +14,8 @@ from ftd.coordination.assignment import (
     Assignment,
     ClosedMark,
     assign_key,
-    assignment_fits,
     assignments_of,
+    placed,
 )
 from ftd.coordination.etcd.kv import RecordKv
 from ftd.coordination.records import MAX_ROUND_RECORD_BYTES, RoundRecord
@@ -85,12 +85,9 @@ async def _assigned(
     found, revision = await kv.await_decided(
         slot, Assignment, MAX_ASSIGNMENT_BYTES, absent_at=absent
     )
-    if not assignment_fits(found, number, me):
-        kv.codec.refuse(slot, "bad_assignment", "names another round or node")
-        return False
-    if found.place is None or found.place.group_rank == 0:
-        return True
-    return found, found.revision if found.revision is not None else revision
+    if (mine := placed(found, slot, (number, me), kv.codec)) is None:
+        return True  # no place, node rank 0's or refused: the record, read
+    return mine, mine.revision if mine.revision is not None else revision
 
 
 async def _marked(
