@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
+import io
 import itertools
 import json
 import os
@@ -415,6 +417,18 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         "fuzz(decoder, examples): a fuzz target of one decoder (tests/support/fuzzing.py)",
     )
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Close the /dev/null that NVRx's fault_tolerance.utils opens at import for a module-level
+    pickler and never closes: the in-process NVRx tests would end each run with its
+    ResourceWarning (no warning filter reaches a file finalized at interpreter exit)."""
+    nvrx_utils = sys.modules.get("nvidia_resiliency_ext.fault_tolerance.utils")
+    pickler = getattr(nvrx_utils, "_IPC_PICKLER", None)
+    for referent in gc.get_referents(pickler) if pickler is not None else ():
+        target = getattr(referent, "__self__", None)
+        if isinstance(target, io.BufferedWriter):
+            target.close()
 
 
 @pytest.hookimpl(trylast=True)
