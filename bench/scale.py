@@ -51,8 +51,9 @@ users' too), looks_late_max_s, false_node_lost, threads, forming (the cores used
 formed, the store's wait for a core; `steps`: from the last joiner's ask, its close through
 (`closed_s`; absent where the record reached the closer first and its wait for its own close
 was dropped), each node's closing record read and each node's round had, p50 and max;
-`later_rounds_steps` the same for each later round) and forming_ops_per_node, culprit,
-saturated and saturated_why.
+`later_rounds_steps` the same for each later round), propagation_steps (each restart: the
+request's call, the first and last node's end, the cores and the store's wait for one) and
+forming_ops_per_node, culprit, saturated and saturated_why.
 
 `saturated` is true when this machine, not ftd, bounds the figures: over the steady window the
 harness's processes used at least 85 % of the machine's cores, or the whole machine was 95 %
@@ -507,15 +508,18 @@ async def round_end(workers: list[Worker], timeout_s: float) -> list[dict[str, A
 
 
 async def propagation(
-    args: argparse.Namespace, workers: list[Worker], result: dict[str, Any]
+    args: argparse.Namespace, workers: list[Worker], host: Store | Etcd, result: dict[str, Any]
 ) -> None:
-    """`--rounds` times: the last node requests a restart; each node's `ended`, from then."""
+    """`--rounds` times: the last node requests a restart; each node's `ended`, from then. Each
+    time in `propagation_steps`: the request's own call (ask to decided), the first and the
+    last node's end, and the cores (the store's wait for one) over the span."""
     samples: list[float] = []
     later: list[float] = []
     requester = args.nodes - 1
     asker = next(w for w in workers if w.holds(requester))
     all_joined = result.setdefault("later_rounds_all_joined_s", [])
     for _ in range(args.rounds):
+        meter = Meter(workers, host)
         asked = await asker.call("request", PROPAGATION_TIMEOUT_S, node=requester)
         ends = await round_end(workers, PROPAGATION_TIMEOUT_S)
         false_alarms(result, ends)
@@ -523,6 +527,14 @@ async def propagation(
         missing = sum(t is None for t in times)
         if missing:
             raise HarnessError(f"{missing} nodes did not see the round's end within 60s")
+        result.setdefault("propagation_steps", []).append(
+            {
+                "request_s": round(asked["decided_at"] - asked["asked_at"], 3),
+                "first_end_s": round(min(times) - asked["asked_at"], 3),
+                "last_end_s": round(max(times) - asked["asked_at"], 3),
+                "cores": meter.cores(),
+            }
+        )
         if asked["ours"]:
             samples += [t - asked["asked_at"] for t in times]
             result["propagation_s"] = percentiles(samples)
@@ -758,7 +770,7 @@ async def measure(args: argparse.Namespace, host: Store | Etcd, work: Path) -> d
             cluster_view_read_s=view["read_s"],
         )
         phase = say("propagation")
-        await propagation(args, workers, result)
+        await propagation(args, workers, host, result)
         phase = say("culprit")
         await culprits(args, workers, result)
         if p >= 2:

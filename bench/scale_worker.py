@@ -472,7 +472,12 @@ class Worker:
         request = new_request("restart", f"scale harness: {why}", by=v.node_id, hang=hang)
         asked = time.time()
         decided = await v.c.request(rnd, request)
-        return {"asked_at": asked, "round": rnd.number, "ours": decided == request}
+        return {
+            "asked_at": asked,
+            "decided_at": time.time(),
+            "round": rnd.number,
+            "ours": decided == request,
+        }
 
     async def do_ended(self, msg: dict[str, Any]) -> dict[str, Any]:
         armed = [v.ended for v in self.nodes if v.ended is not None]

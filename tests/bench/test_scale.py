@@ -57,6 +57,9 @@ def check(result: dict[str, Any], backend: str) -> None:
     propagation = result["propagation_s"]
     assert propagation["samples"] == NODES * ROUNDS, result
     assert 0 <= propagation["p50"] <= propagation["p99"] <= propagation["max"] < 60
+    steps = result["propagation_steps"]
+    assert len(steps) == ROUNDS, result
+    assert all(s["request_s"] >= 0 and s["first_end_s"] <= s["last_end_s"] for s in steps), steps
     # The killed worker's 4 nodes: node rank 0 heard of them (the first is enough to end the
     # round), every survivor's round ended.
     lost = result["node_lost_s"]
