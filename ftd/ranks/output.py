@@ -9,12 +9,14 @@ thread does the disk's work (ftd/ranks/output_writer.py), so a slow or stuck dis
 loop. A writer that falls behind (`HOLD_AT` bytes waiting: a burst while its thread waits for a
 core, a disk slower than the rank) holds the reading of that stream, so the rank's writes wait
 on its full pipe as they would on the disk under torchrun: a slow writer loses nothing. A hold
-lasts `STALL_S` at most; a writer still behind then is taken for stuck, and the loop reads on
-without holding until it caught up. What a writer cannot take then (more than `PENDING_LIMIT`
-bytes waiting for one destination) or cannot write (ENOSPC, EIO, EFBIG) is dropped and
-counted: a rank's write never fails, and waits at most `STALL_S` once per stuck writer, or
-while the daemon itself does not run (stopped, starved) for longer than the rank's pipe takes
-to fill (`PIPE_SIZE`: 1 MiB, about 0.1 s at 10 MB/s; 64 KiB where the pipe cannot be raised).
+lasts while the writers make progress; a writer that wrote nothing for `STALL_S`, over at least
+`STALL_CHECKS` looks (a daemon that was itself not run for a second gave its writer no chance),
+is taken for stuck, and the loop reads on without holding until it caught up. What a writer
+cannot take then (more than `PENDING_LIMIT` bytes waiting for one destination) or cannot write
+(ENOSPC, EIO, EFBIG) is dropped and counted: a rank's write never fails; it waits on a slow
+writer as it would on the disk, on a stuck one once (about `STALL_S`), or while the daemon
+itself does not run (stopped, starved) for longer than the rank's pipe takes to fill
+(`PIPE_SIZE`: 1 MiB, about 0.1 s at 10 MB/s; 64 KiB where the pipe cannot be raised).
 
 A destination that drops starts an episode: one warning and one `output_dropped` event; it
 ends, with one line giving what was lost, at the first write that succeeds `QUIET_S` after the
@@ -47,7 +49,9 @@ HOLD_AT = PENDING_LIMIT - READ_SIZE - MAX_LINE
 """Bytes waiting for a destination from which its stream's reading is held: the next read
 (READ_SIZE, and a carried line piece) still fits under PENDING_LIMIT."""
 STALL_S = 1.0
-"""The longest a hold lasts: a writer still behind then is stuck (see the module's text)."""
+"""A writer behind that wrote nothing for this long is stuck (see the module's text)."""
+STALL_CHECKS = round(STALL_S / BATCH_S)
+"""...and over at least this many looks at it, BATCH_S apart."""
 
 DropReport = Callable[[dict[str, object]], object]
 
@@ -98,6 +102,25 @@ class _Reader:
     held_since: float | None = None
     may_hold: bool = True
     """False once a hold ran out (its writer stuck): read on until the writers caught up."""
+    progress: int = 0
+    quiet_since: float = 0.0
+    quiet_looks: int = 0
+
+    def watch(self, now: float) -> None:
+        """Start judging its writers' progress (a hold, the close)."""
+        self.progress, self.quiet_since, self.quiet_looks = self._written(), now, 0
+
+    def stuck(self, now: float) -> bool:
+        """One look: a writer wrote nothing for STALL_S, over STALL_CHECKS looks."""
+        written = self._written()
+        if written != self.progress:
+            self.progress, self.quiet_since, self.quiet_looks = written, now, 0
+            return False
+        self.quiet_looks += 1
+        return self.quiet_looks >= STALL_CHECKS and now - self.quiet_since >= STALL_S
+
+    def _written(self) -> int:
+        return sum(d.written for d in (self.file, self.console) if d is not None)
 
     def behind(self) -> bool:
         """A destination of this stream has HOLD_AT bytes waiting (read without the writer's
@@ -155,19 +178,22 @@ class OutputDrain:
             self._loop.call_later(pause, self._resume, reader)
 
     def _hold(self, reader: _Reader, now: float) -> None:
-        """Stop reading `reader` until its writers caught up, STALL_S at most (checked every
+        """Stop reading `reader` until its writers caught up, or one is stuck (checked every
         BATCH_S: only while a writer is behind)."""
+        if reader.held_since is not None:  # held already: one look at a time
+            return
         if not reader.paused:
             self._loop.remove_reader(reader.stream.read_fd)
             reader.paused = True
         reader.held_since = now
+        reader.watch(now)
         self._loop.call_later(BATCH_S, self._check_hold, reader)
 
     def _check_hold(self, reader: _Reader) -> None:
         if reader.closed or reader.held_since is None:
             return
         if reader.behind():
-            if self._loop.time() - reader.held_since < STALL_S:
+            if not reader.stuck(self._loop.time()):
                 self._loop.call_later(BATCH_S, self._check_hold, reader)
                 return
             reader.may_hold = False  # stuck: what it cannot take is dropped and counted
@@ -227,10 +253,13 @@ class OutputDrain:
             return
         self._closed = True
         # What the pipes still hold is the ranks' last words: a writer behind is waited for
-        # as a hold would (STALL_S at most), not dropped.
-        until = self._loop.time() + STALL_S
-        while any(r.may_hold and r.behind() for r in self._readers if not r.closed):
-            if self._loop.time() >= until:
+        # as a hold would (until it is stuck), not dropped.
+        for reader in self._readers:
+            reader.held_since = None  # its hold's looks end: these take over
+            reader.watch(self._loop.time())
+        while waiting := [r for r in self._readers if not r.closed and r.may_hold and r.behind()]:
+            now = self._loop.time()
+            if any([r.stuck(now) for r in waiting]):  # every one looked at
                 break
             await asyncio.sleep(BATCH_S)
         for reader in self._readers:

@@ -31,6 +31,9 @@ waits its turn for the GIL; at most 4 such buffers per rank (stdout and stderr, 
 console) under pressure."""
 RETRY_S = 1.0
 QUIET_S = 10.0
+WRITE_PIECE = 1 << 16
+"""The most one write call takes: a destination's progress (`written`) shows within a piece,
+so a slow disk is told from a stuck one (ftd/ranks/output.py's holds)."""
 
 DestinationKind = Literal["file", "console"]
 Report = Callable[[str, "Destination", str], None]
@@ -48,6 +51,8 @@ class Destination:
     stream: str
     where: str
     offset: int = 0
+    written: int = 0
+    """Bytes written so far, by its writer thread alone: its progress, read by the loop."""
     pending: int = 0
     retry_at: float = 0.0
     last_drop: float = 0.0
@@ -156,13 +161,15 @@ class LineWriter:
         view = memoryview(data)
         try:
             while written < len(data):
+                piece = view[written : written + WRITE_PIECE]
                 if dest.kind == "file":
-                    count = os.pwrite(dest.fd, view[written:], start + written)
+                    count = os.pwrite(dest.fd, piece, start + written)
                 else:
-                    count = os.write(dest.fd, view[written:])
+                    count = os.write(dest.fd, piece)
                 if count == 0:
                     raise OSError(errno.EIO, "nothing written")
                 written += count
+                dest.written += count
         except OSError as error:
             if written and dest.kind == "file":
                 with contextlib.suppress(OSError):

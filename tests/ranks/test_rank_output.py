@@ -276,20 +276,33 @@ async def test_the_console_is_bounded(tmp_path: Path) -> None:
 
 
 async def test_a_slow_writer_holds_the_rank_and_loses_nothing(tmp_path: Path) -> None:
-    """-t, and a console read slowly (64 KiB every 2 ms, a pipe of one page) while a rank
+    """-t, and a console read slowly (a page every 2 ms: a pipe of one page) while a rank
     writes 8 MiB as fast as it can: the console falls behind by far more than PENDING_LIMIT,
     and the drain holds the rank's pipe instead of dropping (a hold ends as the console
-    catches up, well within STALL_S): the console and the file get every byte, nothing is
-    counted dropped."""
+    catches up): the console and the file get every byte, nothing is counted dropped."""
+    await _teed_to_a_slow_console(tmp_path, (b"s" * 127 + b"\n") * (64 << 10), 0.002)
+
+
+async def test_a_writer_slower_than_a_hold_but_moving_loses_nothing(tmp_path: Path) -> None:
+    """-t, and a console that takes a page every 8 ms (~500 KiB/s) while a rank writes 2 MiB at
+    once: each mebibyte the loop reads takes the console 2 s, longer than a hold's STALL_S,
+    but the writer moves (a write call takes WRITE_PIECE, 0.13 s of it): the rank is held,
+    nothing is dropped; the console and the file get every byte. (Before, one write of a whole
+    read hid the writer's progress, and a writer that slow past STALL_S lost the rest.)"""
+    await _teed_to_a_slow_console(tmp_path, (b"m" * 127 + b"\n") * (16 << 10), 0.008)
+
+
+async def _teed_to_a_slow_console(tmp_path: Path, data: bytes, page_s: float) -> None:
+    """A rank writes `data` in 1 MiB pieces to a -t stream whose console reads a page every
+    `page_s`: nothing is dropped, the file and the console get every byte."""
     drain, write_fd, console_r, console_w = _teed(tmp_path)
-    data = (b"s" * 127 + b"\n") * (64 << 10)  # 8 MiB
     received = bytearray()
 
     def read_slowly() -> None:
         try:
-            while chunk := os.read(console_r, 1 << 16):
+            while chunk := os.read(console_r, 4096):
                 received.extend(chunk)
-                time.sleep(0.002)
+                time.sleep(page_s)
         finally:
             os.close(console_r)
 
