@@ -45,6 +45,9 @@ BATCH_S = 0.05
 """After a read, the next one waits this long at most (see `_readable`)."""
 BATCH_MIN_S = 0.002
 CLOSE_TIMEOUT_S = 5.0
+CLOSE_HOLD_S = 30.0
+"""The longest the close waits on writers behind but moving: a slow disk or console does not
+hold the next attempt longer (what they cannot take then is dropped and counted)."""
 HOLD_AT = PENDING_LIMIT - READ_SIZE - MAX_LINE
 """Bytes waiting for a destination from which its stream's reading is held: the next read
 (READ_SIZE, and a carried line piece) still fits under PENDING_LIMIT."""
@@ -248,18 +251,19 @@ class OutputDrain:
 
     async def close(self) -> None:
         """Once the ranks are gone: read what their pipes still hold, write it (bounded:
-        CLOSE_TIMEOUT_S), close everything. Idempotent."""
+        CLOSE_HOLD_S, then CLOSE_TIMEOUT_S), close everything. Idempotent."""
         if self._closed:
             return
         self._closed = True
         # What the pipes still hold is the ranks' last words: a writer behind is waited for
         # as a hold would (until it is stuck), not dropped.
+        until = self._loop.time() + CLOSE_HOLD_S
         for reader in self._readers:
             reader.held_since = None  # its hold's looks end: these take over
             reader.watch(self._loop.time())
         while waiting := [r for r in self._readers if not r.closed and r.may_hold and r.behind()]:
             now = self._loop.time()
-            if any([r.stuck(now) for r in waiting]):  # every one looked at
+            if any([r.stuck(now) for r in waiting]) or now >= until:  # every one looked at
                 break
             await asyncio.sleep(BATCH_S)
         for reader in self._readers:
