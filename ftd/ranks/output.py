@@ -102,7 +102,7 @@ class _Reader:
     paused: bool = False
     closed: bool = False
     read_at: float = 0.0
-    held_since: float | None = None
+    held: bool = False
     may_hold: bool = True
     """False once a hold ran out (its writer stuck): read on until the writers caught up."""
     progress: int = 0
@@ -183,28 +183,26 @@ class OutputDrain:
     def _hold(self, reader: _Reader, now: float) -> None:
         """Stop reading `reader` until its writers caught up, or one is stuck (checked every
         BATCH_S: only while a writer is behind)."""
-        if reader.held_since is not None:  # held already: one look at a time
-            return
         if not reader.paused:
             self._loop.remove_reader(reader.stream.read_fd)
             reader.paused = True
-        reader.held_since = now
+        reader.held = True
         reader.watch(now)
         self._loop.call_later(BATCH_S, self._check_hold, reader)
 
     def _check_hold(self, reader: _Reader) -> None:
-        if reader.closed or reader.held_since is None:
+        if reader.closed or not reader.held:
             return
         if reader.behind():
             if not reader.stuck(self._loop.time()):
                 self._loop.call_later(BATCH_S, self._check_hold, reader)
                 return
             reader.may_hold = False  # stuck: what it cannot take is dropped and counted
-        reader.held_since = None
+        reader.held = False
         self._resume(reader)
 
     def _resume(self, reader: _Reader) -> None:
-        if reader.paused and not reader.closed and reader.held_since is None:
+        if reader.paused and not reader.closed and not reader.held:
             reader.paused = False
             self._loop.add_reader(reader.stream.read_fd, self._readable, reader)
 
@@ -259,7 +257,7 @@ class OutputDrain:
         # as a hold would (until it is stuck), not dropped.
         until = self._loop.time() + CLOSE_HOLD_S
         for reader in self._readers:
-            reader.held_since = None  # its hold's looks end: these take over
+            reader.held = False  # its hold's looks end: these take over
             reader.watch(self._loop.time())
         while waiting := [r for r in self._readers if not r.closed and r.may_hold and r.behind()]:
             now = self._loop.time()
